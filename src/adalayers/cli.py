@@ -1,0 +1,94 @@
+"""The `adalayers` command line. Each command is a small function registered in COMMANDS."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from adalayers.errors import AdaLayersError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config field, e.g. --set train.lr=3e-4 (repeatable)")
+
+
+def cmd_train(args) -> int:
+    from adalayers import config, recipes
+
+    cfg = config.load(args.config, args.overrides)
+    metrics = recipes.train(cfg, Path(args.out))
+    print(json.dumps({"validation": metrics.get("validation"), "test": metrics.get("test"),
+                      "trainable_params": metrics["trainable_params"], "train_seconds": metrics["train_seconds"]},
+                     indent=2))
+    print(f"run folder: {args.out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from adalayers import recipes
+
+    result = recipes.evaluate(Path(args.run), args.split)
+    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from adalayers import recipes
+
+    texts = list(args.texts)
+    if args.file:
+        texts += [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        raise AdaLayersError("give texts as arguments or --file FILE (one text per line)")
+    for r in recipes.predict(Path(args.run), texts):
+        if args.json:
+            print(json.dumps(r))
+        elif "label" in r:
+            print(f"{r['label']}\t{r['probabilities'][r['label']]:.3f}\t{r['text']}")
+        elif "value" in r:
+            print(f"{r['value']:.4f}\t{r['text']}")
+        else:
+            print(" ".join(f"{w}/{t}" for w, t in zip(r["text"].split(), r["tags"])))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adalayers", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a side-task head on a frozen base")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")
+    p.add_argument("run", help="run folder")
+    p.add_argument("--split", default="test", choices=["validation", "test"])
+    p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="predict labels for texts with a trained run")
+    p.add_argument("run", help="run folder")
+    p.add_argument("texts", nargs="*", help="texts to label")
+    p.add_argument("--file", help="a file of texts, one per line")
+    p.add_argument("--json", action="store_true", help="one JSON object per text")
+    p.set_defaults(fn=cmd_predict)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except AdaLayersError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Every setting of a run, as dataclasses with defaults and help text.
+
+A YAML file fills them in, `--set section.field=value` overrides single fields,
+and `validate()` collects every problem into one ConfigError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from adalayers.errors import ConfigError
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("cola", "Dataset reader: a name from adalayers.tasks.TASKS (cola, stsb, imdb, conll2003, ...).")
+    data_dir: str = _f("../shared/data", "Folder holding the datasets; the ADALAYERS_DATA environment variable wins.")
+    validation_fraction: float = _f(0.1, "Share of train held out (stratified) when the dataset has no validation split.")
+    split_seed: int = _f(42, "Seed of that held-out split.")
+    max_train_examples: int | None = _f(None, "Use only the first N training examples (after the split); for quick tries.")
+    max_eval_examples: int | None = _f(None, "Use only the first N validation and test examples; for quick tries.")
+    options: dict = _f({}, "Reader-specific options (see the task's module).")
+
+
+@dataclass
+class ModelConfig:
+    base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base), a local Hugging Face folder, or a hub id.")
+    max_length: int = _f(128, "Tokens per input; longer inputs are truncated (token tasks are split into windows).")
+    states: str = _f("encoder", "For encoder-decoder bases: read 'encoder' or 'decoder' hidden states.")
+
+
+@dataclass
+class MixerConfig:
+    k: int = _f(64, "Width of each layer's projection and of the mixed features F.")
+    alpha: float = _f(64.0, "Layer weights are softmax(alpha * p); a larger alpha lets p move the weights faster.")
+    entropy_lambda: float = _f(0.0, "Weight of the entropy penalty on the layer weights (pushes towards few layers).")
+    cutoff: float = _f(0.01, "Layer weights at or below this are set to 0 and the rest renormalised.")
+    dropout: float = _f(0.03, "Dropout on the mixed features F.")
+    projection_dropout: bool = _f(False, "Also apply dropout to each layer's projection before the sum (original code).")
+    gelu_after_sum: bool = _f(False, "Apply GELU to F after the weighted sum (original code).")
+    positional: bool = _f(True, "Add sinusoidal positional embeddings to F.")
+    pin_layer: int | None = _f(None, "Use this layer only (0 = embedding output): the single-layer baseline.")
+
+
+@dataclass
+class HeadConfig:
+    kind: str = _f("sequence", "sequence (classification), regression, or token (classification per word).")
+    num_heads: int = _f(8, "Attention heads in the head's self-attention / encoder layers.")
+    encoder_layers: int = _f(1, "Token head: pre-LayerNorm transformer encoder layers on F.")
+    dim_feedforward: int = _f(2048, "Token head: feed-forward width of those encoder layers.")
+    dropout: float = _f(0.03, "Dropout inside the head.")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = _f(1e-4, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    batch_size: int = _f(32, "Examples per step.")
+    eval_batch_size: int = _f(128, "Examples per step when evaluating.")
+    max_epochs: int = _f(30, "Upper bound on epochs.")
+    lr_patience: int = _f(3, "Epochs without validation improvement before the learning rate is halved.")
+    early_stopping: int = _f(8, "Epochs without validation improvement before training stops.")
+    grad_clip: float = _f(1.0, "Clip the gradient norm to this (0 = off).")
+    seed: int = _f(0, "Seed for initialisation and batch order.")
+    precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, fp16 or bf16.")
+    device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
+    num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+
+
+@dataclass
+class CacheConfig:
+    enabled: bool = _f(True, "Cache the frozen base's hidden states on disk and train from them.")
+    max_gb: float = _f(20.0, "Disk budget for one dataset's cache; over it, the base runs on the fly.")
+    dir: str | None = _f(None, "Cache folder; default $ADALAYERS_CACHE or ~/.cache/adalayers.")
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mixer: MixerConfig = field(default_factory=MixerConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def data_dir(self) -> Path:
+        return Path(os.environ.get("ADALAYERS_DATA") or self.task.data_dir).expanduser()
+
+
+# --- loading and checking -------------------------------------------------------------------
+
+def _type_ok(value, tp) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, tp)
+
+
+def _build(cls, data, where: str, problems: list[str]):
+    if not isinstance(data, dict):
+        problems.append(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            problems.append(f"{where}{key}: unknown field (known: {', '.join(sorted(names))})")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        tp, value = hints[f.name], data[f.name]
+        if dataclasses.is_dataclass(tp):
+            values[f.name] = _build(tp, value, f"{where}{f.name}.", problems)
+        elif _type_ok(value, tp):
+            values[f.name] = float(value) if tp is float else value
+        else:
+            problems.append(f"{where}{f.name}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+    return cls(**values)
+
+
+def _parse_scalar(text: str):
+    return yaml.safe_load(text) if text.strip() else ""
+
+
+def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
+    """Build and validate a Config from a plain dict plus `section.field=value` overrides."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
+    problems: list[str] = []
+    for item in overrides or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            problems.append(f"--set {item!r}: expected section.field=value, e.g. train.lr=3e-4")
+            continue
+        path, value = item.split("=", 1)
+        *sections, name = path.strip().split(".")
+        node = data
+        for s in sections:
+            node = node.setdefault(s, {})
+            if not isinstance(node, dict):
+                problems.append(f"--set {item!r}: {s} is not a section")
+                break
+        else:
+            node[name] = _parse_scalar(value)
+    cfg = _build(Config, data, "", problems)
+    if not problems:
+        problems += validate(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    if path is None:
+        return from_dict({}, overrides)
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return from_dict(data, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def validate(cfg: Config) -> list[str]:
+    p = []
+    if cfg.head.kind not in ("sequence", "regression", "token"):
+        p.append(f"head.kind: must be sequence, regression or token, got {cfg.head.kind!r}")
+    if cfg.model.states not in ("encoder", "decoder"):
+        p.append(f"model.states: must be encoder or decoder, got {cfg.model.states!r}")
+    if cfg.train.precision not in ("auto", "fp32", "fp16", "bf16"):
+        p.append(f"train.precision: must be auto, fp32, fp16 or bf16, got {cfg.train.precision!r}")
+    if cfg.train.device not in ("auto", "cpu", "cuda"):
+        p.append(f"train.device: must be auto, cpu or cuda, got {cfg.train.device!r}")
+    for name, value in [("mixer.k", cfg.mixer.k), ("head.num_heads", cfg.head.num_heads),
+                        ("train.batch_size", cfg.train.batch_size), ("train.max_epochs", cfg.train.max_epochs),
+                        ("model.max_length", cfg.model.max_length), ("head.encoder_layers", cfg.head.encoder_layers)]:
+        if value < 1:
+            p.append(f"{name}: must be at least 1, got {value}")
+    if cfg.mixer.k >= 1 and cfg.head.num_heads >= 1 and cfg.mixer.k % cfg.head.num_heads:
+        p.append(f"head.num_heads: must divide mixer.k ({cfg.mixer.k}), got {cfg.head.num_heads}")
+    if cfg.model.max_length < 8:
+        p.append(f"model.max_length: must be at least 8, got {cfg.model.max_length}")
+    for name, value in [("mixer.dropout", cfg.mixer.dropout), ("head.dropout", cfg.head.dropout),
+                        ("mixer.cutoff", cfg.mixer.cutoff)]:
+        if not 0 <= value < 1:
+            p.append(f"{name}: must be in [0, 1), got {value}")
+    if not 0 < cfg.task.validation_fraction < 1:
+        p.append(f"task.validation_fraction: must be in (0, 1), got {cfg.task.validation_fraction}")
+    if cfg.train.lr <= 0:
+        p.append(f"train.lr: must be positive, got {cfg.train.lr}")
+    if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
+        p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
+    return p

@@ -1,0 +1,117 @@
+"""Examples -> token rows -> padded batches.
+
+Sequence tasks: one row per example, truncated to max_length (the count of truncated rows is kept).
+Token tasks: a sentence longer than max_length is split at word boundaries into windows, never cut;
+the first sub-token of each word carries the word's tag, the rest (and special tokens) are IGNORE.
+Every row remembers its example and its words, so predictions map back to words.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from adalayers.sidetask import IGNORE
+from adalayers.tasks import Example
+
+
+@dataclass
+class EncodedSplit:
+    rows: list[dict]
+    num_examples: int
+    num_truncated: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def encode(examples: list[Example], tokenizer, max_length: int, kind: str, labels: list[str]) -> EncodedSplit:
+    if kind == "token":
+        return _encode_tokens(examples, tokenizer, max_length, labels)
+    label_id = {name: i for i, name in enumerate(labels)}
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    rows, truncated = [], 0
+    for i, e in enumerate(examples):
+        row = {"input_ids": enc["input_ids"][i], "example": i}
+        if "token_type_ids" in enc:
+            row["token_type_ids"] = enc["token_type_ids"][i]
+        if e.label is not None:
+            row["label"] = float(e.label) if kind == "regression" else label_id[e.label]
+        truncated += len(row["input_ids"]) >= max_length
+        rows.append(row)
+    return EncodedSplit(rows, len(examples), truncated)
+
+
+def _encode_tokens(examples, tokenizer, max_length, labels) -> EncodedSplit:
+    tag_id = {name: i for i, name in enumerate(labels)}
+    budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    words_all = [e.words for e in examples]
+    pieces = tokenizer(words_all, is_split_into_words=True, add_special_tokens=False)
+    windows = []  # (example index, first word, last word + 1)
+    for i, e in enumerate(examples):
+        counts = [0] * len(e.words)
+        for w in pieces.word_ids(i):
+            if w is not None:
+                counts[w] += 1
+        start, used = 0, 0
+        for w, c in enumerate(counts):
+            if used + c > budget and w > start:
+                windows.append((i, start, w))
+                start, used = w, 0
+            used += c
+        windows.append((i, start, len(e.words)))
+    enc = tokenizer([examples[i].words[a:b] for i, a, b in windows], is_split_into_words=True,
+                    truncation=True, max_length=max_length)
+    rows = []
+    for r, (i, a, b) in enumerate(windows):
+        word_ids = enc.word_ids(r)
+        tags = examples[i].tags
+        row_labels, seen = [], set()
+        for w in word_ids:
+            if w is None or w in seen or tags is None:
+                row_labels.append(IGNORE)
+            else:
+                seen.add(w)
+                row_labels.append(tag_id[tags[a + w]])
+        row = {"input_ids": enc["input_ids"][r], "example": i, "word_start": a, "num_words": b - a,
+               "word_ids": word_ids, "labels": row_labels}
+        if "token_type_ids" in enc:
+            row["token_type_ids"] = enc["token_type_ids"][r]
+        rows.append(row)
+    return EncodedSplit(rows, len(examples), 0, {"windows": len(windows)})
+
+
+def collate(rows: list[dict], indices: list[int], pad_id: int) -> dict:
+    T = max(len(r["input_ids"]) for r in rows)
+    B = len(rows)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.long)
+    batch = {"input_ids": input_ids, "attention_mask": mask, "index": torch.tensor(indices)}
+    if "token_type_ids" in rows[0]:
+        batch["token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
+    if "labels" in rows[0]:
+        batch["labels"] = torch.full((B, T), IGNORE, dtype=torch.long)
+    elif "label" in rows[0]:
+        batch["labels"] = torch.tensor([r["label"] for r in rows])
+    for b, r in enumerate(rows):
+        n = len(r["input_ids"])
+        input_ids[b, :n] = torch.tensor(r["input_ids"])
+        mask[b, :n] = 1
+        if "token_type_ids" in batch:
+            batch["token_type_ids"][b, :n] = torch.tensor(r["token_type_ids"])
+        if "labels" in r:
+            batch["labels"][b, :n] = torch.tensor(r["labels"])
+    return batch
+
+
+def batches(split: EncodedSplit, batch_size: int, pad_id: int, shuffle: bool = False,
+            generator: torch.Generator | None = None):
+    """Training: shuffled. Evaluation: sorted by length (less padding); `index` says which rows."""
+    n = len(split.rows)
+    if shuffle:
+        order = torch.randperm(n, generator=generator).tolist()
+    else:
+        order = sorted(range(n), key=lambda i: len(split.rows[i]["input_ids"]))
+    for s in range(0, n, batch_size):
+        idx = order[s: s + batch_size]
+        yield collate([split.rows[i] for i in idx], idx, pad_id)

@@ -1,0 +1,60 @@
+"""Run a side task over a split and score it: logits per row -> predictions per example -> metrics."""
+from __future__ import annotations
+
+import torch
+
+from adalayers import metrics
+from adalayers.encoding import EncodedSplit, batches
+from adalayers.tasks import Example
+
+
+@torch.no_grad()
+def row_outputs(task, source, split: EncodedSplit, batch_size: int, pad_id: int, autocast=None) -> list:
+    """Per row: class probabilities (sequence), a value (regression) or per-token probabilities (token)."""
+    task.eval()
+    outs: list = [None] * len(split.rows)
+    for batch in batches(split, batch_size, pad_id):
+        with autocast() if autocast else torch.autocast("cpu", enabled=False):
+            source.run(batch, [task])
+            logits = task.end(batch["attention_mask"]).float()
+        if task.kind == "regression":
+            values = logits.cpu().tolist()
+        else:
+            values = torch.softmax(logits, -1).cpu()
+        for j, i in enumerate(batch["index"].tolist()):
+            outs[i] = values[j]
+    return outs
+
+
+def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Example]) -> list:
+    """Rows back to examples: label index + probabilities, a value, or one tag per word."""
+    if task.kind == "regression":
+        return list(outs)  # one row per example, in order
+    if task.kind == "sequence":
+        return [(int(p.argmax()), p.tolist()) for p in outs]
+    outside = task.labels.index("O") if "O" in task.labels else 0
+    tags = [[task.labels[outside]] * len(e.words) for e in examples]
+    for row, probs in zip(split.rows, outs):
+        seen = set()
+        for pos, w in enumerate(row["word_ids"]):
+            if w is None or w in seen:
+                continue
+            seen.add(w)
+            tags[row["example"]][row["word_start"] + w] = task.labels[int(probs[pos].argmax())]
+    return tags
+
+
+def score(task, examples: list[Example], preds: list) -> dict:
+    if task.kind == "regression":
+        return metrics.regression([e.label for e in examples], preds)
+    if task.kind == "sequence":
+        label_id = {name: i for i, name in enumerate(task.labels)}
+        return metrics.classification([label_id[e.label] for e in examples], [p[0] for p in preds], task.labels)
+    return metrics.entities([e.tags for e in examples], preds)
+
+
+def evaluate_split(task, source, split: EncodedSplit, examples: list[Example], batch_size: int, pad_id: int,
+                   autocast=None) -> tuple[dict, list]:
+    outs = row_outputs(task, source, split, batch_size, pad_id, autocast)
+    preds = example_predictions(task, split, outs, examples)
+    return score(task, examples, preds), preds

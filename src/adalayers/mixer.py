@@ -1,0 +1,93 @@
+"""AdaLayers: project every hidden layer to k dims, weight the layers, and sum.
+
+    f_i     = LayerNorm_noaffine(GELU(Z_i) W_i^T)         W_i: d -> k, no bias
+    weights = softmax(alpha * p); weights <= cutoff -> 0; renormalise
+    F       = sum_i weights_i * f_i                        (B, T, k)
+
+F is accumulated one layer at a time (`add`), as the base computes: only one (B, T, k)
+tensor is ever held, and layers whose weight is 0 are never projected.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as nnf
+from torch import nn
+
+from adalayers.config import MixerConfig
+
+
+def sinusoidal_positions(length: int, dim: int, device=None) -> torch.Tensor:
+    """The Transformer's fixed sin/cos position table, (length, dim)."""
+    pos = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, device=device)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table
+
+
+class AdaLayersMixer(nn.Module):
+    def __init__(self, num_layers: int, hidden_size: int, cfg: MixerConfig):
+        super().__init__()
+        if cfg.pin_layer is not None and cfg.pin_layer >= num_layers:
+            from adalayers.errors import ConfigError
+            raise ConfigError(f"mixer.pin_layer: the base has layers 0..{num_layers - 1}, got {cfg.pin_layer}")
+        self.cfg = cfg
+        self.num_layers, self.k = num_layers, cfg.k
+        self.proj = nn.ModuleList(nn.Linear(hidden_size, cfg.k, bias=False) for _ in range(num_layers))
+        self.p = nn.Parameter(torch.ones(num_layers))
+        self.dropout = nn.Dropout(cfg.dropout)
+        pinned = torch.zeros(num_layers, dtype=torch.bool)
+        if cfg.pin_layer is not None:
+            pinned[:] = True
+            pinned[cfg.pin_layer] = False  # all other layers get p = -inf
+        self.register_buffer("masked_out", pinned, persistent=False)
+
+    # --- the layer distribution ----------------------------------------------------------------
+    def layer_weights(self) -> torch.Tensor:
+        logits = (self.cfg.alpha * self.p).masked_fill(self.masked_out, float("-inf"))
+        w = torch.softmax(logits, dim=0)
+        if self.cfg.cutoff > 0:
+            keep = (w > self.cfg.cutoff) | (w == w.max())  # the largest weight always survives
+            w = torch.where(keep, w, torch.zeros_like(w))
+            w = w / w.sum()
+        return w
+
+    def entropy(self, w: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.layer_weights() if w is None else w
+        nz = w[w > 0]
+        return -(nz * nz.log()).sum()
+
+    def used_layers(self) -> list[int]:
+        with torch.no_grad():
+            return [i for i, x in enumerate(self.layer_weights().tolist()) if x > 0]
+
+    # --- accumulation --------------------------------------------------------------------------
+    def project(self, i: int, z: torch.Tensor) -> torch.Tensor:
+        z = z.to(self.proj[i].weight.dtype)
+        f = nnf.layer_norm(self.proj[i](nnf.gelu(z)), (self.k,))
+        return self.dropout(f) if self.cfg.projection_dropout else f
+
+    def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+        """acc + w_i * f_i; skips layers whose weight is 0 (no projection is computed for them)."""
+        if w[i].item() == 0:  # cut off or pinned out: contributes nothing, gets no gradient
+            return acc
+        term = w[i] * self.project(i, z)
+        return term if acc is None else acc + term
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        if self.cfg.gelu_after_sum:
+            acc = nnf.gelu(acc)
+        if self.cfg.positional:
+            acc = acc + sinusoidal_positions(acc.shape[1], self.k, acc.device).to(acc.dtype)
+        return self.dropout(acc)
+
+    def forward(self, hidden_states: list[torch.Tensor]) -> torch.Tensor:
+        """Convenience: mix a list of all layers' states at once (the accumulation path underneath)."""
+        w = self.layer_weights()
+        acc = None
+        for i, z in enumerate(hidden_states):
+            acc = self.add(acc, i, z, w)
+        return self.finish(acc)

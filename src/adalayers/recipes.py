@@ -1,0 +1,132 @@
+"""What the CLI commands do, as plain functions: train, evaluate, predict."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from adalayers import run as runlib
+from adalayers.backbone import Backbone
+from adalayers.encoding import encode
+from adalayers.errors import AdaLayersError, DataError
+from adalayers.evaluate import evaluate_split
+from adalayers.sidetask import SideTask
+from adalayers.states import LiveStates
+from adalayers.tasks import load_task
+from adalayers.train import autocast_for, fit, pick_device, seed_everything
+
+MAX_TEXT_CHARS = 100_000
+
+
+def prepare(cfg, backbone: Backbone | None = None):
+    """Config -> (backbone, task data, encoded splits)."""
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = pick_device(cfg.train.device)
+    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
+    data = load_task(cfg)
+    if data.kind != cfg.head.kind:
+        raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
+                             f"set head.kind: {data.kind}")
+    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels)
+               for name, ex in data.splits.items()}
+    return backbone, data, encoded
+
+
+def make_source(cfg, backbone, data, encoded):
+    """Hidden states for training: from the on-disk cache when it is enabled and fits, else live."""
+    if cfg.cache.enabled:
+        try:
+            from adalayers.cache import cached_source
+        except ImportError:
+            return LiveStates(backbone)
+        return cached_source(cfg, backbone, data, encoded) or LiveStates(backbone)
+    return LiveStates(backbone)
+
+
+def train(cfg, out: Path) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.train.seed)
+    backbone, data, encoded = prepare(cfg)
+    seed_everything(cfg.train.seed)
+    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels)
+    source = make_source(cfg, backbone, data, encoded)
+    pad_id = backbone.tokenizer.pad_token_id or 0
+    for note in data.notes:
+        print(f"[{data.name}] {note}")
+    for name, split in encoded.items():
+        if split.num_truncated:
+            print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
+                  f"max_length={cfg.model.max_length} and are truncated")
+    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id)
+    task, _, _ = runlib.load_head(out, backbone)
+    task.to(backbone.device)
+    autocast = autocast_for(cfg.train.precision, backbone.device)
+    results = {}
+    for split in ("validation", "test"):
+        if split in encoded:
+            results[split], _ = evaluate_split(task, source, encoded[split], data.splits[split],
+                                               cfg.train.eval_batch_size, pad_id, autocast)
+    metrics = {**results, "trainable_params": task.trainable_parameters(), "base_params": backbone.num_parameters(),
+               "train_seconds": summary["train_seconds"], "best_epoch": summary["best_epoch"],
+               "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
+               "truncated": {k: v.num_truncated for k, v in encoded.items()}, "notes": data.notes}
+    runlib.write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def evaluate(run_dir: Path, split: str = "test") -> dict:
+    _, cfg, meta = runlib.load_head(run_dir)
+    backbone, data, encoded = prepare(cfg)
+    task, _, _ = runlib.load_head(run_dir, backbone)
+    task.to(backbone.device)
+    if split not in encoded:
+        raise DataError(f"task {data.name} has no {split} split")
+    t0 = time.perf_counter()
+    result, _ = evaluate_split(task, LiveStates(backbone), encoded[split], data.splits[split],
+                               cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
+                               autocast_for(cfg.train.precision, backbone.device))
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    runlib.write_json(Path(run_dir) / f"eval_{split}.json", result)
+    return result
+
+
+def check_texts(texts: list[str]) -> None:
+    for i, t in enumerate(texts):
+        if not isinstance(t, str) or not t.strip():
+            raise DataError(f"text {i + 1} is empty")
+        if len(t) > MAX_TEXT_CHARS:
+            raise DataError(f"text {i + 1} has {len(t)} characters; the limit is {MAX_TEXT_CHARS}")
+
+
+def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None) -> list[dict]:
+    """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word)."""
+    check_texts(texts)
+    _, cfg, meta = runlib.load_head(run_dir)
+    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
+    task, _, _ = runlib.load_head(run_dir, backbone)
+    task.to(backbone.device)
+    from adalayers.tasks import Example
+    from adalayers.encoding import encode as enc
+    from adalayers.evaluate import example_predictions, row_outputs
+
+    if task.kind == "token":
+        examples = [Example(words=t.split()) for t in texts]
+    else:
+        examples = [Example(text=t) for t in texts]
+    split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels)
+    outs = row_outputs(task, LiveStates(backbone), split, cfg.train.eval_batch_size,
+                       backbone.tokenizer.pad_token_id or 0)
+    preds = example_predictions(task, split, outs, examples)
+    results = []
+    for text, p in zip(texts, preds):
+        if task.kind == "sequence":
+            results.append({"text": text, "label": task.labels[p[0]],
+                            "probabilities": dict(zip(task.labels, [round(x, 6) for x in p[1]]))})
+        elif task.kind == "regression":
+            results.append({"text": text, "value": p})
+        else:
+            results.append({"text": text, "tags": p})
+    return results

@@ -1,0 +1,64 @@
+"""One side task: the AdaLayers mixer plus a head, fed layer by layer during the base's pass.
+
+    task.begin()             # once per batch: fix the layer weights, empty the accumulator
+    task.tap(i, Z_i)         # called as layer i of the base is computed (or read from the cache)
+    logits = task.end(mask)  # F -> head
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as nnf
+from torch import nn
+
+from adalayers.config import Config
+from adalayers.heads import build_head
+from adalayers.mixer import AdaLayersMixer
+
+IGNORE = -100  # label of sub-tokens and special tokens in token tasks
+
+
+class SideTask(nn.Module):
+    def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str]):
+        super().__init__()
+        self.cfg, self.kind, self.labels = cfg, cfg.head.kind, list(labels)
+        self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
+        self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
+        self._acc, self._w = None, None
+
+    # --- streaming interface ----------------------------------------------------------------
+    def begin(self) -> None:
+        self._w = self.mixer.layer_weights()
+        self._acc = None
+
+    def tap(self, i: int, z: torch.Tensor) -> None:
+        with torch.set_grad_enabled(self.training):  # the base runs under no_grad; the mixer may train
+            self._acc = self.mixer.add(self._acc, i, z, self._w)
+
+    def end(self, mask: torch.Tensor) -> torch.Tensor:
+        F = self.mixer.finish(self._acc)
+        self._acc = None
+        out = self.head(F, mask.to(F.device))
+        return out.squeeze(-1) if self.kind == "regression" else out
+
+    def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        self.begin()
+        for i, z in enumerate(hidden_states):
+            self.tap(i, z)
+        return self.end(mask)
+
+    # --- what the trainer and the server need --------------------------------------------------
+    def used_layers(self) -> list[int]:
+        return self.mixer.used_layers()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.kind == "regression":
+            loss = nnf.mse_loss(logits.float(), labels.float())
+        else:
+            loss = nnf.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                     ignore_index=IGNORE)
+        if self.cfg.mixer.entropy_lambda:
+            loss = loss + self.cfg.mixer.entropy_lambda * self.mixer.entropy()
+        return loss
+
+    def trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

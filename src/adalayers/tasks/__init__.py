@@ -1,0 +1,87 @@
+"""Dataset readers. Each module registers its tasks by name with `@register("name")`.
+
+A reader turns files into a TaskData: labelled examples per split, the label names, the
+task's kind (sequence / regression / token) and the metric that picks the best epoch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from adalayers.errors import ConfigError, DataError
+
+
+@dataclass
+class Example:
+    text: str | None = None
+    text_pair: str | None = None
+    label: Any = None               # a label name (classification) or a float (regression)
+    words: list[str] | None = None  # token tasks: the words ...
+    tags: list[str] | None = None   # ... and one tag per word
+
+
+@dataclass
+class TaskData:
+    name: str
+    kind: str                       # sequence | regression | token
+    labels: list[str]               # label names; empty for regression
+    splits: dict[str, list[Example]]
+    main_metric: str                # the validation metric that selects the best epoch
+    files: list[Path] = field(default_factory=list)  # the files read (hashed into cache keys)
+    notes: list[str] = field(default_factory=list)   # facts a report should state (splits, truncation)
+
+
+TASKS: dict[str, Callable] = {}
+
+
+def register(name: str):
+    def wrap(fn):
+        TASKS[name] = fn
+        return fn
+    return wrap
+
+
+def load_task(cfg) -> TaskData:
+    from adalayers.tasks import glue  # noqa: F401  (registers its tasks)
+
+    if cfg.task.name not in TASKS:
+        raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")
+    data = TASKS[cfg.task.name](cfg)
+    for split in ("train", "validation"):
+        if not data.splits.get(split):
+            raise DataError(f"task {data.name}: the {split} split is empty")
+    if cfg.task.max_train_examples:
+        data.splits["train"] = data.splits["train"][: cfg.task.max_train_examples]
+    if cfg.task.max_eval_examples:
+        for split in ("validation", "test"):
+            if split in data.splits:
+                data.splits[split] = data.splits[split][: cfg.task.max_eval_examples]
+    return data
+
+
+def stratified_split(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Hold out `fraction` of examples, stratified by label (regression / token tasks: random)."""
+    from sklearn.model_selection import train_test_split
+
+    idx = list(range(len(examples)))
+    labels = [e.label for e in examples]
+    stratify = labels if all(isinstance(x, str) for x in labels) else None
+    keep, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+    return [examples[i] for i in sorted(keep)], [examples[i] for i in sorted(held)]
+
+
+def require_file(path: Path) -> Path:
+    if not path.is_file():
+        raise DataError(f"data file not found: {path} (set task.data_dir or ADALAYERS_DATA)")
+    return path
+
+
+def read_lines(path: Path) -> list[str]:
+    """A text file's lines; bytes that are not UTF-8 are reported with their line number."""
+    raw = require_file(path).read_bytes()
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None

@@ -1,0 +1,79 @@
+"""GLUE tasks from their TSV files: CoLA and STS-B.
+
+CoLA: train.tsv/dev.tsv without header: source, label (0/1), original label, sentence.
+      Validation = stratified 10% of train (seed 42); test = GLUE dev (test has no labels).
+STS-B: 10-column TSVs with header (sentence1, sentence2, score 0-5).
+      Validation = 10% of train; test = GLUE dev.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from adalayers.errors import DataError
+from adalayers.tasks import Example, TaskData, read_lines, register, stratified_split
+
+COLA_LABELS = ["unacceptable", "acceptable"]
+
+
+def _cola_rows(path: Path) -> list[Example]:
+    rows = []
+    for n, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 4:
+            raise DataError(f"{path}:{n}: expected 4 tab-separated columns (source, label, original label, "
+                            f"sentence), got {len(cols)}")
+        if cols[1] not in ("0", "1"):
+            raise DataError(f"{path}:{n}: label must be 0 or 1, got {cols[1]!r}")
+        if not cols[3].strip():
+            raise DataError(f"{path}:{n}: empty sentence")
+        rows.append(Example(text=cols[3].strip(), label=COLA_LABELS[int(cols[1])]))
+    return rows
+
+
+@register("cola")
+def cola(cfg) -> TaskData:
+    folder = cfg.data_dir() / "glue" / "CoLA"
+    train, validation = stratified_split(_cola_rows(folder / "train.tsv"),
+                                         cfg.task.validation_fraction, cfg.task.split_seed)
+    test = _cola_rows(folder / "dev.tsv")
+    return TaskData("cola", "sequence", COLA_LABELS, {"train": train, "validation": validation, "test": test},
+                    main_metric="mcc", files=[folder / "train.tsv", folder / "dev.tsv"],
+                    notes=[f"validation = stratified {cfg.task.validation_fraction:.0%} of train "
+                           f"(seed {cfg.task.split_seed}); test = GLUE dev ({len(test)} rows)"])
+
+
+def _stsb_rows(path: Path) -> list[Example]:
+    lines = read_lines(path)
+    if not lines:
+        raise DataError(f"{path}: empty file")
+    header = lines[0].split("\t")
+    try:
+        i1, i2, iscore = header.index("sentence1"), header.index("sentence2"), header.index("score")
+    except ValueError:
+        raise DataError(f"{path}:1: header must name sentence1, sentence2 and score; got {header}") from None
+    rows = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != len(header):
+            raise DataError(f"{path}:{n}: expected {len(header)} columns, got {len(cols)}")
+        try:
+            score = float(cols[iscore])
+        except ValueError:
+            raise DataError(f"{path}:{n}: score is not a number: {cols[iscore]!r}") from None
+        rows.append(Example(text=cols[i1], text_pair=cols[i2], label=score))
+    return rows
+
+
+@register("stsb")
+def stsb(cfg) -> TaskData:
+    folder = cfg.data_dir() / "glue" / "STS-B"
+    train, validation = stratified_split(_stsb_rows(folder / "train.tsv"),
+                                         cfg.task.validation_fraction, cfg.task.split_seed)
+    test = _stsb_rows(folder / "dev.tsv")
+    return TaskData("stsb", "regression", [], {"train": train, "validation": validation, "test": test},
+                    main_metric="pearson", files=[folder / "train.tsv", folder / "dev.tsv"],
+                    notes=["validation = 10% of train; test = GLUE dev"])
