@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from adalayers.errors import AdaLayersError
+
+# Modules that bring more sub-commands; each defines add_commands(subparsers). One line per module.
+COMMAND_MODULES: list[str] = [
+]
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -75,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", help="a file of texts, one per line")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     p.set_defaults(fn=cmd_predict)
+
+    for module in COMMAND_MODULES:  # each adds its own sub-commands: add_commands(sub)
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 

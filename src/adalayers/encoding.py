@@ -17,15 +17,17 @@ from adalayers.tasks import Example
 
 @dataclass
 class EncodedSplit:
+    name: str                      # train / validation / test: batches carry it, so a cache knows where to read
     rows: list[dict]
     num_examples: int
     num_truncated: int = 0
     extra: dict = field(default_factory=dict)
 
 
-def encode(examples: list[Example], tokenizer, max_length: int, kind: str, labels: list[str]) -> EncodedSplit:
+def encode(examples: list[Example], tokenizer, max_length: int, kind: str, labels: list[str],
+           name: str = "") -> EncodedSplit:
     if kind == "token":
-        return _encode_tokens(examples, tokenizer, max_length, labels)
+        return _encode_tokens(examples, tokenizer, max_length, labels, name)
     label_id = {name: i for i, name in enumerate(labels)}
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
@@ -39,10 +41,10 @@ def encode(examples: list[Example], tokenizer, max_length: int, kind: str, label
             row["label"] = float(e.label) if kind == "regression" else label_id[e.label]
         truncated += len(row["input_ids"]) >= max_length
         rows.append(row)
-    return EncodedSplit(rows, len(examples), truncated)
+    return EncodedSplit(name, rows, len(examples), truncated)
 
 
-def _encode_tokens(examples, tokenizer, max_length, labels) -> EncodedSplit:
+def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSplit:
     tag_id = {name: i for i, name in enumerate(labels)}
     budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     words_all = [e.words for e in examples]
@@ -78,15 +80,15 @@ def _encode_tokens(examples, tokenizer, max_length, labels) -> EncodedSplit:
         if "token_type_ids" in enc:
             row["token_type_ids"] = enc["token_type_ids"][r]
         rows.append(row)
-    return EncodedSplit(rows, len(examples), 0, {"windows": len(windows)})
+    return EncodedSplit(name, rows, len(examples), 0, {"windows": len(windows)})
 
 
-def collate(rows: list[dict], indices: list[int], pad_id: int) -> dict:
+def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "") -> dict:
     T = max(len(r["input_ids"]) for r in rows)
     B = len(rows)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.long)
-    batch = {"input_ids": input_ids, "attention_mask": mask, "index": torch.tensor(indices)}
+    batch = {"input_ids": input_ids, "attention_mask": mask, "index": torch.tensor(indices), "split": split}
     if "token_type_ids" in rows[0]:
         batch["token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
     if "labels" in rows[0]:
@@ -114,4 +116,4 @@ def batches(split: EncodedSplit, batch_size: int, pad_id: int, shuffle: bool = F
         order = sorted(range(n), key=lambda i: len(split.rows[i]["input_ids"]))
     for s in range(0, n, batch_size):
         idx = order[s: s + batch_size]
-        yield collate([split.rows[i] for i in idx], idx, pad_id)
+        yield collate([split.rows[i] for i in idx], idx, pad_id, split.name)

@@ -29,7 +29,7 @@ def prepare(cfg, backbone: Backbone | None = None):
     if data.kind != cfg.head.kind:
         raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
                              f"set head.kind: {data.kind}")
-    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels)
+    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name)
                for name, ex in data.splits.items()}
     return backbone, data, encoded
 
