@@ -1,0 +1,62 @@
+"""Tiny random models built locally (no downloads) and the path of the real data."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from transformers import BertTokenizerFast
+
+from adalayers.backbone import Backbone
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("ADALAYERS_DATA") or ROOT.parent / "shared" / "data")
+WORDS = ("the a book was written by john mary sees dog cat runs quickly big small good bad movie film "
+         "great terrible is and of to in it . , ! ? she he they we love hate").split()
+
+
+def tiny_tokenizer() -> BertTokenizerFast:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] \
+        + list("abcdefghijklmnopqrstuvwxyz")
+    return BertTokenizerFast(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+
+
+def tiny_model(kind: str, vocab_size: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab_size, pad_token_id=0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                      intermediate_size=37, max_position_embeddings=128, **common)
+        return transformers.BertModel(cfg)
+    if kind == "roberta":
+        cfg = transformers.RobertaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                         intermediate_size=37, max_position_embeddings=130, **common)
+        return transformers.RobertaModel(cfg)
+    if kind == "bart":
+        cfg = transformers.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                                      decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
+                                      max_position_embeddings=128, bos_token_id=2, eos_token_id=3,
+                                      decoder_start_token_id=2, forced_eos_token_id=None, **common)
+        return transformers.BartModel(cfg)
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(params=["bert", "roberta", "bart"])
+def backbone(request, tokenizer) -> Backbone:
+    model = tiny_model(request.param, len(tokenizer))
+    return Backbone(model, tokenizer, f"tiny-{request.param}")
+
+
+def tiny_backbone(kind: str, tokenizer, states: str = "encoder") -> Backbone:
+    return Backbone(tiny_model(kind, len(tokenizer)), tokenizer, f"tiny-{kind}", states)
+
+
+needs_data = pytest.mark.skipif(not (DATA / "glue" / "CoLA" / "train.tsv").is_file(),
+                                reason=f"real data not found at {DATA}")

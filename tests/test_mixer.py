@@ -1,0 +1,111 @@
+"""The mixer's running sum against a slow, obvious stacked implementation."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as nnf
+
+from adalayers.config import MixerConfig
+from adalayers.mixer import AdaLayersMixer, sinusoidal_positions
+
+
+def reference(mixer: AdaLayersMixer, states: list[torch.Tensor]) -> torch.Tensor:
+    """Stack every projected layer, weight with the cut-off softmax, sum - written out longhand."""
+    cfg = mixer.cfg
+    logits = [cfg.alpha * mixer.p[i].item() for i in range(mixer.num_layers)]
+    if cfg.pin_layer is not None:
+        logits = [x if i == cfg.pin_layer else -math.inf for i, x in enumerate(logits)]
+    top = max(logits)
+    exp = [math.exp(x - top) for x in logits]
+    w = [e / sum(exp) for e in exp]
+    w = [x if (x > cfg.cutoff or x == max(w)) else 0.0 for x in w]
+    w = [x / sum(w) for x in w]
+    f = []
+    for i, z in enumerate(states):
+        h = nnf.gelu(z) @ mixer.proj[i].weight.T
+        mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+        f.append((h - mean) / torch.sqrt(var + 1e-5))
+    stacked = torch.stack(f, dim=-1)                     # (B, T, k, l)
+    F = (stacked * torch.tensor(w)).sum(-1)
+    if cfg.positional:
+        T, k = F.shape[1], F.shape[2]
+        pe = torch.zeros(T, k)
+        for t in range(T):
+            for j in range(0, k, 2):
+                pe[t, j] = math.sin(t / 10000 ** (j / k))
+                pe[t, j + 1] = math.cos(t / 10000 ** (j / k))
+        F = F + pe
+    return F
+
+
+@pytest.mark.parametrize("cutoff,pin,positional", [(0.0, None, False), (0.05, None, True), (0.01, 2, True)])
+def test_running_sum_matches_stacked_reference(cutoff, pin, positional):
+    torch.manual_seed(0)
+    cfg = MixerConfig(k=8, alpha=3.0, cutoff=cutoff, dropout=0.0, positional=positional, pin_layer=pin)
+    mixer = AdaLayersMixer(5, 16, cfg).eval()
+    with torch.no_grad():
+        mixer.p.copy_(torch.tensor([0.1, 0.9, 0.5, -0.4, 0.3]))
+    states = [torch.randn(2, 7, 16) for _ in range(5)]
+    expected = reference(mixer, states)
+    with torch.no_grad():
+        got = mixer(states)
+    assert got.shape == (2, 7, 8)
+    assert torch.allclose(got, expected, atol=1e-6), (got - expected).abs().max()
+
+
+def test_cutoff_zeroes_small_weights_and_renormalises():
+    cfg = MixerConfig(k=4, alpha=1.0, cutoff=0.1, dropout=0.0, positional=False)
+    mixer = AdaLayersMixer(4, 8, cfg)
+    with torch.no_grad():
+        mixer.p.copy_(torch.tensor([3.0, 3.0, 0.0, -3.0]))  # softmax ~ [0.49, 0.49, 0.02, 0.001]
+    w = mixer.layer_weights()
+    assert w[2] == 0 and w[3] == 0
+    assert torch.isclose(w.sum(), torch.tensor(1.0))
+    assert torch.isclose(w[0], torch.tensor(0.5))
+    assert mixer.used_layers() == [0, 1]
+
+
+def test_cutoff_gradient_flows_only_through_kept_layers():
+    cfg = MixerConfig(k=4, alpha=1.0, cutoff=0.1, dropout=0.0, positional=False)
+    mixer = AdaLayersMixer(3, 8, cfg)
+    with torch.no_grad():
+        mixer.p.copy_(torch.tensor([2.0, 0.0, -4.0]))   # weights ~ [0.87, 0.12, 0.002] -> last one cut
+    states = [torch.randn(2, 3, 8) for _ in range(3)]
+    mixer(states).sum().backward()
+    assert mixer.proj[2].weight.grad is None          # never projected
+    assert mixer.proj[0].weight.grad.abs().sum() > 0
+    # renormalised weights of the kept layers: d/dp matches finite differences
+    target = torch.randn(2, 3, 4)
+    def objective(p):
+        with torch.no_grad():
+            mixer.p.copy_(p)
+        return (mixer(states) * target).sum()
+    mixer.zero_grad()
+    p0 = torch.tensor([2.0, 0.0, -4.0])
+    objective(p0).backward()
+    grad = mixer.p.grad.clone()
+    eps = 1e-3
+    for i in range(2):
+        d = torch.zeros(3)
+        d[i] = eps
+        with torch.no_grad():
+            num = (objective(p0 + d) - objective(p0 - d)) / (2 * eps)
+        assert torch.isclose(grad[i], num, rtol=2e-2, atol=2e-3), (i, grad[i], num)
+
+
+def test_pinned_layer_is_the_only_one_used():
+    mixer = AdaLayersMixer(6, 8, MixerConfig(k=4, pin_layer=3))
+    w = mixer.layer_weights()
+    assert w.tolist() == [0, 0, 0, 1.0, 0, 0]
+    assert mixer.used_layers() == [3]
+
+
+def test_entropy_penalty_value():
+    mixer = AdaLayersMixer(4, 8, MixerConfig(k=4, cutoff=0.0))
+    assert torch.isclose(mixer.entropy(), torch.tensor(math.log(4)))  # p = ones -> uniform
+
+
+def test_positions_table_shape_and_values():
+    pe = sinusoidal_positions(5, 6)
+    assert pe.shape == (5, 6)
+    assert pe[0, 0] == 0 and pe[0, 1] == 1
