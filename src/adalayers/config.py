@@ -121,7 +121,7 @@ def _type_ok(value, tp) -> bool:
 
 def _build(cls, data, where: str, problems: list[str]):
     if not isinstance(data, dict):
-        problems.append(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+        problems.append(f"{where.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
         return cls()
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -132,7 +132,7 @@ def _build(cls, data, where: str, problems: list[str]):
     for f in dataclasses.fields(cls):
         if f.name not in data:
             continue
-        tp, value = hints[f.name], data[f.name]
+        tp, value = hints[f.name], _yaml_float(data[f.name], hints[f.name])
         if dataclasses.is_dataclass(tp):
             values[f.name] = _build(tp, value, f"{where}{f.name}.", problems)
         elif _type_ok(value, tp):
@@ -140,6 +140,16 @@ def _build(cls, data, where: str, problems: list[str]):
         else:
             problems.append(f"{where}{f.name}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
     return cls(**values)
+
+
+def _yaml_float(value, tp):
+    """YAML reads 1e-4 (no dot) as a string; accept it where a float is expected."""
+    if isinstance(value, str) and float in (typing.get_args(tp) or (tp,)):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _parse_scalar(text: str):

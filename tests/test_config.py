@@ -1,0 +1,53 @@
+import pytest
+
+from adalayers import config
+from adalayers.errors import ConfigError
+
+
+def test_repo_configs_load():
+    from conftest import ROOT
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        config.load(path)
+
+
+def test_overrides_are_typed():
+    cfg = config.from_dict({}, ["train.lr=3e-4", "mixer.positional=false", "mixer.pin_layer=2", "model.base=x"])
+    assert cfg.train.lr == 3e-4 and cfg.mixer.positional is False and cfg.mixer.pin_layer == 2
+    assert isinstance(cfg.train.lr, float)
+
+
+def test_every_problem_is_listed_at_once():
+    with pytest.raises(ConfigError) as e:
+        config.from_dict({"train": {"lr": "fast", "bogus": 1}, "mixer": {"k": 0}, "nope": {}})
+    msg = str(e.value)
+    assert "train.lr: expected float" in msg
+    assert "train.bogus: unknown field" in msg
+    assert "nope: unknown field" in msg
+
+
+def test_values_are_checked():
+    with pytest.raises(ConfigError, match="mixer.k: must be at least 1"):
+        config.from_dict({"mixer": {"k": 0}})
+    with pytest.raises(ConfigError, match="head.num_heads: must divide mixer.k"):
+        config.from_dict({"mixer": {"k": 10}, "head": {"num_heads": 3}})
+    with pytest.raises(ConfigError, match="head.kind"):
+        config.from_dict({"head": {"kind": "tokens"}})
+
+
+def test_section_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="train: expected a mapping"):
+        config.from_dict({"train": 5})
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="expected section.field=value"):
+        config.from_dict({}, ["lr=3"])
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        config.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(bad)
