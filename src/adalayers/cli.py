@@ -24,7 +24,7 @@ def cmd_train(args) -> int:
     from adalayers import config, recipes
 
     cfg = config.load(args.config, args.overrides)
-    metrics = recipes.train(cfg, Path(args.out))
+    metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
     print(json.dumps({"validation": metrics.get("validation"), "test": metrics.get("test"),
                       "trainable_params": metrics["trainable_params"], "train_seconds": metrics["train_seconds"]},
                      indent=2))
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a side-task head on a frozen base")
     _add_config_args(p)
     p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last completed epoch (automatic when --out "
+                        "holds an unfinished run)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from adalayers import checkpoint
 from adalayers import run as runlib
 from adalayers.backbone import Backbone
 from adalayers.encoding import encode
@@ -45,9 +46,20 @@ def make_source(cfg, backbone, data, encoded):
     return LiveStates(backbone)
 
 
-def train(cfg, out: Path) -> dict:
+def train(cfg, out: Path, resume: bool | None = None) -> dict:
+    """Train a head into run folder `out`.
+
+    resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    unfinished = (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file()
+    if resume and not unfinished:
+        raise AdaLayersError(f"--resume: {out} holds no unfinished run")
+    resume = unfinished if resume is None else resume
+    if not resume:
+        for name in ("metrics.json", checkpoint.NAME):
+            (out / name).unlink(missing_ok=True)
     seed_everything(cfg.train.seed)
     backbone, data, encoded = prepare(cfg)
     seed_everything(cfg.train.seed)
@@ -60,7 +72,7 @@ def train(cfg, out: Path) -> dict:
         if split.num_truncated:
             print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
                   f"max_length={cfg.model.max_length} and are truncated")
-    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id)
+    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume)
     task, _, _ = runlib.load_head(out, backbone)
     task.to(backbone.device)
     autocast = autocast_for(cfg.train.precision, backbone.device)
@@ -74,6 +86,7 @@ def train(cfg, out: Path) -> dict:
                "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
                "truncated": {k: v.num_truncated for k, v in encoded.items()}, "notes": data.notes}
     runlib.write_json(out / "metrics.json", metrics)
+    (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume
     return metrics
 
 

@@ -10,12 +10,14 @@ import contextlib
 import math
 import random
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from adalayers import checkpoint
 from adalayers import run as runlib
 from adalayers.encoding import batches
 from adalayers.errors import AdaLayersError
@@ -48,71 +50,127 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id: int) -> dict:
-    """Train `task` on encoded["train"], select on encoded["validation"], score encoded["test"]."""
-    run_dir = Path(run_dir)
-    tc = cfg.train
-    device = backbone.device
-    task.to(device)
-    autocast = autocast_for(tc.precision, device)
-    scaler = torch.amp.GradScaler("cuda", enabled=autocast is not None and tc.precision == "fp16")
+@dataclass
+class Progress:
+    """Early-stopping bookkeeping; saved with every checkpoint."""
+    best: float = -math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    step: int = 0
+
+
+@dataclass
+class Loop:
+    """What one epoch needs besides the data: the optimiser side of training."""
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.ReduceLROnPlateau
+    scaler: torch.amp.GradScaler
+    gen: torch.Generator
+    params: list
+    autocast: object
+
+
+def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id: int, resume: bool = False) -> dict:
+    """Train `task` on encoded["train"], selecting the best epoch on encoded["validation"].
+
+    After each epoch the full training state goes to resume.pt; with `resume`, training continues
+    from the last completed epoch exactly as if it had never stopped.
+    """
+    run_dir, tc = Path(run_dir), cfg.train
+    task.to(backbone.device)
+    autocast = autocast_for(tc.precision, backbone.device)
     params = [p for p in task.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=tc.lr_patience)
-    gen = torch.Generator().manual_seed(tc.seed)
+    loop = Loop(opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=tc.lr_patience),
+                torch.amp.GradScaler("cuda", enabled=autocast is not None and tc.precision == "fp16"),
+                torch.Generator().manual_seed(tc.seed), params, autocast)
+    progress, start, elapsed = Progress(), 1, 0.0
     log_path = run_dir / "log.jsonl"
-    log_path.unlink(missing_ok=True)
-    best, best_epoch, bad_epochs, step = -math.inf, 0, 0, 0
-    t_start = time.perf_counter()
-    for epoch in range(1, tc.max_epochs + 1):
-        t0 = time.perf_counter()
-        task.train()
-        losses = []
-        n_batches = math.ceil(len(encoded["train"].rows) / tc.batch_size)
-        bar = tqdm(batches(encoded["train"], tc.batch_size, pad_id, shuffle=True, generator=gen),
-                   total=n_batches, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True)
-        for batch in bar:
-            step += 1
-            with autocast() if autocast else contextlib.nullcontext():
-                source.run(batch, [task])
-                logits = task.end(batch["attention_mask"])
-                loss = task.loss(logits, batch["labels"].to(device))
-            if not torch.isfinite(loss):
-                raise TrainingError(f"the loss became {loss.item()} at step {step} (epoch {epoch}); "
-                                    f"the last good checkpoint (epoch {best_epoch}) is kept in {run_dir}")
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if tc.grad_clip:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            scaler.step(opt)
-            scaler.update()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        val, _ = evaluate_split(task, source, encoded["validation"], data.splits["validation"],
-                                tc.eval_batch_size, pad_id, autocast)
-        metric = val[data.main_metric]
-        sched.step(metric)
-        improved = metric > best
-        if improved:
-            best, best_epoch, bad_epochs = metric, epoch, 0
-            sha = runlib.save_head(run_dir, task)
-            runlib.save_config(run_dir, cfg, data.labels, backbone, sha, task=data.name, kind=data.kind,
-                               main_metric=data.main_metric)
-        else:
-            bad_epochs += 1
-        entry = {"epoch": epoch, "train_loss": float(np.mean(losses)), "validation": _flat(val),
-                 "lr": opt.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 3),
-                 "layer_weights": [round(x, 6) for x in task.mixer.layer_weights().tolist()],
-                 "best": improved}
-        runlib.append_jsonl(log_path, entry)
-        tqdm.write(f"epoch {epoch:3d}  loss {entry['train_loss']:.4f}  val {data.main_metric} {metric:.4f}"
-                   f"{'  *' if improved else ''}  lr {entry['lr']:.2e}  {entry['seconds']:.1f}s")
-        if bad_epochs >= tc.early_stopping:
-            tqdm.write(f"early stop: no validation improvement for {bad_epochs} epochs")
-            break
-    return {"best_epoch": best_epoch, "best_validation": best, "epochs": epoch,
+    state = checkpoint.load(run_dir) if resume else None
+    if state is not None:
+        if state["config"] != cfg.to_dict():
+            raise TrainingError(f"{run_dir} holds an unfinished run with a different config; "
+                                f"use another --out or delete {run_dir / checkpoint.NAME}")
+        checkpoint.restore(state, task, loop.opt, loop.sched, loop.scaler, loop.gen)
+        progress = Progress(**state["progress"])
+        start, elapsed = state["epoch"] + 1, state["elapsed"]
+        _keep_log_lines(log_path, state["epoch"])
+        tqdm.write(f"resuming {run_dir} after epoch {state['epoch']} "
+                   f"(best {data.main_metric} {progress.best:.4f} at epoch {progress.best_epoch})")
+        if progress.bad_epochs >= tc.early_stopping:
+            start = tc.max_epochs + 1
+    else:
+        log_path.unlink(missing_ok=True)
+    t_start = time.perf_counter() - elapsed
+    epoch = start - 1
+    try:
+        for epoch in range(start, tc.max_epochs + 1):
+            _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop, progress)
+            checkpoint.save(run_dir, epoch=epoch, task=task, loop=loop, progress=asdict(progress),
+                            elapsed=time.perf_counter() - t_start, config=cfg.to_dict())
+            if progress.bad_epochs >= tc.early_stopping:
+                tqdm.write(f"early stop: no validation improvement for {progress.bad_epochs} epochs")
+                break
+    except KeyboardInterrupt:
+        tqdm.write(f"interrupted in epoch {epoch}; to continue after the last completed epoch, run the same "
+                   f"command with --resume (run folder {run_dir})")
+        raise
+    return {"best_epoch": progress.best_epoch, "best_validation": progress.best, "epochs": epoch,
             "train_seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def _keep_log_lines(log_path: Path, epochs: int) -> None:
+    """Drop log lines of an epoch that was interrupted before its checkpoint."""
+    if log_path.is_file():
+        lines = log_path.read_text(encoding="utf-8").splitlines()[:epochs]
+        runlib.atomic_write(log_path, "".join(line + "\n" for line in lines))
+
+
+def _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop: Loop, progress: Progress):
+    tc, device = cfg.train, backbone.device
+    t0 = time.perf_counter()
+    task.train()
+    losses = []
+    bar = tqdm(batches(encoded["train"], tc.batch_size, pad_id, shuffle=True, generator=loop.gen),
+               total=math.ceil(len(encoded["train"].rows) / tc.batch_size), desc=f"epoch {epoch}",
+               leave=False, dynamic_ncols=True)
+    for batch in bar:
+        progress.step += 1
+        with loop.autocast() if loop.autocast else contextlib.nullcontext():
+            source.run(batch, [task])
+            logits = task.end(batch["attention_mask"])
+            loss = task.loss(logits, batch["labels"].to(device))
+        if not torch.isfinite(loss):
+            raise TrainingError(f"the loss became {loss.item()} at step {progress.step} (epoch {epoch}); "
+                                f"stopped. The best checkpoint so far (epoch {progress.best_epoch}) stays in "
+                                f"{run_dir}")
+        loop.opt.zero_grad(set_to_none=True)
+        loop.scaler.scale(loss).backward()
+        if tc.grad_clip:
+            loop.scaler.unscale_(loop.opt)
+            torch.nn.utils.clip_grad_norm_(loop.params, tc.grad_clip)
+        loop.scaler.step(loop.opt)
+        loop.scaler.update()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    val, _ = evaluate_split(task, source, encoded["validation"], data.splits["validation"],
+                            tc.eval_batch_size, pad_id, loop.autocast)
+    metric = val[data.main_metric]
+    loop.sched.step(metric)
+    improved = metric > progress.best
+    if improved:
+        progress.best, progress.best_epoch, progress.bad_epochs = metric, epoch, 0
+        sha = runlib.save_head(run_dir, task)
+        runlib.save_config(run_dir, cfg, data.labels, backbone, sha, task=data.name, kind=data.kind,
+                           main_metric=data.main_metric)
+    else:
+        progress.bad_epochs += 1
+    entry = {"epoch": epoch, "train_loss": float(np.mean(losses)), "validation": _flat(val),
+             "lr": loop.opt.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 3),
+             "layer_weights": [round(x, 6) for x in task.mixer.layer_weights().tolist()], "best": improved}
+    runlib.append_jsonl(run_dir / "log.jsonl", entry)
+    tqdm.write(f"epoch {epoch:3d}  loss {entry['train_loss']:.4f}  val {data.main_metric} {metric:.4f}"
+               f"{'  *' if improved else ''}  lr {entry['lr']:.2e}  {entry['seconds']:.1f}s")
 
 
 def _flat(m: dict) -> dict:

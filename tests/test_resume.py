@@ -1,0 +1,91 @@
+"""A run killed with SIGKILL in the middle of an epoch resumes to exactly the uninterrupted result."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from conftest import ROOT, WORDS, tiny_model, tiny_tokenizer
+
+
+def write_fake_cola(folder, n, seed):
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    for name, rows in (("train.tsv", n), ("dev.tsv", n // 4)):
+        lines = []
+        for _ in range(rows):
+            words = rng.choices(WORDS, k=rng.randint(3, 12))
+            label = int("good" in words or "great" in words or rng.random() < 0.2)
+            lines.append(f"src\t{label}\t\t{' '.join(words)}")
+        (folder / name).write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    model_dir = tmp_path / "tiny-bert"
+    tiny_model("bert", len(tiny_tokenizer())).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    write_fake_cola(tmp_path / "data" / "glue" / "CoLA", 2000, seed=1)
+    cfg = {"task": {"name": "cola", "data_dir": str(tmp_path / "data")},
+           "model": {"base": str(model_dir), "max_length": 16},
+           "mixer": {"k": 8}, "head": {"num_heads": 2},
+           "train": {"lr": 3e-3, "batch_size": 16, "max_epochs": 5, "early_stopping": 5, "seed": 3,
+                     "num_threads": 1},
+           "cache": {"enabled": False}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ADALAYERS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src")}
+    return tmp_path, path, env
+
+
+def train(cfg, out, env, *extra):
+    """Start `adalayers train`; its output goes to a file (a full pipe would block the child)."""
+    log = open(f"{out}.out", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "adalayers.cli", "train", str(cfg), "--out", str(out), *extra],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.output = lambda: (log.seek(0), log.read())[1]
+    return proc
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(setup):
+    tmp, cfg, env = setup
+    full = train(cfg, tmp / "full", env)
+    assert full.wait(timeout=600) == 0, full.output()
+
+    victim = train(cfg, tmp / "killed", env)
+    log = tmp / "killed" / "log.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and victim.poll() is None:
+        if log.is_file() and len(log.read_text().splitlines()) >= 2:
+            time.sleep(0.05)  # into epoch 3
+            break
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert not (tmp / "killed" / "metrics.json").exists(), "the run finished before it could be killed"
+
+    resumed = train(cfg, tmp / "killed", env)  # no flag: an unfinished run folder resumes by itself
+    assert resumed.wait(timeout=600) == 0, resumed.output()
+    out = resumed.output()
+    assert "resuming" in out
+
+    a, b = load_file(tmp / "full" / "head.safetensors"), load_file(tmp / "killed" / "head.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    ma, mb = (json.loads((tmp / r / "metrics.json").read_text()) for r in ("full", "killed"))
+    assert ma["test"] == mb["test"] and ma["validation"] == mb["validation"]
+    la, lb = ((tmp / r / "log.jsonl").read_text().splitlines() for r in ("full", "killed"))
+    strip = lambda lines: [{k: v for k, v in json.loads(l).items() if k != "seconds"} for l in lines]
+    assert strip(la) == strip(lb)
+
+
+def test_resume_flag_without_unfinished_run_is_an_error(setup):
+    tmp, cfg, env = setup
+    p = train(cfg, tmp / "nothing", env, "--resume")
+    assert p.wait(timeout=120) == 2
+    assert "holds no unfinished run" in p.output()
