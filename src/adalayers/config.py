@@ -158,6 +158,8 @@ def _parse_scalar(text: str):
 
 def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     """Build and validate a Config from a plain dict plus `section.field=value` overrides."""
+    if not isinstance(data or {}, dict):
+        raise ConfigError(f"invalid config: the top level must be a mapping of sections, got {type(data).__name__}")
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
     problems: list[str] = []
     for item in overrides or []:

@@ -64,10 +64,16 @@ def stratified_split(examples: list[Example], fraction: float, seed: int) -> tup
     """Hold out `fraction` of examples, stratified by label (regression / token tasks: random)."""
     from sklearn.model_selection import train_test_split
 
+    if len(examples) * fraction < 1 or len(examples) < 2:
+        raise DataError(f"cannot hold out {fraction:.0%} of {len(examples)} training examples for validation; "
+                        f"give a validation file or more training data")
     idx = list(range(len(examples)))
     labels = [e.label for e in examples]
     stratify = labels if all(isinstance(x, str) for x in labels) else None
-    keep, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+    try:
+        keep, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+    except ValueError:  # a class too rare to stratify: hold out at random instead
+        keep, held = train_test_split(idx, test_size=fraction, random_state=seed)
     return [examples[i] for i in sorted(keep)], [examples[i] for i in sorted(held)]
 
 
