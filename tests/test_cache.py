@@ -271,6 +271,7 @@ def test_cli_ls_and_rm(setup, capsys):
     assert main(["cache", "rm", "--dir", cache_folder, source.keys["train"][:8]]) == 0
     assert not (setup.root / source.keys["train"]).exists() and (setup.root / source.keys["test"]).exists()
     assert main(["cache", "rm", "--dir", cache_folder, "nosuchkey"]) == 2
+    (setup.root / f".tmp-{source.keys['train']}-1-dead").mkdir()  # left by a builder that died
     assert main(["cache", "rm", "--dir", cache_folder, "--all"]) == 0
     assert not [p for p in setup.root.iterdir() if not p.name.endswith(".lock")]
 

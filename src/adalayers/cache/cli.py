@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from adalayers.cache.source import cache_dir, cached_source
-from adalayers.cache.store import CacheDamaged, CacheError, list_entries, remove
+from adalayers.cache.store import CacheDamaged, CacheError, list_entries, remove, remove_unfinished
 
 
 def _root(args) -> Path:
@@ -28,7 +28,7 @@ def cmd_build(args) -> int:
                 for layer in range(entry.manifest["num_layers"]):
                     entry.array(s, layer)
         except CacheDamaged as e:
-            entry = source._rebuild(split, str(e))
+            entry = source.rebuild(split, str(e), entry.manifest.get("build"))
         size = sum(info["bytes"] for info in entry.manifest["files"].values())
         print(f"{split:<10} {source.keys[split]}  {entry.manifest['rows']:>7,} rows  "
               f"{entry.manifest['tokens']:>10,} tokens  {size / 1e6:>9.1f} MB  ({time.perf_counter() - t0:.1f}s)")
@@ -39,6 +39,10 @@ def cmd_build(args) -> int:
 def cmd_ls(args) -> int:
     root = _root(args)
     rows = list_entries(root)
+    unfinished = len(list(root.glob(".tmp-*"))) if root.is_dir() else 0
+    if unfinished:
+        print(f"({unfinished} unfinished temporary folders: being built now, or left by a builder that died; "
+              f"'adalayers cache rm --all' removes the latter)")
     if not rows:
         print(f"no cached hidden states in {root}")
         return 0
@@ -70,6 +74,9 @@ def cmd_rm(args) -> int:
     for k in keys:
         remove(root, k)
         print(f"removed {k}")
+    if args.all and root.is_dir():
+        for name in remove_unfinished(root):
+            print(f"removed unfinished {name}")
     if not keys:
         print(f"nothing to remove in {root}")
     return 0

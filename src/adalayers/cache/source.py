@@ -79,19 +79,12 @@ class CachedStates:
         if primary or split not in self.keys or "index" not in batch:
             return self.live.run(batch, tasks, primary)
         rows = batch["index"].cpu().numpy()
-        entry = self.entry(split)
-        plan = entry.layout.plan(rows)
+        layers = sorted(set().union(*(t.used_layers() for t in tasks)))
+        entry, plan = self._checked(split, rows, layers)
         mask = batch["attention_mask"]
         if not np.array_equal(plan.lengths, mask.sum(1).cpu().numpy()):
             raise CacheError(f"batch of split {split!r} does not match the cached rows {self.keys[split]} "
                              f"(token counts differ); was the split re-encoded after the cache was opened?")
-        layers = sorted(set().union(*(t.used_layers() for t in tasks)))
-        try:  # map and checksum every file this batch needs before any task sees a layer
-            for shard, *_ in plan.parts:
-                for i in layers:
-                    entry.array(shard, i)
-        except CacheDamaged as e:
-            entry = self._rebuild(split, str(e))
         B, T = mask.shape
         for t in tasks:
             t.begin()
@@ -103,33 +96,49 @@ class CachedStates:
                 t.tap(i, z)
         return None
 
+    def _checked(self, split: str, rows: np.ndarray, layers: list[int]):
+        """The entry and the batch's plan, once every file the batch needs is mapped and checksummed."""
+        for attempt in (1, 2):
+            entry = self.entry(split)
+            plan = entry.layout.plan(rows)
+            try:
+                for shard, *_ in plan.parts:
+                    for i in layers:
+                        entry.array(shard, i)
+                return entry, plan
+            except CacheDamaged as e:
+                if attempt == 2:
+                    raise CacheError(f"cache entry {entry.folder} is still damaged after rebuilding it: {e}") from None
+                self.rebuild(split, str(e), entry.manifest.get("build"))
+
     # --- entries -------------------------------------------------------------------------------
     def entry(self, split: str):
         """The opened entry of a split, built (under the key's lock) when missing or damaged."""
         if split not in self.entries:
-            key, fields = self.keys[split], self.fields[split]
             try:
-                self.entries[split] = open_entry(self.root, key, fields)
+                self.entries[split] = open_entry(self.root, self.keys[split], self.fields[split])
             except FileNotFoundError:
                 self.entries[split] = self._build(split)
             except CacheDamaged as e:
-                self.entries[split] = self._rebuild(split, str(e))
+                self.rebuild(split, str(e))
         return self.entries[split]
 
-    def _rebuild(self, split: str, reason: str):
+    def rebuild(self, split: str, reason: str, bad_build: str | None = None):
+        """Replace a damaged entry (unless another process already has: then use theirs)."""
         print(f"cache: entry {self.keys[split]} ({self.data.name}/{split}) is damaged: {reason}; rebuilding",
               flush=True)
-        self.entries[split] = self._build(split, damaged=True)
+        self.entries[split] = self._build(split, bad_build)
         return self.entries[split]
 
-    def _build(self, split: str, damaged: bool = False):
+    def _build(self, split: str, bad_build: str | None = None):
         key, fields = self.keys[split], self.fields[split]
         with locked(self.root, key):
-            if not damaged:  # another process may have built it while we waited for the lock
-                try:
-                    return open_entry(self.root, key, fields)
-                except (FileNotFoundError, CacheDamaged):
-                    pass
+            try:  # another process may have built it while we waited for the lock
+                entry = open_entry(self.root, key, fields)
+                if bad_build is None or entry.manifest.get("build") != bad_build:
+                    return entry
+            except (FileNotFoundError, CacheDamaged):
+                pass
             enc = self.encoded[split]
             lengths = _lengths(enc)
             bb = self.backbone

@@ -225,7 +225,7 @@ class Writer:
                     "rows": self.layout.num_rows, "tokens": int(self.layout.offsets[-1]),
                     "num_layers": self.num_layers, "hidden_size": self.hidden, "dtype": "float16",
                     "shards": [list(s) for s in self.layout.shards], "files": files,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "build": secrets.token_hex(8)}
         manifest["checksum"] = _manifest_checksum(manifest)
         write_json(self.tmp / MANIFEST, manifest)  # last: an entry without a valid manifest is never read
         final = self.root / self.key
@@ -268,3 +268,18 @@ def remove(root: Path, key: str) -> None:
             os.replace(folder, trash)
             shutil.rmtree(trash, ignore_errors=True)
     (root / f"{key}.lock").unlink(missing_ok=True)
+
+
+def remove_unfinished(root: Path) -> list[str]:
+    """Temporary folders left by builders that died (skipping any whose key is being built right now)."""
+    removed = []
+    for folder in sorted(root.glob(".tmp-*")) + sorted(root.glob(".old-*")):
+        key = folder.name.split("-")[1]
+        with open(root / f"{key}.lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
