@@ -292,3 +292,20 @@ def test_train_uses_the_cache_automatically_on_cola(tmp_path):
     assert {m["rows"] for m in manifests if m["split"] != "train"} == {48}
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert np.isfinite(metrics["test"]["mcc"])
+
+
+def test_cli_build_then_train_reuses_it(setup, tmp_path, capsys, monkeypatch):
+    from adalayers.cli import main
+
+    setup.backbone.model.save_pretrained(tmp_path / "tiny")
+    setup.backbone.tokenizer.save_pretrained(tmp_path / "tiny")
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(f"task: {{data_dir: {tmp_path / 'data'}}}\nmodel: {{base: {tmp_path / 'tiny'}, max_length: 16}}\n"
+                        f"mixer: {{k: 8}}\nhead: {{num_heads: 2}}\ncache: {{dir: {tmp_path / 'cache'}}}\n"
+                        f"train: {{max_epochs: 1, batch_size: 8}}\n")
+    assert main(["cache", "build", str(cfg_file)]) == 0
+    out = capsys.readouterr().out
+    assert "GB still to build" in out and all(s in out for s in ("train", "validation", "test"))
+    built = _count_builds(monkeypatch)
+    assert main(["train", str(cfg_file), "--out", str(tmp_path / "run")]) == 0
+    assert built == []  # training found every split already cached
