@@ -89,9 +89,8 @@ class CachedStates:
         for t in tasks:
             t.begin()
         for i in layers:
-            z = np.zeros((B, T, entry.hidden), dtype=np.float32)
+            z = torch.zeros((B, T, entry.hidden), device=self.backbone.device)
             entry.read(plan, i, z)
-            z = torch.from_numpy(z).to(self.backbone.device)
             for t in tasks:
                 t.tap(i, z)
         return None

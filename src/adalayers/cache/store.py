@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from adalayers.errors import AdaLayersError
 from adalayers.run import sha256, write_json
@@ -140,10 +141,11 @@ class Entry:
             self.opened.add(name)
         return self._arrays[(shard, layer)]
 
-    def read(self, plan: Plan, layer: int, out: np.ndarray) -> None:
-        """Fill out[b, t] (a zeroed (B, T, d) array) with layer `layer` of the planned rows."""
+    def read(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
+        """Fill out[b, t] (a zeroed (B, T, d) tensor) with layer `layer` of the planned rows."""
         for shard, pos, b, t, _ in plan.parts:
-            out[b, t] = self.array(shard, layer)[pos]
+            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device)
+            out[torch.from_numpy(b).to(out.device), torch.from_numpy(t).to(out.device)] = values.to(out.dtype)
 
 
 def open_entry(root: Path, key: str, fields: dict) -> Entry:
