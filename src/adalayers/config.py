@@ -84,6 +84,7 @@ class CacheConfig:
     enabled: bool = _f(True, "Cache the frozen base's hidden states on disk and train from them.")
     max_gb: float = _f(20.0, "Disk budget for one dataset's cache; over it, the base runs on the fly.")
     dir: str | None = _f(None, "Cache folder; default $ADALAYERS_CACHE or ~/.cache/adalayers.")
+    shard_mb: float = _f(256.0, "Size of one layer's file in one shard of the cache, in MB.")
 
 
 @dataclass
@@ -227,6 +228,8 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"task.validation_fraction: must be in (0, 1), got {cfg.task.validation_fraction}")
     if cfg.train.lr <= 0:
         p.append(f"train.lr: must be positive, got {cfg.train.lr}")
+    if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
+        p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
         p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
     return p

@@ -1,0 +1,214 @@
+"""Hidden states from the on-disk cache, with the same `run(batch, tasks)` as states.LiveStates.
+
+The key of a split's entry is everything its hidden states depend on: the base's fingerprint,
+the tokenizer, max_length, encoder/decoder states, the sha256 of the dataset files, the split
+name and a hash of the split's token ids. A split's entry is built the first time one of its
+batches arrives: one pass of the base over the split in length order (less padding than a
+shuffled epoch), every layer written. Later batches read only the layers some task uses.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from adalayers import model_packages
+from adalayers.encoding import EncodedSplit, batches
+from adalayers.run import sha256
+from adalayers.states import LiveStates
+from adalayers.cache.store import CacheDamaged, CacheError, Writer, key_of, locked, open_entry
+
+BYTES_PER_VALUE = 2  # float16
+
+
+def cache_dir(cfg=None) -> Path:
+    """Where entries live: cache.dir, else $ADALAYERS_CACHE, else ~/.cache/adalayers; states/ inside it."""
+    base = Path(cfg.cache.dir).expanduser() if cfg is not None and cfg.cache.dir else model_packages.cache_root()
+    return base / "states"
+
+
+def tokenizer_hash(tokenizer) -> str:
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    h.update(text.encode())
+    h.update(json.dumps([str(tokenizer.special_tokens_map), getattr(tokenizer, "truncation_side", "")]).encode())
+    return h.hexdigest()[:16]
+
+
+def rows_hash(split: EncodedSplit) -> str:
+    h = hashlib.sha256()
+    h.update(np.array([len(r["input_ids"]) for r in split.rows], dtype=np.int64).tobytes())
+    for field in ("input_ids", "token_type_ids"):
+        if split.rows and field in split.rows[0]:
+            h.update(np.concatenate([np.asarray(r[field], dtype=np.int64) for r in split.rows]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def split_fields(cfg, backbone, data, split: EncodedSplit, files_hash: dict) -> dict:
+    return {"fingerprint": backbone.fingerprint(), "tokenizer": tokenizer_hash(backbone.tokenizer),
+            "max_length": cfg.model.max_length, "states": cfg.model.states, "data": files_hash,
+            "split": split.name, "rows": rows_hash(split)}
+
+
+def _lengths(split: EncodedSplit) -> np.ndarray:
+    return np.array([len(r["input_ids"]) for r in split.rows], dtype=np.int64)
+
+
+class CachedStates:
+    """Reads hidden states of known splits from the cache (building an entry on first use).
+
+    Batches without a known split, or that need the base's own output (`primary`), run live.
+    """
+
+    def __init__(self, cfg, backbone, data, encoded: dict, root: Path, keys: dict, fields: dict):
+        self.cfg, self.backbone, self.data, self.encoded = cfg, backbone, data, encoded
+        self.root, self.keys, self.fields = root, keys, fields
+        self.live = LiveStates(backbone)
+        self.entries: dict = {}
+        self.pad_id = backbone.tokenizer.pad_token_id or 0
+
+    # --- serving -------------------------------------------------------------------------------
+    def run(self, batch: dict, tasks, primary: bool = False):
+        split = batch.get("split")
+        if primary or split not in self.keys or "index" not in batch:
+            return self.live.run(batch, tasks, primary)
+        rows = batch["index"].cpu().numpy()
+        layers = sorted(set().union(*(t.used_layers() for t in tasks)))
+        entry, plan = self._checked(split, rows, layers)
+        mask = batch["attention_mask"]
+        if not np.array_equal(plan.lengths, mask.sum(1).cpu().numpy()):
+            raise CacheError(f"batch of split {split!r} does not match the cached rows {self.keys[split]} "
+                             f"(token counts differ); was the split re-encoded after the cache was opened?")
+        B, T = mask.shape
+        for t in tasks:
+            t.begin()
+        for i in layers:
+            z = torch.zeros((B, T, entry.hidden), device=self.backbone.device)
+            entry.read(plan, i, z)
+            for t in tasks:
+                t.tap(i, z)
+        return None
+
+    def _checked(self, split: str, rows: np.ndarray, layers: list[int]):
+        """The entry and the batch's plan, once every file the batch needs is mapped and checksummed."""
+        for attempt in (1, 2):
+            entry = self.entry(split)
+            plan = entry.layout.plan(rows)
+            try:
+                for shard, *_ in plan.parts:
+                    for i in layers:
+                        entry.array(shard, i)
+                return entry, plan
+            except CacheDamaged as e:
+                if attempt == 2:
+                    raise CacheError(f"cache entry {entry.folder} is still damaged after rebuilding it: {e}") from None
+                self.rebuild(split, str(e), entry.manifest.get("build"))
+
+    # --- entries -------------------------------------------------------------------------------
+    def entry(self, split: str):
+        """The opened entry of a split, built (under the key's lock) when missing or damaged."""
+        if split not in self.entries:
+            try:
+                self.entries[split] = open_entry(self.root, self.keys[split], self.fields[split])
+            except FileNotFoundError:
+                self.entries[split] = self._build(split)
+            except CacheDamaged as e:
+                self.rebuild(split, str(e))
+        return self.entries[split]
+
+    def rebuild(self, split: str, reason: str, bad_build: str | None = None):
+        """Replace a damaged entry (unless another process already has: then use theirs)."""
+        print(f"cache: entry {self.keys[split]} ({self.data.name}/{split}) is damaged: {reason}; rebuilding",
+              flush=True)
+        self.entries[split] = self._build(split, bad_build)
+        return self.entries[split]
+
+    def _build(self, split: str, bad_build: str | None = None):
+        key, fields = self.keys[split], self.fields[split]
+        with locked(self.root, key):
+            try:  # another process may have built it while we waited for the lock
+                entry = open_entry(self.root, key, fields)
+                if bad_build is None or entry.manifest.get("build") != bad_build:
+                    return entry
+            except (FileNotFoundError, CacheDamaged):
+                pass
+            enc = self.encoded[split]
+            lengths = _lengths(enc)
+            bb = self.backbone
+            info = {"task": self.data.name, "split": split, "base": bb.name, "max_length": self.cfg.model.max_length}
+            writer = Writer(self.root, key, fields, info, lengths, bb.num_layers, bb.hidden_size,
+                            self.cfg.cache.shard_mb)
+            try:
+                n = len(enc.rows)
+                bs = self.cfg.train.eval_batch_size
+                bar = tqdm(batches(enc, bs, self.pad_id), total=-(-n // bs), leave=False, dynamic_ncols=True,
+                           desc=f"caching {self.data.name}/{split}")
+                for batch in bar:
+                    plan = writer.layout.plan(batch["index"].numpy())
+                    keep = batch["attention_mask"].bool().to(bb.device)
+
+                    def tap(i, h):
+                        writer.write(plan, i, h[keep].to("cpu", torch.float16).numpy())
+
+                    bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
+                writer.commit()
+            except BaseException:
+                writer.abort()
+                raise
+            return open_entry(self.root, key, fields)
+
+
+def estimate_bytes(encoded: dict, num_layers: int, hidden: int) -> int:
+    tokens = sum(int(_lengths(s).sum()) for s in encoded.values())
+    return tokens * num_layers * hidden * BYTES_PER_VALUE
+
+
+_FILE_HASHES: dict = {}
+
+
+def files_hash(files) -> dict:
+    """sha256 of each dataset file, by name (remembered per path, size and mtime within a process)."""
+    out = {}
+    for f in files:
+        f = Path(f)
+        st = f.stat()
+        memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if memo not in _FILE_HASHES:
+            _FILE_HASHES[memo] = sha256(f)
+        out[f.name] = _FILE_HASHES[memo]
+    return out
+
+
+def cached_source(cfg, backbone, data, encoded: dict) -> CachedStates | None:
+    """A CachedStates for these splits, or None (after saying why) when the cache does not fit."""
+    root = cache_dir(cfg)
+    if not data.files:
+        print(f"cache: task {data.name} names no data files to key the cache on; running the base on the fly")
+        return None
+    fh = files_hash(data.files)
+    fields = {name: split_fields(cfg, backbone, data, split, fh) for name, split in encoded.items()}
+    keys = {name: key_of(f) for name, f in fields.items()}
+    size = estimate_bytes(encoded, backbone.num_layers, backbone.hidden_size)
+    missing = sum(estimate_bytes({n: s}, backbone.num_layers, backbone.hidden_size)
+                  for n, s in encoded.items() if not (root / keys[n] / "manifest.json").is_file())
+    tokens = sum(int(_lengths(s).sum()) for s in encoded.values())
+    print(f"cache: {data.name} hidden states: {tokens:,} tokens x {backbone.num_layers} layers x "
+          f"{backbone.hidden_size} fp16 = {size / 1e9:.3f} GB ({missing / 1e9:.3f} GB still to build) in {root}",
+          flush=True)
+    if size > cfg.cache.max_gb * 1e9:
+        print(f"cache: {size / 1e9:.3f} GB is over cache.max_gb={cfg.cache.max_gb:g}; running the base on the fly "
+              f"every epoch instead (raise cache.max_gb to cache it)", flush=True)
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if missing > free:
+        print(f"cache: {missing / 1e9:.3f} GB to build but only {free / 1e9:.3f} GB free in {root}; running the "
+              f"base on the fly every epoch instead", flush=True)
+        return None
+    return CachedStates(cfg, backbone, data, encoded, root, keys, fields)

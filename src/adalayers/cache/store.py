@@ -1,0 +1,287 @@
+"""The on-disk store of hidden states: one folder per key, numpy .npy files plus a JSON manifest.
+
+    <root>/<key>/
+        manifest.json    written last: the key's fields, shapes, every file's size and sha256,
+                         and a checksum of the manifest itself
+        offsets.npy      int64 (rows + 1): row r's tokens are offsets[r]:offsets[r+1]
+        s000-l03.npy     float16 (tokens of shard 0, d): layer 3 of shard 0's rows, no padding
+
+Every layer of every shard is its own file, memory-mapped on read, so a run that uses layer 3
+only ever opens s*-l03.npy. A file's sha256 is checked the first time a process opens it.
+An entry is filled in a temporary folder and renamed into place while holding `<key>.lock`,
+so concurrent builders never see (or leave) half an entry.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adalayers.errors import AdaLayersError
+from adalayers.run import sha256, write_json
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+OFFSETS = "offsets.npy"
+
+
+class CacheError(AdaLayersError):
+    """The cache cannot serve a batch (its rows do not match) or cannot be built."""
+
+
+class CacheDamaged(Exception):
+    """An entry failed a check; the caller rebuilds it."""
+
+
+def layer_file(shard: int, layer: int) -> str:
+    return f"s{shard:03d}-l{layer:02d}.npy"
+
+
+def key_of(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _manifest_checksum(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def plan_shards(lengths: np.ndarray, hidden: int, shard_mb: float) -> list[tuple[int, int]]:
+    """Split rows into consecutive shards of about shard_mb per layer file (at least one row each)."""
+    cap = max(1, int(shard_mb * 1e6) // (2 * hidden))
+    shards, start, tokens = [], 0, 0
+    for r, n in enumerate(lengths.tolist()):
+        if tokens and tokens + n > cap:
+            shards.append((start, r))
+            start, tokens = r, 0
+        tokens += n
+    shards.append((start, len(lengths)))
+    return shards
+
+
+@dataclass
+class Plan:
+    """Where a batch's tokens live: per shard, the tokens' rows in the file and their (b, t) in the batch."""
+    lengths: np.ndarray
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # (shard, file rows, b, t, k)
+    # k: the tokens' places in the batch's rows concatenated (the order of hidden[mask])
+
+
+class Layout:
+    """Rows -> shards -> token positions; shared by the writer and the reader."""
+
+    def __init__(self, offsets: np.ndarray, shards: list[tuple[int, int]]):
+        self.offsets = offsets
+        self.shards = shards
+        self.row_starts = np.array([a for a, _ in shards])
+        self.tok_starts = offsets[self.row_starts]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.offsets) - 1
+
+    def shard_tokens(self, s: int) -> int:
+        a, b = self.shards[s]
+        return int(self.offsets[b] - self.offsets[a])
+
+    def plan(self, rows: np.ndarray) -> Plan:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise CacheError(f"row index out of range (the cache holds {self.num_rows} rows)")
+        n = self.offsets[rows + 1] - self.offsets[rows]
+        b = np.repeat(np.arange(len(rows)), n)
+        t = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        g = np.repeat(self.offsets[rows], n) + t
+        shard = np.searchsorted(self.row_starts, np.repeat(rows, n), side="right") - 1
+        parts = []
+        for s in np.unique(shard).tolist():
+            k = np.flatnonzero(shard == s)
+            parts.append((s, g[k] - self.tok_starts[s], b[k], t[k], k))
+        return Plan(n, parts)
+
+
+class Entry:
+    """A finished entry, opened for reading. Layer files are mapped (and checksummed) on first use."""
+
+    def __init__(self, folder: Path, manifest: dict, offsets: np.ndarray):
+        self.folder, self.manifest = folder, manifest
+        self.layout = Layout(offsets, [tuple(s) for s in manifest["shards"]])
+        self.hidden = manifest["hidden_size"]
+        self._arrays: dict[tuple[int, int], np.ndarray] = {}
+        self.opened: set[str] = set()  # file names mapped so far (tests check that unused layers stay closed)
+
+    def array(self, shard: int, layer: int) -> np.ndarray:
+        if (shard, layer) not in self._arrays:
+            name = layer_file(shard, layer)
+            path = self.folder / name
+            info = self.manifest["files"].get(name)
+            if info is None or not path.is_file():
+                raise CacheDamaged(f"{name} is missing")
+            if path.stat().st_size != info["bytes"]:
+                raise CacheDamaged(f"{name} has {path.stat().st_size} bytes, the manifest says {info['bytes']}")
+            if sha256(path) != info["sha256"]:
+                raise CacheDamaged(f"{name} does not match its checksum")
+            try:
+                arr = np.load(path, mmap_mode="r")
+            except (ValueError, OSError) as e:
+                raise CacheDamaged(f"{name} is not a readable .npy file ({e})") from None
+            if arr.dtype != np.float16 or arr.shape != (self.layout.shard_tokens(shard), self.hidden):
+                raise CacheDamaged(f"{name} has shape {arr.shape} {arr.dtype}")
+            self._arrays[(shard, layer)] = arr
+            self.opened.add(name)
+        return self._arrays[(shard, layer)]
+
+    def read(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
+        """Fill out[b, t] (a zeroed (B, T, d) tensor) with layer `layer` of the planned rows."""
+        for shard, pos, b, t, _ in plan.parts:
+            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device)
+            out[torch.from_numpy(b).to(out.device), torch.from_numpy(t).to(out.device)] = values.to(out.dtype)
+
+
+def open_entry(root: Path, key: str, fields: dict) -> Entry:
+    """The entry for `key`, after cheap checks (manifest, sizes, offsets); raises CacheDamaged or FileNotFoundError."""
+    folder = root / key
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        ok = manifest.get("checksum") == _manifest_checksum(manifest)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CacheDamaged(f"{MANIFEST} is not valid JSON ({e})") from None
+    if not ok:
+        raise CacheDamaged(f"{MANIFEST} was edited (its checksum does not match)")
+    if manifest.get("fields") != fields:
+        raise CacheDamaged(f"{MANIFEST} describes other data than its key")
+    for name, info in manifest["files"].items():
+        f = folder / name
+        if not f.is_file():
+            raise CacheDamaged(f"{name} is missing")
+        if f.stat().st_size != info["bytes"]:
+            raise CacheDamaged(f"{name} has {f.stat().st_size} bytes, the manifest says {info['bytes']}")
+    if sha256(folder / OFFSETS) != manifest["files"][OFFSETS]["sha256"]:
+        raise CacheDamaged(f"{OFFSETS} does not match its checksum")
+    offsets = np.load(folder / OFFSETS)
+    if offsets.ndim != 1 or len(offsets) != manifest["rows"] + 1 or offsets[-1] != manifest["tokens"]:
+        raise CacheDamaged(f"{OFFSETS} does not fit the manifest")
+    return Entry(folder, manifest, offsets)
+
+
+@contextlib.contextmanager
+def locked(root: Path, key: str):
+    """Hold `<key>.lock` (an flock: released by the OS if the holder dies)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"cache: waiting for another process that is building {key} ...", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+class Writer:
+    """Fills a new entry in a temporary folder; `commit()` checksums it, writes the manifest, renames it in."""
+
+    def __init__(self, root: Path, key: str, fields: dict, info: dict, lengths: np.ndarray,
+                 num_layers: int, hidden: int, shard_mb: float):
+        self.root, self.key, self.fields, self.info = root, key, fields, info
+        self.num_layers, self.hidden = num_layers, hidden
+        for stale in root.glob(f".tmp-{key}-*"):  # left by a builder that died (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        self.tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp.mkdir(parents=True)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        np.save(self.tmp / OFFSETS, offsets)
+        self.layout = Layout(offsets, plan_shards(lengths, hidden, shard_mb))
+        self.arrays = {(s, l): np.lib.format.open_memmap(self.tmp / layer_file(s, l), mode="w+", dtype=np.float16,
+                                                          shape=(self.layout.shard_tokens(s), hidden))
+                       for s in range(len(self.layout.shards)) for l in range(num_layers)}
+
+    def write(self, plan: Plan, layer: int, values: np.ndarray) -> None:
+        """values: (tokens, d) for the planned rows, concatenated in batch order."""
+        for shard, pos, _, _, k in plan.parts:
+            self.arrays[(shard, layer)][pos] = values if len(plan.parts) == 1 else values[k]
+
+    def commit(self) -> Path:
+        files = {}
+        for (s, l), arr in self.arrays.items():
+            arr.flush()
+        self.arrays.clear()
+        for path in sorted(self.tmp.iterdir()):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+        manifest = {"format": FORMAT, "key": self.key, "fields": self.fields, **self.info,
+                    "rows": self.layout.num_rows, "tokens": int(self.layout.offsets[-1]),
+                    "num_layers": self.num_layers, "hidden_size": self.hidden, "dtype": "float16",
+                    "shards": [list(s) for s in self.layout.shards], "files": files,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "build": secrets.token_hex(8)}
+        manifest["checksum"] = _manifest_checksum(manifest)
+        write_json(self.tmp / MANIFEST, manifest)  # last: an entry without a valid manifest is never read
+        final = self.root / self.key
+        if final.exists():  # a damaged entry: move it aside first (a folder cannot replace a full one)
+            trash = self.root / f".old-{self.key}-{secrets.token_hex(4)}"
+            os.replace(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(self.tmp, final)
+        return final
+
+    def abort(self) -> None:
+        self.arrays.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def list_entries(root: Path) -> list[dict]:
+    """Every entry under root with its manifest's summary, or a note when it is damaged."""
+    out = []
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        row = {"key": folder.name, "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
+        try:
+            m = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+            if m.get("checksum") != _manifest_checksum(m):
+                raise ValueError("manifest edited")
+            row.update({k: m.get(k) for k in ("task", "split", "base", "rows", "tokens", "num_layers", "created")})
+            row["status"] = "ok"
+        except (OSError, ValueError, AttributeError) as e:
+            row["status"] = f"damaged ({type(e).__name__})"
+        out.append(row)
+    return out
+
+
+def remove(root: Path, key: str) -> None:
+    with locked(root, key):
+        folder = root / key
+        if folder.exists():
+            trash = root / f".old-{key}-{secrets.token_hex(4)}"
+            os.replace(folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+    (root / f"{key}.lock").unlink(missing_ok=True)
+
+
+def remove_unfinished(root: Path) -> list[str]:
+    """Temporary folders left by builders that died (skipping any whose key is being built right now)."""
+    removed = []
+    for folder in sorted(root.glob(".tmp-*")) + sorted(root.glob(".old-*")):
+        key = folder.name.split("-")[1]
+        with open(root / f"{key}.lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
