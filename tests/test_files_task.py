@@ -155,7 +155,7 @@ def test_conll_file_with_docstart_and_iob1(tiny_base, tmp_path):
     assert "B-PER" not in plain.labels and any("tag_scheme: iob1" in n for n in plain.notes)
     cfg = tiny(tiny_base, {"train": str(path), "tag_scheme": "iob1"})
     data = load_task(cfg)
-    assert data.kind == "token" and data.labels == ["B-PER", "I-PER", "O"]
+    assert data.kind == "token" and data.labels == ["O", "B-PER", "I-PER"]
     assert len(data.splits["train"]) + len(data.splits["validation"]) == 200  # -DOCSTART- is no sentence
     metrics = recipes.train(cfg, tmp_path / "run")
     assert metrics["validation"]["f1"] > 0.8
@@ -224,6 +224,23 @@ def test_cola_as_generic_tsv_matches_builtin_reader(tiny_base, tmp_path):
     a = recipes.train(builtin, tmp_path / "builtin")
     b = recipes.train(generic, tmp_path / "generic")
     assert a["validation"] == b["validation"] and a["test"] == b["test"]
+
+
+@pytest.mark.skipif(not (DATA / "conll2003").is_dir(), reason="needs ../shared/data/conll2003")
+def test_conll2003_as_generic_conll_gives_the_builtin_examples():
+    from adalayers.tasks import TASKS
+
+    folder = DATA / "conll2003"
+    b = load({"train": str(folder / "eng.train"), "validation": str(folder / "eng.testa"),
+              "test": str(folder / "eng.testb"), "tag_scheme": "iob1"})
+    assert b.labels == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    assert [len(b.splits[s]) for s in ("train", "validation", "test")] == [14041, 3250, 3453]  # data README
+    if "conll2003" not in TASKS:
+        pytest.skip("no built-in conll2003 reader on this branch")
+    a = load_task(config.from_dict({"task": {"name": "conll2003"}}))
+    assert (a.kind, a.labels, a.main_metric) == (b.kind, b.labels, b.main_metric)
+    for split in ("train", "validation", "test"):
+        assert [(e.words, e.tags) for e in a.splits[split]] == [(e.words, e.tags) for e in b.splits[split]]
 
 
 @needs_glue

@@ -47,6 +47,10 @@ def file_format(t) -> str:
         return "hf"
     if path.suffix.lower() in EXTENSIONS:
         return EXTENSIONS[path.suffix.lower()]
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(10) == b"-DOCSTART-":  # CoNLL-2003's eng.train / eng.testa / eng.testb
+                return "conll"
     raise ConfigError(f"task.format: cannot tell the format of {t.train} from its extension; set task.format "
                       f"to csv, tsv, jsonl, conll or hf")
 
@@ -344,6 +348,8 @@ def _label_order(t, kind: str, train: list[Example], table: Table, label) -> lis
     if names:
         return names
     seen = {x for e in train for x in (e.tags if kind == "token" else [e.label])}
+    if kind == "token":  # O first, then each entity type's B- and I- together (as the built-in CoNLL reader)
+        return sorted(seen, key=lambda x: ("", "") if x == "O" else (x[2:], x[:2]))
     numeric = all(_is_number(x) for x in seen)
     return sorted(seen, key=lambda x: (int(x), x) if numeric else (0, x))
 
