@@ -323,6 +323,11 @@ def test_token_errors(tmp_path):
                                          f"by entity F1)"
 
 
+def test_exponents_without_a_dot_are_numbers():
+    cfg = config.from_dict({"train": {"lr": "3e-4"}}, ["train.weight_decay=1e-2"])
+    assert cfg.train.lr == 3e-4 and cfg.train.weight_decay == 1e-2
+
+
 def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="task.format: must be one of"):
         config.from_dict({"task": {"train": "x.csv", "format": "xlsx"}})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -146,6 +147,9 @@ def _type_ok(value, tp) -> bool:
     return isinstance(value, tp)
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _build(cls, data, where: str, problems: list[str]):
     if not isinstance(data, dict):
         problems.append(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
@@ -160,6 +164,8 @@ def _build(cls, data, where: str, problems: list[str]):
         if f.name not in data:
             continue
         tp, value = hints[f.name], data[f.name]
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()) and _type_ok(1.0, tp):
+            value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
         if dataclasses.is_dataclass(tp):
             values[f.name] = _build(tp, value, f"{where}{f.name}.", problems)
         elif _type_ok(value, tp):
