@@ -199,7 +199,7 @@ def test_cli_shortcut_without_config(tiny_base, tmp_path, capsys):
     assert json.loads((out / "metrics.json").read_text())["validation"]["n"] == 20
 
 
-def test_cli_shortcut_picks_regression_settings(tmp_path, monkeypatch):
+def test_cli_shortcut_picks_regression_settings(tmp_path):
     from adalayers.tasks.files import shortcut_config
 
     train = write_csv(tmp_path / "s.csv", [["a b", "0.5"], ["c d", "1.25"]], ["text", "label"])

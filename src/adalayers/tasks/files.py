@@ -364,7 +364,7 @@ def files(cfg) -> TaskData:
         splits[split], locs[split] = to_examples(t, table, kind)
     label = t.label if t.label is not None else ("tags" if kind == "token" else "label")
     labels = _label_order(t, kind, splits["train"], tables["train"], label)
-    _check_unseen(kind, labels, splits, locs, tables)
+    _check_unseen(kind, labels, splits, locs)
     notes = [f"{KIND_WORDS[kind]} task ({why}), {fmt} format; train: {tables['train'].source} "
              f"({len(splits['train'])} {'sentences' if kind == 'token' else 'rows'})"]
     if kind == "token" and t.tag_scheme == "iob2":
@@ -392,7 +392,7 @@ def files(cfg) -> TaskData:
     return TaskData("files", kind, labels, splits, main_metric=main, files=files_read, notes=notes)
 
 
-def _check_unseen(kind, labels, splits, locs, tables) -> None:
+def _check_unseen(kind, labels, splits, locs) -> None:
     if kind == "regression":
         return
     known = set(labels)
