@@ -15,8 +15,9 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config file (see configs/)")
+def _add_config_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("config", nargs="?" if optional else None,
+                   help="YAML config file (see configs/)" + ("; optional with --data" if optional else ""))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one config field, e.g. --set train.lr=3e-4 (repeatable)")
 
@@ -24,11 +25,20 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args) -> int:
     from adalayers import config, recipes
 
-    cfg = config.load(args.config, args.overrides)
+    if args.data:
+        from adalayers.tasks.files import config_from_args
+
+        cfg = config_from_args(args)
+    elif not args.config:
+        raise AdaLayersError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
+    else:
+        cfg = config.load(args.config, args.overrides)
     metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
-    print(json.dumps({"validation": metrics.get("validation"), "test": metrics.get("test"),
-                      "trainable_params": metrics["trainable_params"], "train_seconds": metrics["train_seconds"]},
-                     indent=2))
+    shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
+    print(json.dumps({**shown, "trainable_params": metrics["trainable_params"],
+                      "train_seconds": metrics["train_seconds"]}, indent=2))
+    if "test" not in metrics:
+        print("no test split: the numbers above are validation only")
     print(f"run folder: {args.out}")
     return 0
 
@@ -66,11 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a side-task head on a frozen base")
-    _add_config_args(p)
+    _add_config_args(p, optional=True)
     p.add_argument("--out", required=True, help="run folder to write")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last completed epoch (automatic when --out "
                         "holds an unfinished run)")
+    from adalayers.tasks.files import add_data_args
+
+    add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,8 +26,34 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class TaskConfig:
-    name: str = _f("cola", "Dataset reader: a name from adalayers.tasks.TASKS (cola, stsb, imdb, conll2003, ...).")
+    name: str = _f("cola", "Dataset reader: a name from adalayers.tasks.TASKS (cola, stsb, imdb, conll2003, ...), "
+                           "or 'files' for your own files (the default when task.train is set).")
     data_dir: str = _f("../shared/data", "Folder holding the datasets; the ADALAYERS_DATA environment variable wins.")
+    # --- your own data (task 'files', see adalayers/tasks/files.py) -------------------------------
+    train: str | None = _f(None, "Your training data: a .csv, .tsv, .jsonl or CoNLL file, or a folder saved by a "
+                                 "Hugging Face dataset's save_to_disk (or a hub name, with a network). Relative "
+                                 "paths are read from the current folder.")
+    validation: str | None = _f(None, "Validation file (hf: split name). None = a stratified validation_fraction "
+                                      "of train.")
+    test: str | None = _f(None, "Test file (hf: split name). None = no test split: only validation is reported.")
+    format: str | None = _f(None, "csv, tsv (no quoting, as GLUE), jsonl, conll or hf. None = from train's "
+                                  "extension (.csv .tsv .jsonl .conll; a folder = hf).")
+    kind: str | None = _f(None, "classification, regression or tokens. None = guessed: CoNLL or lists of tags -> "
+                                "tokens, numbers with decimals -> regression, anything else -> classification.")
+    text: str | int | None = _f(None, "Column with the text: a header name / JSON key, or a 0-based number in a "
+                                      "file without header. None = 'text' ('tokens' for token tasks; CoNLL: 0).")
+    text_pair: str | int | None = _f(None, "Column with the second text of a sentence-pair task.")
+    label: str | int | None = _f(None, "Column with the label (token tasks: the list of tags; CoNLL: the tag "
+                                       "column's number). None = 'label' ('tags' for token tasks; CoNLL: -1, last).")
+    header: bool | None = _f(None, "CSV/TSV: the first row names the columns. None = yes when text/label are "
+                                   "names, no when they are numbers.")
+    label_names: dict = _f({}, "Rename label values and fix their order, e.g. {0: negative, 1: positive}; "
+                               "every label value must be listed. Empty = the values, sorted.")
+    tag_scheme: str = _f("iob2", "Token tags: iob2 (used as they are) or iob1 (converted to IOB2, e.g. the "
+                                 "original CoNLL-2003 files).")
+    metric: str | None = _f(None, "Validation metric that picks the best epoch (any task). None = the task's own; "
+                                  "for 'files': macro_f1 (classification; or accuracy, mcc), pearson (regression; "
+                                  "or spearman), f1 (tokens: entity F1).")
     validation_fraction: float = _f(0.1, "Share of train held out (stratified) when the dataset has no validation split.")
     split_seed: int = _f(42, "Seed of that held-out split.")
     max_train_examples: int | None = _f(None, "Use only the first N training examples (after the split); for quick tries.")
@@ -56,7 +83,8 @@ class MixerConfig:
 
 @dataclass
 class HeadConfig:
-    kind: str = _f("sequence", "sequence (classification), regression, or token (classification per word).")
+    kind: str | None = _f(None, "sequence (classification), regression, or token (classification per word). "
+                                "None = the task's kind.")
     num_heads: int = _f(8, "Attention heads in the head's self-attention / encoder layers.")
     encoder_layers: int = _f(1, "Token head: pre-LayerNorm transformer encoder layers on F.")
     dim_feedforward: int = _f(2048, "Token head: feed-forward width of those encoder layers.")
@@ -177,6 +205,9 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
                 break
         else:
             node[name] = _parse_scalar(value)
+    task = data.get("task")
+    if isinstance(task, dict) and "name" not in task and ("train" in task or "format" in task):
+        task["name"] = "files"  # giving your own files is enough to pick the generic reader
     cfg = _build(Config, data, "", problems)
     if not problems:
         problems += validate(cfg)
@@ -203,7 +234,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
 
 def validate(cfg: Config) -> list[str]:
     p = []
-    if cfg.head.kind not in ("sequence", "regression", "token"):
+    if cfg.head.kind not in (None, "sequence", "regression", "token"):
         p.append(f"head.kind: must be sequence, regression or token, got {cfg.head.kind!r}")
     if cfg.model.states not in ("encoder", "decoder"):
         p.append(f"model.states: must be encoder or decoder, got {cfg.model.states!r}")
@@ -226,10 +257,44 @@ def validate(cfg: Config) -> list[str]:
             p.append(f"{name}: must be in [0, 1), got {value}")
     if not 0 < cfg.task.validation_fraction < 1:
         p.append(f"task.validation_fraction: must be in (0, 1), got {cfg.task.validation_fraction}")
+    p += _validate_files_task(cfg.task)
     if cfg.train.lr <= 0:
         p.append(f"train.lr: must be positive, got {cfg.train.lr}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
         p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
+    return p
+
+
+FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
+TASK_KINDS = {"classification": "sequence", "sequence": "sequence", "regression": "regression",
+              "tokens": "token", "token": "token"}
+
+
+def _validate_files_task(t: TaskConfig) -> list[str]:
+    p = []
+    own = [f for f in ("train", "validation", "test", "format", "kind", "text", "text_pair", "label", "header")
+           if getattr(t, f) is not None] + (["label_names"] if t.label_names else [])
+    if t.name != "files":
+        if own:
+            p.append(f"task.{own[0]}: only read by task 'files' (your own data), but task.name is {t.name!r}")
+        return p
+    if not t.train:
+        p.append("task.train: task 'files' needs a training file (or a saved Hugging Face dataset)")
+    if t.format is not None and t.format not in FILE_FORMATS:
+        p.append(f"task.format: must be one of {', '.join(FILE_FORMATS)}, got {t.format!r}")
+    if t.kind is not None and t.kind not in TASK_KINDS:
+        p.append(f"task.kind: must be classification, regression or tokens, got {t.kind!r}")
+    if t.tag_scheme not in ("iob1", "iob2"):
+        p.append(f"task.tag_scheme: must be iob1 or iob2, got {t.tag_scheme!r}")
+    if t.label_names and TASK_KINDS.get(t.kind) in ("regression", "token"):
+        p.append("task.label_names: only for classification tasks")
+    if t.metric is not None:
+        from adalayers.metrics import MAIN_METRICS
+
+        allowed = MAIN_METRICS[TASK_KINDS[t.kind]] if t.kind in TASK_KINDS else sorted(
+            {m for ms in MAIN_METRICS.values() for m in ms})
+        if t.metric not in allowed:
+            p.append(f"task.metric: must be one of {', '.join(allowed)}, got {t.metric!r}")
     return p

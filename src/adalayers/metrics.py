@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# Per task kind: the metrics that can select the best epoch (higher is better); the first is the default.
+MAIN_METRICS = {"sequence": ["macro_f1", "accuracy", "mcc"],
+                "regression": ["pearson", "spearman"],
+                "token": ["f1", "precision", "recall"]}
+
 
 def classification(y_true: list[int], y_pred: list[int], labels: list[str]) -> dict:
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef

@@ -27,7 +27,9 @@ def prepare(cfg, backbone: Backbone | None = None):
     device = pick_device(cfg.train.device)
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
-    if data.kind != cfg.head.kind:
+    if cfg.head.kind is None:
+        cfg.head.kind = data.kind  # the head follows the data unless the config names one
+    elif data.kind != cfg.head.kind:
         raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
                              f"set head.kind: {data.kind}")
     encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name)

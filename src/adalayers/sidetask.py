@@ -20,7 +20,8 @@ IGNORE = -100  # label of sub-tokens and special tokens in token tasks
 class SideTask(nn.Module):
     def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str]):
         super().__init__()
-        self.cfg, self.kind, self.labels = cfg, cfg.head.kind, list(labels)
+        # head.kind None means "the task's kind"; recipes.prepare fills it in, a bare Config() means sequence
+        self.cfg, self.kind, self.labels = cfg, cfg.head.kind or "sequence", list(labels)
         self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
         self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
         self._acc, self._w = None, None

@@ -43,11 +43,18 @@ def register(name: str):
 
 
 def load_task(cfg) -> TaskData:
-    from adalayers.tasks import glue  # noqa: F401  (registers its tasks)
+    from adalayers.tasks import files, glue  # noqa: F401  (registers their tasks)
 
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")
     data = TASKS[cfg.task.name](cfg)
+    if cfg.task.metric:
+        from adalayers.metrics import MAIN_METRICS
+
+        if cfg.task.metric not in MAIN_METRICS[data.kind]:
+            raise ConfigError(f"task.metric: a {data.kind} task can select on {', '.join(MAIN_METRICS[data.kind])}, "
+                              f"not {cfg.task.metric!r}")
+        data.main_metric = cfg.task.metric
     for split in ("train", "validation"):
         if not data.splits.get(split):
             raise DataError(f"task {data.name}: the {split} split is empty")
