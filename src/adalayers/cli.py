@@ -12,6 +12,7 @@ from adalayers.errors import AdaLayersError
 # Modules that bring more sub-commands; each defines add_commands(subparsers). One line per module.
 COMMAND_MODULES: list[str] = [
     "adalayers.cache.cli",
+    "adalayers.serve.command",
 ]
 
 

@@ -116,6 +116,23 @@ class CacheConfig:
 
 
 @dataclass
+class ServeConfig:
+    """Settings of `adalayers serve` (not part of a run's config)."""
+    host: str = _f("127.0.0.1", "Address to listen on (0.0.0.0 exposes the service to the network).")
+    port: int = _f(8000, "TCP port.")
+    max_batch: int = _f(32, "Texts per base pass: concurrent requests are batched together up to this.")
+    max_wait_ms: float = _f(5.0, "How long the first waiting request waits for others to join its batch.")
+    max_texts: int = _f(64, "Texts per request; more is answered 413.")
+    max_chars: int = _f(10_000, "Characters per text; longer is answered 413.")
+    max_length: int | None = _f(None, "Tokens per text in the base pass (default: the largest of the heads' "
+                                      "model.max_length); longer texts are truncated (token tasks: windows).")
+    primary: bool = _f(True, "Run the base to its end and return its own output; off: stop after the "
+                             "deepest layer any head uses (early exit).")
+    device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
+    num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+
+
+@dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -1,0 +1,237 @@
+"""What side tasks cost on top of the base's own pass, against the alternatives.
+
+    (a)  the base alone
+    (b)  the base + N side heads in one pass (layer taps, one (B, T, k) accumulator per head)
+    (c)  N separately fine-tuned copies of the base (N full passes, each copy with its own classifier)
+    (d)  output_hidden_states=True, then every head projects and stacks all layers (the original code's way)
+    (e)  early exit: heads that use layers <= L only, the base stopped after layer L
+
+Inputs are real IMDB reviews, packed so every row holds exactly T tokens (no padding). Timing runs
+each configuration once per repeat in a rotating order (drift in a shared machine's load hits all
+alike); a configuration's ratio is the median over repeats of its time / (a)'s time in the same
+repeat. Heads are freshly initialised (weights do not change the work) with uniform layer weights:
+every layer is projected, the most work a head can add.
+
+Memory: peak bytes live in torch's CPU allocator during one pass, from torch.profiler's memory
+events (profile_memory=True): every allocation and free, summed in time order, minus what was
+live when the pass began. "extra" is a configuration's peak minus (a)'s.
+
+    python benchmarks/one_pass.py --lengths 128 --repeats 5
+    python benchmarks/one_pass.py --lengths 512 --repeats 3 --configs a,b1,b4,c1,d1,d4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from adalayers.backbone import Backbone, resolve  # noqa: E402
+from adalayers.config import Config  # noqa: E402
+from adalayers.run import write_json, atomic_write  # noqa: E402
+from adalayers.sidetask import SideTask  # noqa: E402
+
+ALL = "a,b1,b2,b4,b8,mixed4,c1,c2,d1,d4,e"
+
+
+def imdb_rows(data: Path, tokenizer, batch: int, length: int) -> dict:
+    """`batch` rows of exactly `length` tokens: consecutive IMDB train reviews joined until they fill a row."""
+    path = data / "imdb" / "aclImdb_v1.tar.gz"
+    if not path.is_file():
+        sys.exit(f"IMDB not found at {path} (give --data)")
+    texts, current, used = [], "", 0
+    with tarfile.open(path, "r|gz") as tf:
+        for m in tf:
+            if not (m.isfile() and m.name.endswith(".txt") and "/train/" in m.name):
+                continue
+            review = tf.extractfile(m).read().decode("utf-8").replace("<br />", " ")
+            current, used = f"{current} {review}", used + len(tokenizer(review, add_special_tokens=False)["input_ids"])
+            if used >= length:
+                texts.append(current)
+                current, used = "", 0
+            if len(texts) == batch:
+                break
+    enc = tokenizer(texts, truncation=True, max_length=length, return_tensors="pt")
+    assert enc["input_ids"].shape == (batch, length), enc["input_ids"].shape
+    return {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+
+
+def make_head(backbone, kind: str, labels: list[str], seed: int, deepest: int | None = None) -> SideTask:
+    """Shapes of configs/cola.yaml (sequence), imdb (sequence), conll (token), stsb (regression)."""
+    cfg = Config()
+    cfg.head.kind = kind
+    torch.manual_seed(seed)
+    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, labels).eval()
+    if deepest is not None:  # layers above `deepest` get weight 0 (below the cutoff): early exit can stop there
+        with torch.no_grad():
+            task.mixer.p[deepest + 1:] = -1.0
+    return task
+
+
+def one_pass(backbone, batch, heads, primary=True):
+    """(b)/(e): the way SideTasks runs: begin, one tapped pass, end."""
+    for t in heads:
+        t.begin()
+    stop = None if primary else max(max(t.used_layers()) for t in heads)
+    backbone(batch, taps=[t.tap for t in heads], stop_after=stop)
+    return [t.end(batch["attention_mask"]) for t in heads]
+
+
+def stacked(backbone, batch, heads):
+    """(d): ask for all hidden states, then per head project every layer, stack, weight and sum."""
+    out = backbone.model(**batch, output_hidden_states=True)
+    logits = []
+    for t in heads:
+        m = t.mixer
+        w = m.layer_weights()
+        fs = torch.stack([m.project(i, z) for i, z in enumerate(out.hidden_states)])  # (L, B, T, k)
+        F = m.finish((w[:, None, None, None] * fs).sum(0))
+        logits.append(t.head(F, batch["attention_mask"]))
+    return logits
+
+
+def peak_bytes(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    live = peak = 0
+    for _, n in events:
+        live += n
+        peak = max(peak, live)
+    return peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="minilm-l6")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (0: memory only)")
+    ap.add_argument("--configs", default=ALL, help=f"comma list from {ALL}")
+    ap.add_argument("--early-layer", type=int, default=2, help="(e): the deepest layer its heads use")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "one_pass"),
+                    help="writes OUT_<base>_T<length>.json and .md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(configs) - set(ALL.split(","))
+    if unknown or "a" not in configs:
+        sys.exit(f"--configs: must include a; unknown: {sorted(unknown)}")
+    settings = {"base": args.base, "batch": args.batch, "repeats": args.repeats, "threads": args.threads,
+                "configs": configs, "early_layer": args.early_layer, "torch": torch.__version__,
+                "cpu": platform.processor() or platform.machine(), "device": "cpu"}
+    print("settings:", json.dumps(settings), flush=True)
+
+    backbone = Backbone.load(args.base)
+    L, d = backbone.num_layers, backbone.hidden_size
+    from transformers import AutoModelForSequenceClassification
+
+    copies = [AutoModelForSequenceClassification.from_pretrained(resolve(args.base), num_labels=2).eval()
+              for _ in range(max([int(c[1:]) for c in configs if c.startswith("c")] or [0]))]
+    seq = [make_head(backbone, "sequence", ["neg", "pos"], seed=i) for i in range(8)]
+    mixed = [make_head(backbone, "sequence", ["unacceptable", "acceptable"], 10),
+             make_head(backbone, "sequence", ["neg", "pos"], 11),
+             make_head(backbone, "token", ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
+                                           "I-MISC"], 12),
+             make_head(backbone, "regression", [], 13)]
+    early = [make_head(backbone, "sequence", ["neg", "pos"], 20, deepest=args.early_layer)]
+    k = seq[0].cfg.mixer.k
+
+    for T in args.lengths:
+        batch = imdb_rows(Path(args.data), backbone.tokenizer, args.batch, T)
+        B = batch["input_ids"].shape[0]
+        run = {"a": lambda: backbone(batch),
+               "mixed4": lambda: one_pass(backbone, batch, mixed),
+               "e": lambda: one_pass(backbone, batch, early, primary=False)}
+        for n in (1, 2, 4, 8):
+            run[f"b{n}"] = lambda n=n: one_pass(backbone, batch, seq[:n])
+            run[f"c{n}"] = lambda n=n: [c(**batch).logits for c in copies[:n]]
+            run[f"d{n}"] = lambda n=n: stacked(backbone, batch, seq[:n])
+        times = {c: [] for c in configs}
+        with torch.inference_mode():
+            run["a"]()  # warm-up
+            t_start = time.perf_counter()
+            for r in range(args.repeats):
+                order = configs[r % len(configs):] + configs[: r % len(configs)]
+                for c in order:
+                    t0 = time.perf_counter()
+                    run[c]()
+                    times[c].append(time.perf_counter() - t0)
+                print(f"T={T} repeat {r + 1}/{args.repeats}: " + "  ".join(f"{c} {times[c][-1]:.2f}s" for c in configs),
+                      flush=True)
+            timing_s = time.perf_counter() - t_start
+            memory = {}
+            if not args.no_memory:
+                for c in [c for c in ("a", "b1", "b4", "d1", "d4", "e") if c in configs]:
+                    memory[c] = peak_bytes(run[c])
+                    print(f"T={T} memory {c}: peak {memory[c] / 2**20:.1f} MiB", flush=True)
+        rows = []
+        for c in configs:
+            row = {"config": c}
+            if args.repeats:
+                row["median_s"] = statistics.median(times[c])
+                row["ratio_to_a"] = statistics.median(t / a for t, a in zip(times[c], times["a"]))
+                row["times_s"] = [round(t, 4) for t in times[c]]
+            if c in memory:
+                row["peak_mib"] = memory[c] / 2**20
+                row["extra_mib"] = (memory[c] - memory["a"]) / 2**20
+            rows.append(row)
+        result = {"settings": {**settings, "length": T, "batch": B, "layers": L, "hidden": d, "k": k,
+                               "timing_seconds": round(timing_s, 1),
+                               "accumulator_mib_per_head": B * T * k * 4 / 2**20,
+                               "all_states_mib": L * B * T * d * 4 / 2**20},
+                  "rows": rows}
+        out = Path(f"{args.out}_{args.base}_T{T}")
+        write_json(out.with_suffix(".json"), result)
+        atomic_write(out.with_suffix(".md"), table(result))
+        print(table(result), flush=True)
+        print(f"wrote {out}.json and {out}.md", flush=True)
+
+
+LABELS = {"a": "(a) base alone", "mixed4": "(b) base + 4 mixed heads (cola, imdb, conll-token, stsb)",
+          "e": "(e) early exit, 1 head on layers <= {L}"}
+for _n in (1, 2, 4, 8):
+    LABELS[f"b{_n}"] = f"(b) base + {_n} sequence head{'s' * (_n > 1)}, one pass"
+    LABELS[f"c{_n}"] = f"(c) {_n} separate fine-tuned cop{'ies' if _n > 1 else 'y'} ({_n} passes)"
+    LABELS[f"d{_n}"] = f"(d) output_hidden_states + stacking, {_n} head{'s' * (_n > 1)}"
+
+
+def table(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"### {s['base']}, batch {s['batch']} x {s['length']} tokens, CPU, {s['threads']} thread(s), "
+             f"{s['repeats']} repeats (torch {s['torch']})", "",
+             "| configuration | median s | time / (a) | peak MiB | extra MiB over (a) |", "|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        label = LABELS[r["config"]].format(L=s["early_layer"])
+        t = f"{r['median_s']:.3f}" if "median_s" in r else "-"
+        ratio = f"{r['ratio_to_a']:.3f}" if "ratio_to_a" in r else "-"
+        peak = f"{r['peak_mib']:.1f}" if "peak_mib" in r else "-"
+        extra = f"{r['extra_mib']:.1f}" if "extra_mib" in r and r["config"] != "a" else "-"
+        lines.append(f"| {label} | {t} | {ratio} | {peak} | {extra} |")
+    lines += ["", f"One accumulator (B x T x k floats) = {s['accumulator_mib_per_head']:.1f} MiB; "
+              f"all {s['layers']} hidden states (B x T x d) = {s['all_states_mib']:.1f} MiB."]
+    rows = {r["config"]: r for r in result["rows"]}
+    for n in (1, 4):
+        b, dd = rows.get(f"b{n}", {}), rows.get(f"d{n}", {})
+        if b.get("extra_mib") and dd.get("extra_mib"):
+            lines.append(f"Extra memory, {n} head(s): (d) / (b) = {dd['extra_mib'] / max(b['extra_mib'], 1e-9):.1f}x.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""Serving trained side tasks: SideTasks (one base pass, many heads) and the HTTP app."""
+
+
+def __getattr__(name):  # lazy: the CLI imports adalayers.serve.command without loading torch
+    if name == "SideTasks":
+        from adalayers.serve.api import SideTasks
+        return SideTasks
+    raise AttributeError(name)
+
+
+__all__ = ["SideTasks"]

@@ -1,0 +1,271 @@
+"""Many side tasks from one pass of the base: SideTasks.
+
+    tasks = SideTasks.load("minilm-l6", ["runs/cola", "runs/imdb", "runs/conll"])
+    tasks.predict(["John lives in Paris ."])
+    # [{"text": ..., "base": {"embedding": [...]}, "tasks": {"cola": {"label", "probabilities"},
+    #   "conll": {"words", "tags", "scores", "entities"}, ...}}]
+
+Per batch the base runs once; every head's accumulator is fed by the same layer taps.
+
+Tokenization (one for all heads). Sequence heads were trained on the plain text, token heads on
+the whitespace-split words (is_split_into_words). Each text is tokenized once, plainly, and the
+character offsets of its tokens say which word each token belongs to. For WordPiece bases
+(MiniLM, MPNet, BERT) this gives exactly the ids of both training tokenizations, and the base
+output never depends on which heads are loaded or asked for. A text longer than max_length is
+truncated for the base output and the sequence heads (as in training); when a token head is asked
+for, such a text also gets extra rows, windows cut at word boundaries (as in training), and the
+token heads read those, so every word is tagged.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adalayers import run as runlib
+from adalayers.backbone import Backbone
+from adalayers.encoding import collate
+from adalayers.errors import DataError, ModelError
+
+IOB = re.compile(r"^(O|[BIES]-.+)$")
+
+
+@dataclass
+class Head:
+    name: str
+    task: object          # SideTask
+    run_dir: Path
+    max_length: int
+
+    @property
+    def kind(self) -> str:
+        return self.task.kind
+
+    def describe(self) -> dict:
+        w = self.task.mixer.layer_weights().tolist()
+        return {"name": self.name, "kind": self.kind, "labels": self.task.labels,
+                "layer_weights": [round(x, 6) for x in w], "used_layers": self.task.used_layers(),
+                "max_length": self.max_length, "run": str(self.run_dir)}
+
+
+def parse_head_arg(arg: str) -> tuple[str, Path]:
+    """'runs/cola' -> ('cola', runs/cola); 'acc=runs/cola' -> ('acc', runs/cola)."""
+    name, sep, path = arg.partition("=")
+    if sep and name and "/" not in name:
+        return name, Path(path)
+    return Path(arg).name, Path(arg)
+
+
+class SideTasks:
+    def __init__(self, backbone: Backbone, heads: list[Head], primary: bool = True,
+                 max_length: int | None = None, batch_size: int = 32):
+        names = [h.name for h in heads]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ModelError(f"two heads are named {', '.join(dupes)}; name them apart with NAME=RUN_FOLDER")
+        self.backbone, self.heads = backbone, {h.name: h for h in heads}
+        self.primary, self.batch_size = primary, batch_size
+        limit = min(int(getattr(backbone.tokenizer, "model_max_length", 512) or 512), 100_000)
+        self.max_length = min(max_length or max([h.max_length for h in heads] or [limit]), limit)
+        self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
+        if any(h.kind == "token" for h in heads) and not backbone.tokenizer.is_fast:
+            raise ModelError(f"{backbone.name}: token heads need a fast tokenizer (for character offsets)")
+
+    # --- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, base: str, run_dirs: list, primary: bool = True, device: str = "auto", **kw) -> "SideTasks":
+        """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN')."""
+        from adalayers.train import pick_device
+
+        states = {runlib.read_config(parse_head_arg(str(r))[1])["config"].get("model", {}).get("states", "encoder")
+                  for r in run_dirs}
+        if len(states) > 1:
+            raise ModelError(f"the heads read different hidden states ({', '.join(sorted(states))}); "
+                             "serve encoder and decoder heads separately")
+        backbone = Backbone.load(base, states.pop() if states else "encoder", pick_device(device))
+        return cls.from_backbone(backbone, run_dirs, primary, **kw)
+
+    @classmethod
+    def from_backbone(cls, backbone: Backbone, run_dirs: list, primary: bool = True, **kw) -> "SideTasks":
+        heads = []
+        for arg in run_dirs:
+            name, path = parse_head_arg(str(arg))
+            task, cfg, _ = runlib.load_head(path, backbone)  # refuses a head trained on another base
+            if task.mixer.num_layers != backbone.num_layers:
+                raise ModelError(f"{path}: head expects {task.mixer.num_layers} layers, base has {backbone.num_layers}")
+            heads.append(Head(name, task.to(backbone.device).eval(), path, cfg.model.max_length))
+        return cls(backbone, heads, primary, **kw)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.heads)
+
+    def describe(self) -> list[dict]:
+        return [h.describe() for h in self.heads.values()]
+
+    def check_tasks(self, tasks: list[str] | None) -> list[str]:
+        if tasks is None:
+            return self.names
+        unknown = [t for t in tasks if t not in self.heads]
+        if unknown:
+            raise DataError(f"unknown task(s) {', '.join(map(repr, unknown))}; known: {', '.join(self.names)}")
+        return list(dict.fromkeys(tasks))
+
+    # --- predicting ------------------------------------------------------------------------
+    def predict(self, texts: list[str], tasks: list[str] | None = None) -> list[dict]:
+        names = self.check_tasks(tasks)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or not t.strip():
+                raise DataError(f"text {i + 1} is empty")
+        heads = [self.heads[n] for n in names]
+        rows, spans = self._rows(texts, any(h.kind == "token" for h in heads))
+        with self._lock, torch.inference_mode():
+            outs = self._run(rows, heads)
+        return [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(texts)]
+
+    def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
+        """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
+        tok = self.backbone.tokenizer
+        spans = [[m.span() for m in re.finditer(r"\S+", t)] for t in texts]
+        enc = tok(texts, truncation=True, max_length=self.max_length, return_offsets_mapping=tok.is_fast)
+        rows = [self._row(enc, i, i, 0, spans[i]) for i in range(len(texts))]
+        if not windows:
+            return rows, spans
+        budget = self.max_length - tok.num_special_tokens_to_add(pair=False)
+        full = tok(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        cuts = []  # (text index, character span of the window)
+        for i, text in enumerate(texts):
+            if len(full["input_ids"][i]) <= budget:
+                continue
+            rows[i]["token_rows"] = False  # the token heads read this text's windows instead
+            rows[i]["windows"] = []
+            counts = [0] * len(spans[i])
+            for w in _word_ids(full["offset_mapping"][i], spans[i], 0):
+                if w is not None:
+                    counts[w] += 1
+            start, used = 0, 0
+            for w, c in enumerate(counts):
+                if used + c > budget and w > start:
+                    cuts.append((i, spans[i][start][0], spans[i][w - 1][1]))
+                    start, used = w, 0
+                used += c
+            cuts.append((i, spans[i][start][0], spans[i][-1][1]))
+        if cuts:
+            wenc = tok([texts[i][a:b] for i, a, b in cuts], truncation=True, max_length=self.max_length,
+                       return_offsets_mapping=True)
+            for r, (i, a, _) in enumerate(cuts):
+                rows[i]["windows"].append(len(rows))
+                rows.append(self._row(wenc, r, i, a, spans[i], window=True))
+        return rows, spans
+
+    @staticmethod
+    def _row(enc, r: int, text: int, offset: int, spans, window: bool = False) -> dict:
+        row = {"input_ids": enc["input_ids"][r], "text": text, "window": window, "token_rows": True}
+        if "token_type_ids" in enc:
+            row["token_type_ids"] = enc["token_type_ids"][r]
+        if "offset_mapping" in enc:
+            row["end_char"] = offset + max([b for _, b in enc["offset_mapping"][r]] or [0])
+            row["word_ids"] = _word_ids(enc["offset_mapping"][r], spans, offset)
+        return row
+
+    def _run(self, rows: list[dict], heads: list[Head]) -> dict:
+        """One base pass per batch of rows, all heads tapping it. -> per row: base + each head's output."""
+        tasks = [h.task for h in heads]
+        stop = None if self.primary or not tasks else max(max(t.used_layers()) for t in tasks)
+        pad_id = self.backbone.tokenizer.pad_token_id or 0
+        base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
+        for s in range(0, len(rows), self.batch_size):
+            idx = list(range(s, min(s + self.batch_size, len(rows))))
+            batch = collate([rows[i] for i in idx], idx, pad_id)
+            for t in tasks:
+                t.begin()
+            base = self.backbone(batch, taps=[t.tap for t in tasks], stop_after=stop)
+            mask = batch["attention_mask"]
+            for h in heads:
+                logits = h.task.end(mask).float().cpu()
+                vals = logits if h.kind == "regression" else torch.softmax(logits, -1)
+                for j, i in enumerate(idx):
+                    head_rows[h.name][i] = vals[j, : len(rows[i]["input_ids"])] if h.kind == "token" else vals[j]
+            if stop is None:
+                own = base.logits if base.logits is not None else base.pooled
+                for j, i in enumerate(idx):
+                    if own is not None and not rows[i]["window"]:
+                        base_rows[i] = own[j, : len(rows[i]["input_ids"])] if own.dim() == 3 else own[j]
+                        base_rows[i] = base_rows[i].float().cpu()
+        return {"base": base_rows, "heads": head_rows}
+
+    def _result(self, i: int, text: str, rows, outs, heads: list[Head], spans) -> dict:
+        plain = rows[i]
+        result = {"text": text, "truncated": _truncated(plain, spans)}
+        if self.primary:
+            result["base"] = self._base_output(outs["base"][i], text, spans, plain)
+        result["tasks"] = {}
+        for h in heads:
+            if h.kind == "token":  # the plain row when the text fits, else the text's windows
+                mine = [(rows[r], outs["heads"][h.name][r]) for r in [i] + plain.get("windows", [])
+                        if rows[r]["token_rows"]]
+                result["tasks"][h.name] = _tag_words(h.task.labels, text, spans, mine)
+            else:
+                result["tasks"][h.name] = _sequence_output(h.kind, h.task.labels, outs["heads"][h.name][i])
+        return result
+
+    def _base_output(self, out: torch.Tensor | None, text: str, spans, row: dict) -> dict | None:
+        """A base with its own task head: that head's prediction; otherwise the sentence embedding."""
+        if out is None:
+            return None
+        model = self.backbone.model
+        if not type(model).__name__.endswith(("ForSequenceClassification", "ForTokenClassification")):
+            return {"embedding": out.tolist()}
+        labels = [model.config.id2label.get(j, str(j)) for j in range(out.shape[-1])]
+        if out.dim() == 2:  # a token-classification base
+            return _tag_words(labels, text, spans, [(row, torch.softmax(out, -1))])
+        return _sequence_output("sequence", labels, torch.softmax(out, -1))
+
+
+def _word_ids(offsets, spans, shift: int) -> list[int | None]:
+    """Token -> index of the whitespace-separated word holding its first character (None: special)."""
+    starts = [a for a, _ in spans]
+    ids = []
+    for a, b in offsets:
+        if b <= a:
+            ids.append(None)
+            continue
+        w = bisect.bisect_right(starts, a + shift) - 1
+        ids.append(w if w >= 0 and a + shift < spans[w][1] else None)
+    return ids
+
+
+def _truncated(row: dict, spans) -> bool:
+    """The plain row's tokens stop before the text's last word ends."""
+    return "end_char" in row and bool(spans) and row["end_char"] < spans[-1][1]
+
+
+def _sequence_output(kind: str, labels: list[str], values: torch.Tensor) -> dict:
+    if kind == "regression":
+        return {"value": float(values)}
+    probs = values.tolist()
+    best = max(range(len(probs)), key=probs.__getitem__)
+    return {"label": labels[best], "probabilities": dict(zip(labels, probs))}
+
+
+def _tag_words(labels: list[str], text: str, spans, rows) -> dict:
+    """Per word: the tag of its first sub-token, that tag's probability; IOB2 tags also as entity spans."""
+    outside = labels.index("O") if "O" in labels else 0
+    tags, scores = [labels[outside]] * len(spans), [None] * len(spans)
+    for row, probs in rows:
+        for pos, w in enumerate(row["word_ids"]):
+            if w is None or scores[w] is not None:
+                continue  # special token, or not the word's first sub-token
+            best = int(probs[pos].argmax())
+            tags[w], scores[w] = labels[best], float(probs[pos, best])
+    out = {"words": [text[a:b] for a, b in spans], "tags": tags, "scores": scores}
+    if all(IOB.match(t) for t in labels):
+        from seqeval.metrics.sequence_labeling import get_entities
+
+        out["entities"] = [{"type": kind, "text": text[spans[a][0]:spans[b][1]], "start": spans[a][0],
+                            "end": spans[b][1], "words": [a, b + 1]} for kind, a, b in get_entities(tags)]
+    return out

@@ -1,0 +1,162 @@
+"""The HTTP service: FastAPI app around one SideTasks, with micro-batching of concurrent requests.
+
+    POST /predict  {"texts": [...], "tasks": [...optional subset...]}  -> {"results": [one object per text]}
+    GET  /tasks    the heads: names, kinds, labels, layer weights
+    GET  /health   liveness and counters
+    GET  /openapi.json, /docs
+
+Requests wait in an asyncio queue; one worker takes the first, gathers whatever else arrives
+within max_wait_ms (up to max_batch texts), and runs them as one base pass in a thread, so the
+event loop keeps accepting requests while the model runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from adalayers.config import ServeConfig
+from adalayers.serve.api import SideTasks
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] = Field(description="Texts to run; each is split into words on whitespace for token tasks.")
+    tasks: list[str] | None = Field(None, description="Names of the side tasks to answer (default: all).")
+    base: bool = Field(True, description="Include the base model's own output (e.g. its sentence embedding).")
+
+
+class PredictResponse(BaseModel):
+    results: list[dict] = Field(description="Per text: truncated, base (its own output) and tasks {name: prediction}.")
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    tasks: list[str]
+    future: asyncio.Future
+
+
+@dataclass
+class Batcher:
+    """Gathers concurrent requests into batches of at most max_batch texts and runs them in a thread."""
+    side: SideTasks
+    max_batch: int
+    max_wait_s: float
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
+    requests: int = 0
+
+    async def submit(self, texts: list[str], tasks: list[str]) -> list[dict]:
+        job = _Job(texts, tasks, asyncio.get_running_loop().create_future())
+        await self.queue.put(job)
+        return await job.future
+
+    async def run(self) -> None:
+        loop, carry = asyncio.get_running_loop(), None
+        while True:
+            group = [carry or await self.queue.get()]
+            carry, n = None, len(group[0].texts)
+            deadline = loop.time() + self.max_wait_s
+            while n < self.max_batch:
+                try:
+                    left = deadline - loop.time()
+                    job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                if n + len(job.texts) > self.max_batch:
+                    carry = job  # starts the next group
+                    break
+                group.append(job)
+                n += len(job.texts)
+            await self._run_group(group)
+
+    async def _run_group(self, group: list[_Job]) -> None:
+        texts = [t for job in group for t in job.texts]
+        names = list(dict.fromkeys(name for job in group for name in job.tasks))
+        try:
+            results = await asyncio.to_thread(self.side.predict, texts, names)
+        except Exception as e:  # noqa: BLE001  (handed to the waiting requests, answered 500)
+            for job in group:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            return
+        self.passes += 1
+        self.requests += len(group)
+        start = 0
+        for job in group:
+            mine = results[start: start + len(job.texts)]
+            start += len(job.texts)
+            for r in mine:
+                r["tasks"] = {name: r["tasks"][name] for name in job.tasks}
+            if not job.future.done():
+                job.future.set_result(mine)
+
+
+def create_app(side: SideTasks, cfg: ServeConfig | None = None) -> FastAPI:
+    cfg = cfg or ServeConfig()
+    batcher = Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000)
+    # a body bigger than the largest valid request (JSON may escape a character as 6 bytes) is refused unread
+    max_body = cfg.max_texts * (cfg.max_chars * 6 + 16) + 4096
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        worker = asyncio.create_task(batcher.run())
+        yield
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+
+    app = FastAPI(title="adalayers", version="0.1.0", lifespan=lifespan,
+                  description=f"Side tasks on {side.backbone.name}, all answered from one pass of the base.")
+    app.state.batcher, app.state.side, app.state.started = batcher, side, time.time()
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size and size.isdigit() and int(size) > max_body:
+            return JSONResponse(status_code=413, content={"detail": f"request body has {size} bytes; the limit is "
+                                f"{max_body} (from --max-texts {cfg.max_texts} and --max-chars {cfg.max_chars})"})
+        return await call_next(request)
+
+    @app.post("/predict", response_model=PredictResponse)
+    async def predict(req: PredictRequest):
+        if not req.texts:
+            raise HTTPException(422, "texts is empty: give at least one text")
+        if len(req.texts) > cfg.max_texts:
+            raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
+                                     f"(--max-texts)")
+        for i, t in enumerate(req.texts):
+            if len(t) > cfg.max_chars:
+                raise HTTPException(413, f"text {i + 1} has {len(t)} characters; the limit is {cfg.max_chars} "
+                                         f"(--max-chars)")
+            if not t.strip():
+                raise HTTPException(422, f"text {i + 1} is empty")
+        unknown = [t for t in (req.tasks or []) if t not in side.heads]
+        if unknown:
+            raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
+        tasks = list(dict.fromkeys(req.tasks)) if req.tasks is not None else side.names
+        results = await batcher.submit(req.texts, tasks)
+        if not req.base:
+            for r in results:
+                r.pop("base", None)
+        return {"results": results}
+
+    @app.get("/tasks")
+    async def tasks():
+        return {"base": side.backbone.name, "fingerprint": side.backbone.fingerprint(), "primary": side.primary,
+                "max_length": side.max_length, "tasks": side.describe()}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "base": side.backbone.name, "tasks": side.names,
+                "queued": batcher.queue.qsize(), "batches_run": batcher.passes, "requests_answered": batcher.requests,
+                "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
+                "uptime_s": round(time.time() - app.state.started, 1)}
+
+    return app

@@ -1,0 +1,56 @@
+"""`adalayers serve`: load a base and its heads, then run the HTTP app under uvicorn."""
+from __future__ import annotations
+
+import dataclasses
+
+from adalayers.config import ServeConfig
+
+
+def _help(name: str) -> str:
+    f = {f.name: f for f in dataclasses.fields(ServeConfig)}[name]
+    return f"{f.metadata['help']} (default: {f.default})"
+
+
+def cmd_serve(args) -> int:
+    import torch
+    import uvicorn
+
+    from adalayers.errors import ConfigError
+    from adalayers.serve.api import SideTasks
+    from adalayers.serve.app import create_app
+
+    cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                      max_texts=args.max_texts, max_chars=args.max_chars, max_length=args.max_length,
+                      primary=not args.no_primary, device=args.device, num_threads=args.threads)
+    for name in ("max_batch", "max_texts", "max_chars"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms: must be >= 0, got {cfg.max_wait_ms}")
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
+                          max_length=cfg.max_length, batch_size=cfg.max_batch)
+    print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
+          f"at http://{cfg.host}:{cfg.port}  (docs: /docs)", flush=True)
+    uvicorn.run(create_app(side, cfg), host=cfg.host, port=cfg.port, log_level=args.log_level)
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("serve", help="serve trained heads over HTTP, all answered from one pass of the base")
+    p.add_argument("--base", default="minilm-l6", help="the frozen base the heads were trained on")
+    p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
+                   help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
+    p.add_argument("--host", default=ServeConfig.host, help=_help("host"))
+    p.add_argument("--port", type=int, default=ServeConfig.port, help=_help("port"))
+    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch, help=_help("max_batch"))
+    p.add_argument("--max-wait-ms", type=float, default=ServeConfig.max_wait_ms, help=_help("max_wait_ms"))
+    p.add_argument("--max-texts", type=int, default=ServeConfig.max_texts, help=_help("max_texts"))
+    p.add_argument("--max-chars", type=int, default=ServeConfig.max_chars, help=_help("max_chars"))
+    p.add_argument("--max-length", type=int, default=None, help=_help("max_length"))
+    p.add_argument("--no-primary", action="store_true", help=_help("primary"))
+    p.add_argument("--device", default=ServeConfig.device, help=_help("device"))
+    p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
+    p.set_defaults(fn=cmd_serve)

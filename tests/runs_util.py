@@ -1,0 +1,32 @@
+"""Run folders for tests: a freshly initialised SideTask saved the way training saves its best epoch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from adalayers import run as runlib
+from adalayers.config import Config
+from adalayers.sidetask import SideTask
+
+NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def make_run(run_dir: Path, backbone, kind: str, labels: list[str], seed: int, p: list[float] | None = None,
+             max_length: int = 32) -> Path:
+    """p sets the layer logits (e.g. [1, 1, 0, 0] keeps layers 0-1 only: the rest fall under the cutoff)."""
+    cfg = Config()
+    cfg.mixer.k, cfg.head.num_heads, cfg.head.dim_feedforward = 8, 2, 16
+    cfg.head.kind, cfg.model.max_length, cfg.model.base = kind, max_length, backbone.name
+    torch.manual_seed(seed)
+    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, labels)
+    with torch.no_grad():
+        if p is not None:
+            task.mixer.p.copy_(torch.tensor(p, dtype=torch.float32))
+        for param in task.head.parameters():  # larger weights: confident, varied predictions to compare
+            param.mul_(3.0)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sha = runlib.save_head(run_dir, task)
+    runlib.save_config(run_dir, cfg, labels, backbone, sha, task=run_dir.name, kind=kind)
+    return run_dir

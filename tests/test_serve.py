@@ -1,0 +1,132 @@
+"""The HTTP service: good and bad requests (test client), and micro-batching over real HTTP."""
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from adalayers.config import ServeConfig
+from adalayers.serve.api import SideTasks
+from adalayers.serve.app import create_app
+
+from conftest import tiny_backbone
+from runs_util import NER, make_run
+
+
+@pytest.fixture(scope="module")
+def side(tokenizer, tmp_path_factory):
+    base = tiny_backbone("bert", tokenizer)
+    root = tmp_path_factory.mktemp("runs")
+    return SideTasks.from_backbone(base, [make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+                                          make_run(root / "ner", base, "token", NER, seed=4)])
+
+
+@pytest.fixture(scope="module")
+def client(side):
+    app = create_app(side, ServeConfig(max_texts=3, max_chars=50, max_wait_ms=1))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_predict_answers_every_text_from_one_pass(client, side):
+    r = client.post("/predict", json={"texts": ["john sees the big dog", "a good movie"]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    direct = side.predict(["john sees the big dog", "a good movie"])
+    assert [set(x["tasks"]) for x in results] == [{"acc", "ner"}] * 2
+    for got, ref in zip(results, direct):
+        assert got["tasks"]["acc"]["label"] == ref["tasks"]["acc"]["label"]
+        assert got["tasks"]["acc"]["probabilities"]["good"] == pytest.approx(
+            ref["tasks"]["acc"]["probabilities"]["good"], abs=1e-5)
+        assert got["tasks"]["ner"]["tags"] == ref["tasks"]["ner"]["tags"]
+        assert len(got["base"]["embedding"]) == side.backbone.hidden_size
+
+
+def test_task_subset_and_no_base(client):
+    r = client.post("/predict", json={"texts": ["a good movie"], "tasks": ["ner"], "base": False})
+    assert r.status_code == 200, r.text
+    (only,) = r.json()["results"]
+    assert list(only["tasks"]) == ["ner"] and "base" not in only
+    assert only["tasks"]["ner"]["words"] == ["a", "good", "movie"]
+
+
+@pytest.mark.parametrize("body, status, says", [
+    ({"texts": ["a", "b", "c", "d"]}, 413, "the limit is 3"),
+    ({"texts": ["a good movie " * 10]}, 413, "text 1 has 130 characters; the limit is 50"),
+    ({"texts": ["a good movie", " "]}, 422, "text 2 is empty"),
+    ({"texts": []}, 422, "texts is empty"),
+    ({"texts": ["a good movie"], "tasks": ["sentiment"]}, 400, "known tasks: acc, ner"),
+    ({"texts": "a good movie"}, 422, "texts"),
+    ({"texts": [3]}, 422, "texts"),
+    ({"txts": ["a good movie"]}, 422, "texts"),
+])
+def test_bad_requests_say_what_is_wrong(client, body, status, says):
+    r = client.post("/predict", json=body)
+    assert r.status_code == status, r.text
+    assert says in r.text
+
+
+def test_malformed_json_is_422(client):
+    r = client.post("/predict", content=b'{"texts": ["a good', headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert "json" in r.text.lower()
+
+
+def test_oversized_body_refused_before_reading(client):
+    r = client.post("/predict", content=b"x" * 2_000_000, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "request body" in r.text
+
+
+def test_tasks_health_and_openapi(client, side):
+    tasks = client.get("/tasks").json()
+    assert [t["name"] for t in tasks["tasks"]] == ["acc", "ner"]
+    assert tasks["tasks"][1]["labels"] == NER
+    assert sum(tasks["tasks"][0]["layer_weights"]) == pytest.approx(1.0, abs=1e-5)
+    assert tasks["fingerprint"] == side.backbone.fingerprint()
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["tasks"] == ["acc", "ner"]
+    schema = client.get("/openapi.json").json()
+    assert "/predict" in schema["paths"] and "PredictRequest" in schema["components"]["schemas"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_concurrent_requests_are_batched_over_real_http(side):
+    port = _free_port()
+    app = create_app(side, ServeConfig(max_batch=64, max_wait_ms=300))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        texts = [f"john sees the {w} dog" for w in ("big", "small", "good", "bad", "great", "terrible")]
+
+        async def clients():
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                answers = await asyncio.gather(*[c.post("/predict", json={"texts": [t], "tasks": ["acc"]})
+                                                 for t in texts])
+                return answers, (await c.get("/health")).json()
+
+        answers, health = asyncio.run(clients())
+        direct = side.predict(texts, tasks=["acc"])
+        for a, ref in zip(answers, direct):
+            assert a.status_code == 200
+            (got,) = a.json()["results"]
+            assert got["tasks"]["acc"]["probabilities"]["good"] == pytest.approx(
+                ref["tasks"]["acc"]["probabilities"]["good"], abs=1e-5)
+        assert health["requests_answered"] == len(texts)
+        assert health["batches_run"] < len(texts)  # several requests shared a pass
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
