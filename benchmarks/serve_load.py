@@ -103,6 +103,27 @@ async def load(url: str, clients: int, texts: list[str], seconds: float, max_req
             "p99_ms": 1000 * q[98] if lat else None, "batches_run": health["batches_run"] - before}
 
 
+def start_server(base: str, heads: list[str], threads: int, flags: list[str], log) -> tuple:
+    """Start `adalayers serve` on a free loopback port and wait for /health; returns (process, url)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", base, "--heads", *heads,
+           "--port", str(port), "--threads", str(threads), *flags]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"server exited with code {server.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    server.kill()
+    sys.exit("server did not answer /health within 120 s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="minilm-l6")
@@ -122,24 +143,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         heads = args.heads or untrained_heads(args.base, Path(tmp))
         for name, flags in SETTINGS.items():
-            port = free_port()
-            cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", args.base, "--heads", *heads,
-                   "--port", str(port), "--threads", str(args.threads), *flags]
-            env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-            server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            server, url = start_server(args.base, heads, args.threads, flags, subprocess.DEVNULL)
             try:
-                url = f"http://127.0.0.1:{port}"
-                deadline = time.time() + 120
-                while time.time() < deadline:
-                    if server.poll() is not None:
-                        sys.exit(f"server exited: {server.stderr.read().decode()[-2000:]}")
-                    try:
-                        if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        time.sleep(0.3)
-                else:
-                    sys.exit("server did not answer /health within 120 s")
                 asyncio.run(load(url, 1, texts, 2.0, 5))  # warm-up
                 for n in args.clients:
                     r = asyncio.run(load(url, n, texts, args.seconds, args.max_requests))
