@@ -43,7 +43,7 @@ def register(name: str):
 
 
 def load_task(cfg) -> TaskData:
-    from adalayers.tasks import glue  # noqa: F401  (registers its tasks)
+    from adalayers.tasks import conll, glue, imdb  # noqa: F401  (register their tasks)
 
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")
