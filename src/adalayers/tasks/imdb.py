@@ -93,7 +93,7 @@ def imdb(cfg) -> TaskData:
         rng.shuffle(rows)
     return TaskData("imdb", "sequence", LABELS, {"train": train, "validation": validation, "test": test},
                     main_metric="accuracy", files=[source],
-                    notes=[f"validation = stratified {cfg.task.validation_fraction:.0%} of the 25,000 train "
-                           f"reviews (seed {cfg.task.split_seed}); test = the {len(test):,} test reviews",
+                    notes=[f"validation = stratified {cfg.task.validation_fraction:.0%} of the {len(reviews['train']):,} "
+                           f"train reviews (seed {cfg.task.split_seed}); test = the {len(test):,} test reviews",
                            f"reviews longer than model.max_length={cfg.model.max_length} tokens are "
                            f"truncated (the head reads the first {cfg.model.max_length} tokens)"])
