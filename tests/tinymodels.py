@@ -85,13 +85,13 @@ def conll_files(data_dir: Path, copies: int = 3) -> Path:
     return folder
 
 
-def tiny_config(model: Path, data_dir: Path, task: str, **sections):
+def tiny_config(model_dir: Path, data_dir: Path, task: str, **sections):
     """A CPU-sized config for `task` on the tiny model; keyword sections override fields."""
     from adalayers import config
 
     kind = "token" if task == "conll2003" else "sequence"
     data = {"task": {"name": task, "data_dir": str(data_dir)},
-            "model": {"base": str(model), "max_length": 24},
+            "model": {"base": str(model_dir), "max_length": 24},
             "mixer": {"k": 16, "alpha": 8.0, "cutoff": 0.01},
             "head": {"kind": kind, "num_heads": 2, "dim_feedforward": 32},
             "train": {"max_epochs": 2, "batch_size": 8, "eval_batch_size": 16, "device": "cpu", "lr": 3e-3,
