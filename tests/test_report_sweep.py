@@ -114,6 +114,11 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
     recipes.train(cfg, ada)
     r = sweep.run_sweep(cfg, tmp_path / "sweep", layers="1", adalayers_run=ada)
     assert r["adalayers"]["run"] == str(ada) and not (tmp_path / "sweep" / "adalayers").exists()
+    assert r["adalayers"]["differences"] == []
+    r = sweep.run_sweep(tiny_config(model, data, "imdb", train={"max_epochs": 1, "lr": 1e-2}), tmp_path / "s3",
+                        layers="1", adalayers_run=ada)
+    assert r["adalayers"]["differences"] == ["train.lr: 0.003 there, 0.01 now"]
+    assert "train.lr: 0.003 there, 0.01 now" in (tmp_path / "s3" / "sweep.md").read_text()
     with pytest.raises(RunError, match="max_length"):
         sweep.run_sweep(tiny_config(model, data, "imdb", model={"max_length": 16}), tmp_path / "s2",
                         layers="1", adalayers_run=ada)

@@ -46,7 +46,8 @@ def encode(examples: list[Example], tokenizer, max_length: int, kind: str, label
     # a row of exactly max_length tokens may have fit: count only texts that really lost tokens
     full = [i for i, r in enumerate(rows) if len(r["input_ids"]) >= max_length]
     if full:
-        lengths = tokenizer([texts[i] for i in full], [pairs[i] for i in full] if pairs else None)["input_ids"]
+        lengths = tokenizer([texts[i] for i in full], [pairs[i] for i in full] if pairs else None,
+                            verbose=False)["input_ids"]
         truncated = sum(len(ids) > max_length for ids in lengths)
     return EncodedSplit(name, rows, len(examples), truncated)
 

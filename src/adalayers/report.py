@@ -103,7 +103,9 @@ def plot_layer_history(history: list[tuple[int, list[float]]], title: str, path:
                 label="layer 0 (emb)" if i == 0 else f"layer {i}")
     ax.set_xlabel("epoch (0 = initialisation)")
     ax.set_ylabel("layer weight")
-    ax.set_xticks(epochs if len(epochs) <= 20 else ax.get_xticks())
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, min(1.0, w.max() * 1.1 + 0.02))
     ax.set_title(title)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, title="base layer")
@@ -130,8 +132,11 @@ def plot_training_curves(log: list[dict], metric: str, title: str, path: Path) -
     a2.set_xlabel("epoch")
     a2.set_ylabel(f"validation {metric}")
     a2.set_title(f"validation {metric}")
+    from matplotlib.ticker import MaxNLocator
+
     for a in (a1, a2):
         a.grid(alpha=0.3)
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     save_figure(fig, path)
 

@@ -111,11 +111,13 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
         if not read_metrics(ada_dir):
             raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
         meta = runlib.read_config(ada_dir)
-        for section, key in (("task", "name"), ("model", "base"), ("model", "max_length")):
-            if meta["config"][section][key] != getattr(getattr(cfg, section), key):
-                raise RunError(f"--adalayers {ada_dir}: {section}.{key} is {meta['config'][section][key]!r} "
-                               f"there but {getattr(getattr(cfg, section), key)!r} in the sweep's config")
-        ada = {"metrics": read_metrics(ada_dir), "meta": meta}
+        diffs = _differences(meta["config"], ada_cfg.to_dict())
+        data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
+        if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
+            raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
+        for d in diffs:
+            print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
+        ada = {"metrics": read_metrics(ada_dir), "meta": meta, "differences": diffs}
     else:
         ada_dir = out / "adalayers"
         ada = _finished(ada_dir, ada_cfg)
@@ -126,6 +128,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
         else:
             print(f"[sweep] AdaLayers: {ada_dir} is finished, reusing it")
     ada_entry = _entry("AdaLayers", ada_dir, ada, main)
+    ada_entry["differences"] = ada.get("differences", [])
 
     # the best single layer is chosen on validation, as a user without the test labels would;
     # the layer that happens to score best on test is recorded too, as an upper bound
@@ -173,6 +176,9 @@ def _table(r: dict) -> str:
         lines.append(row(e, f"layer {e['pin_layer']}{mark}"))
     a = r["adalayers"]
     lines.append(row(a, f"**AdaLayers** (layers {', '.join(map(str, a['used_layers']))})"))
+    if a.get("differences"):
+        lines += ["", "The AdaLayers run was trained separately, with these settings different from the "
+                  "single-layer runs: " + "; ".join(a["differences"]) + "."]
     lines += ["", f"Test {main}: AdaLayers {_f(a['test_main'])}"]
     if best is not None:
         b = next(e for e in r["layers"] if e["pin_layer"] == best)
