@@ -183,8 +183,8 @@ def _table(r: dict) -> str:
     if best is not None:
         b = next(e for e in r["layers"] if e["pin_layer"] == best)
         lines[-1] += f"; best single layer (chosen on validation) {best}: {_f(b['test_main'])}"
-        if r["best_layer_on_test"] != best:
-            t = next(e for e in r["layers"] if e["pin_layer"] == r["best_layer_on_test"])
+        t = next(e for e in r["layers"] if e["pin_layer"] == r["best_layer_on_test"])
+        if t["test_main"] > b["test_main"]:
             lines[-1] += f" (layer {t['pin_layer']} scores highest on test: {_f(t['test_main'])})"
     if r["last_layer"] is not None:
         l = next(e for e in r["layers"] if e["pin_layer"] == r["last_layer"])
