@@ -1,14 +1,11 @@
 """CoNLL-2003: IOB1 -> IOB2, the 4-column reader, and its errors."""
-from pathlib import Path
-
 import pytest
 
 from adalayers.errors import DataError
 from adalayers.tasks.conll import iob1_to_iob2, read_conll
 
+from conftest import DATA
 from tinymodels import conll_files
-
-DATA = Path("../shared/data/conll2003")
 
 
 @pytest.mark.parametrize("iob1, iob2", [
@@ -51,15 +48,14 @@ def test_unknown_tag_and_missing_file(tmp_path):
         read_conll(tmp_path / "eng.testb")
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data")
-def test_real_files_match_the_published_counts(monkeypatch):
+@pytest.mark.skipif(not (DATA / "conll2003" / "eng.train").is_file(), reason=f"real data not found at {DATA}")
+def test_real_files_match_the_published_counts():
     from collections import Counter
 
     from adalayers import config
     from adalayers.tasks import load_task
 
-    monkeypatch.delenv("ADALAYERS_DATA", raising=False)
-    data = load_task(config.from_dict({"task": {"name": "conll2003"}, "head": {"kind": "token"}}))
+    data = load_task(config.from_dict({"task": {"name": "conll2003", "data_dir": str(DATA)}}))
     assert {k: len(v) for k, v in data.splits.items()} == {"train": 14041, "validation": 3250, "test": 3453}
     assert sum(len(e.words) for e in data.splits["test"]) == 46435
     # entity counts of the CoNLL-2003 paper (Tjong Kim Sang & De Meulder 2003, table 2): IOB2 B- tags = entities

@@ -11,6 +11,7 @@ from adalayers.errors import DataError
 from adalayers.tasks import load_task
 from adalayers.tasks.imdb import read_imdb
 
+from conftest import DATA
 from tinymodels import imdb_tarball
 
 
@@ -84,3 +85,11 @@ def test_errors_name_the_problem(tmp_path):
     _tar(tmp_path / "empty" / "imdb" / "aclImdb_v1.tar.gz", empty)
     with pytest.raises(DataError, match=r"5_3\.txt: empty review"):
         read_imdb(tmp_path / "empty" / "imdb")
+
+
+@pytest.mark.skipif(not (DATA / "imdb" / "aclImdb_v1.tar.gz").is_file(), reason=f"real data not found at {DATA}")
+def test_real_archive(monkeypatch):
+    data = load_task(_cfg(DATA))
+    assert {k: len(v) for k, v in data.splits.items()} == {"train": 22500, "validation": 2500, "test": 25000}
+    for split, n in (("train", 11250), ("validation", 1250), ("test", 12500)):
+        assert Counter(e.label for e in data.splits[split]) == {"negative": n, "positive": n}
