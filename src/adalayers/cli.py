@@ -13,6 +13,8 @@ from adalayers.errors import AdaLayersError
 COMMAND_MODULES: list[str] = [
     "adalayers.cache.cli",
     "adalayers.serve.command",
+    "adalayers.report",
+    "adalayers.sweep",
 ]
 
 

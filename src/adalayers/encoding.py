@@ -7,6 +7,9 @@ Every row remembers its example and its words, so predictions map back to words.
 """
 from __future__ import annotations
 
+import copy
+import json
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -39,12 +42,60 @@ def encode(examples: list[Example], tokenizer, max_length: int, kind: str, label
             row["token_type_ids"] = enc["token_type_ids"][i]
         if e.label is not None:
             row["label"] = float(e.label) if kind == "regression" else label_id[e.label]
-        truncated += len(row["input_ids"]) >= max_length
         rows.append(row)
+    # a row of exactly max_length tokens may have fit: count only texts that really lost tokens
+    full = [i for i, r in enumerate(rows) if len(r["input_ids"]) >= max_length]
+    if full:
+        lengths = tokenizer([texts[i] for i in full], [pairs[i] for i in full] if pairs else None,
+                            verbose=False)["input_ids"]
+        truncated = sum(len(ids) > max_length for ids in lengths)
     return EncodedSplit(name, rows, len(examples), truncated)
 
 
+_WORD_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _prefix_space_off(node) -> bool:
+    """Does this pre-tokenizer (as JSON) hold a ByteLevel step with add_prefix_space off? Turns it on."""
+    found = False
+    if isinstance(node, dict):
+        if node.get("type") == "ByteLevel" and node.get("add_prefix_space") is False:
+            node["add_prefix_space"], found = True, True
+        for v in node.values():
+            found |= _prefix_space_off(v)
+    elif isinstance(node, list):
+        for v in node:
+            found |= _prefix_space_off(v)
+    return found
+
+
+def word_tokenizer(tokenizer):
+    """The tokenizer to use on pre-split words.
+
+    Byte-level BPE tokenizers (RoBERTa, BART, GPT-2) mark a word start with a leading space; fed
+    one word at a time without add_prefix_space, every word is tokenized as if it began the text
+    and gets pieces the base never saw mid-sentence. Such a tokenizer is copied once with the
+    prefix space turned on (what add_prefix_space=True does); the base's own tokenizer, used for
+    whole texts, is left untouched.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer
+    if tokenizer not in _WORD_TOKENIZERS:
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        fixed = None  # None: the tokenizer is fine as it is
+        if _prefix_space_off(spec.get("pre_tokenizer")):
+            fixed = copy.deepcopy(tokenizer)
+            fixed.backend_tokenizer.pre_tokenizer = Tokenizer.from_str(json.dumps(spec)).pre_tokenizer
+            fixed.add_prefix_space = True
+        _WORD_TOKENIZERS[tokenizer] = fixed
+    return _WORD_TOKENIZERS[tokenizer] or tokenizer
+
+
 def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSplit:
+    tokenizer = word_tokenizer(tokenizer)
     tag_id = {name: i for i, name in enumerate(labels)}
     budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     words_all = [e.words for e in examples]
@@ -80,7 +131,8 @@ def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSpli
         if "token_type_ids" in enc:
             row["token_type_ids"] = enc["token_type_ids"][r]
         rows.append(row)
-    return EncodedSplit(name, rows, len(examples), 0, {"windows": len(windows)})
+    split_up = len({i for i, a, _ in windows if a > 0})  # sentences that needed more than one window
+    return EncodedSplit(name, rows, len(examples), 0, {"windows": len(windows), "split_examples": split_up})
 
 
 def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "") -> dict:

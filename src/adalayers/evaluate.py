@@ -26,6 +26,17 @@ def row_outputs(task, source, split: EncodedSplit, batch_size: int, pad_id: int,
     return outs
 
 
+def word_outputs(split: EncodedSplit, outs: list):
+    """Token tasks: (example, word, probabilities) for every word, read at its first sub-token."""
+    for row, probs in zip(split.rows, outs):
+        seen = set()
+        for pos, w in enumerate(row["word_ids"]):
+            if w is None or w in seen:
+                continue
+            seen.add(w)
+            yield row["example"], row["word_start"] + w, probs[pos]
+
+
 def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Example]) -> list:
     """Rows back to examples: label index + probabilities, a value, or one tag per word."""
     if task.kind == "regression":
@@ -33,14 +44,10 @@ def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Ex
     if task.kind == "sequence":
         return [(int(p.argmax()), p.tolist()) for p in outs]
     outside = task.labels.index("O") if "O" in task.labels else 0
+    # a word with no sub-token at all (possible for odd characters) keeps "O"
     tags = [[task.labels[outside]] * len(e.words) for e in examples]
-    for row, probs in zip(split.rows, outs):
-        seen = set()
-        for pos, w in enumerate(row["word_ids"]):
-            if w is None or w in seen:
-                continue
-            seen.add(w)
-            tags[row["example"]][row["word_start"] + w] = task.labels[int(probs[pos].argmax())]
+    for i, w, probs in word_outputs(split, outs):
+        tags[i][w] = task.labels[int(probs.argmax())]
     return tags
 
 

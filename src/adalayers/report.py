@@ -1,0 +1,434 @@
+"""`adalayers report RUN_DIR`: a run folder -> report.md + PNG figures + report.json.
+
+The figures: learned layer weights (bars), layer weights per epoch, training curves, and per task
+kind a confusion matrix (classification), per-class precision/recall/F1 (token tasks) or a scatter
+of predicted vs true values (regression). The head is run again on the chosen split to get
+predictions, so the report can list the most confident wrong ones with their text.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from adalayers import run as runlib
+from adalayers.errors import DataError, RunError
+
+
+# --- reading the run folder -----------------------------------------------------------------
+
+def read_log(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        return []
+    entries = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise RunError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return entries
+
+
+def read_metrics(run_dir: Path) -> dict:
+    path = Path(run_dir) / "metrics.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path}: not valid JSON ({e.msg})") from None
+
+
+def parameters_used(metrics: dict, meta: dict) -> int | None:
+    """Trainable parameters the run really uses: the projections of layers with weight 0 never run."""
+    weights, total = metrics.get("layer_weights"), metrics.get("trainable_params")
+    if weights is None or total is None:
+        return None
+    k, d = meta["config"]["mixer"]["k"], meta["base"]["hidden_size"]
+    return total - sum(1 for w in weights if w == 0) * k * d
+
+
+def layer_names(n: int) -> list[str]:
+    return ["0\n(emb)"] + [str(i) for i in range(1, n)]
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    pyplot().close(fig)
+    runlib.atomic_write(path, buf.getvalue())
+
+
+def plot_layer_weights(weights: list[float], title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(weights) + 2), 3.6))
+    x = np.arange(len(weights))
+    bars = ax.bar(x, weights, color=["tab:blue" if w > 0 else "lightgray" for w in weights])
+    for b, w in zip(bars, weights):
+        if w > 0:
+            ax.annotate(f"{w:.2f}", (b.get_x() + b.get_width() / 2, w), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, layer_names(len(weights)))
+    ax.set_xlabel("layer of the base (0 = embedding output)")
+    ax.set_ylabel("layer weight")
+    ax.set_ylim(0, max(weights) * 1.15 if max(weights) > 0 else 1)
+    ax.set_title(title)
+    save_figure(fig, path)
+
+
+def plot_layer_history(history: list[tuple[int, list[float]]], title: str, path: Path) -> None:
+    plt = pyplot()
+    epochs = [e for e, _ in history]
+    w = np.array([ws for _, ws in history])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    cmap = plt.get_cmap("viridis")
+    for i in range(w.shape[1]):
+        ax.plot(epochs, w[:, i], marker="o", ms=3, color=cmap(i / max(1, w.shape[1] - 1)),
+                label="layer 0 (emb)" if i == 0 else f"layer {i}")
+    ax.set_xlabel("epoch (0 = initialisation)")
+    ax.set_ylabel("layer weight")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0, min(1.0, w.max() * 1.1 + 0.02))
+    ax.set_title(title)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, title="base layer")
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def plot_training_curves(log: list[dict], metric: str, title: str, path: Path) -> None:
+    plt = pyplot()
+    epochs = [e["epoch"] for e in log]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a1.plot(epochs, [e["train_loss"] for e in log], marker="o", ms=3)
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("mean training loss")
+    a1.set_title("training loss")
+    vals = [e["validation"].get(metric, math.nan) for e in log]
+    a2.plot(epochs, vals, marker="o", ms=3, color="tab:green")
+    best = [e for e in log if e.get("best")]
+    if best:
+        b = max(best, key=lambda e: e["validation"].get(metric, -math.inf))
+        a2.scatter([b["epoch"]], [b["validation"][metric]], s=80, facecolors="none", edgecolors="red",
+                   label=f"best epoch {b['epoch']}", zorder=3)
+        a2.legend()
+    a2.set_xlabel("epoch")
+    a2.set_ylabel(f"validation {metric}")
+    a2.set_title(f"validation {metric}")
+    from matplotlib.ticker import MaxNLocator
+
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
+    plt = pyplot()
+    n = len(labels)
+    fig, ax = plt.subplots(figsize=(1.2 * n + 2.5, 1.0 * n + 2))
+    im = ax.imshow(matrix, cmap="Blues")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{matrix[i, j]:,}", ha="center", va="center",
+                    color="white" if matrix[i, j] > matrix.max() / 2 else "black")
+    ax.set_xticks(range(n), labels, rotation=30, ha="right")
+    ax.set_yticks(range(n), labels)
+    ax.set_xlabel("predicted label")
+    ax.set_ylabel("true label")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="examples")
+    save_figure(fig, path)
+
+
+def plot_per_class(per_class: dict, title: str, path: Path) -> None:
+    plt = pyplot()
+    names = sorted(per_class)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(names) + 2), 3.8))
+    for j, key in enumerate(("precision", "recall", "f1")):
+        ax.bar(x + (j - 1) * 0.27, [per_class[n][key] for n in names], 0.27, label=key)
+    ax.set_xticks(x, [f"{n}\n({per_class[n]['support']:,} entities)" for n in names])
+    ax.set_xlabel("entity class (gold entities in brackets)")
+    ax.set_ylabel("score")
+    ax.set_ylim(0, 1.05)
+    ax.legend(loc="lower right")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(title)
+    save_figure(fig, path)
+
+
+def plot_regression(y_true, y_pred, title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.scatter(y_true, y_pred, s=6, alpha=0.5)
+    lo, hi = min(min(y_true), min(y_pred)), max(max(y_true), max(y_pred))
+    ax.plot([lo, hi], [lo, hi], color="gray", lw=1, ls="--", label="perfect")
+    ax.set_xlabel("true value")
+    ax.set_ylabel("predicted value")
+    ax.legend()
+    ax.set_title(title)
+    save_figure(fig, path)
+
+
+# --- predictions ------------------------------------------------------------------------------
+
+def _clip(text: str, n: int = 400) -> str:
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def wrong_sequence(examples, preds, labels, top: int) -> list[dict]:
+    wrong = []
+    for e, (idx, probs) in zip(examples, preds):
+        if labels[idx] != e.label:
+            text = e.text if e.text_pair is None else f"{e.text} ||| {e.text_pair}"
+            wrong.append({"text": text, "true": e.label, "predicted": labels[idx], "confidence": probs[idx]})
+    return sorted(wrong, key=lambda r: -r["confidence"])[:top]
+
+
+def wrong_words(examples, split, outs, labels, top: int, context: int = 8) -> list[dict]:
+    from adalayers.evaluate import word_outputs
+
+    wrong = []
+    for i, w, probs in word_outputs(split, outs):
+        j = int(probs.argmax())
+        gold = examples[i].tags[w]
+        if labels[j] != gold:
+            wrong.append((float(probs[j]), i, w, labels[j], gold))
+    wrong.sort(key=lambda r: -r[0])
+    out = []
+    for conf, i, w, pred, gold in wrong[:top]:
+        words = examples[i].words
+        a, b = max(0, w - context), min(len(words), w + context + 1)
+        shown = ["…"] * (a > 0) + words[a:w] + [f"[{words[w]}]"] + words[w + 1:b] + ["…"] * (b < len(words))
+        out.append({"word": words[w], "sentence": " ".join(shown), "true": gold, "predicted": pred,
+                    "confidence": conf, "example": i})
+    return out
+
+
+def wrong_values(examples, preds, top: int) -> list[dict]:
+    rows = [{"text": f"{e.text} ||| {e.text_pair}" if e.text_pair else e.text, "true": e.label,
+             "predicted": p, "error": abs(p - e.label)} for e, p in zip(examples, preds)]
+    return sorted(rows, key=lambda r: -r["error"])[:top]
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
+    """Write report.md, the figures and report.json into run_dir; returns report.json's content."""
+    from adalayers import recipes
+    from adalayers.evaluate import example_predictions, row_outputs, score
+    from adalayers.mixer import AdaLayersMixer
+    from adalayers.train import autocast_for
+
+    run_dir = Path(run_dir)
+    _, cfg, meta = runlib.load_head(run_dir)
+    backbone, data, encoded = recipes.prepare(cfg)
+    task, _, _ = runlib.load_head(run_dir, backbone)
+    task.to(backbone.device)
+    if split not in encoded:
+        raise DataError(f"task {data.name} has no {split} split")
+    metrics, log = read_metrics(run_dir), read_log(run_dir)
+    kind, labels, main = task.kind, task.labels, meta.get("main_metric") or data.main_metric
+    base = meta["base"]
+    title = f"{data.name} on {base['name']}"
+
+    # predictions on the split, from the saved head
+    source = recipes.make_source(cfg, backbone, data, encoded)
+    pad_id = backbone.tokenizer.pad_token_id or 0
+    outs = row_outputs(task, source, encoded[split], cfg.train.eval_batch_size, pad_id,
+                       autocast_for(cfg.train.precision, backbone.device))
+    examples = data.splits[split]
+    preds = example_predictions(task, encoded[split], outs, examples)
+    scores = score(task, examples, preds)
+
+    figures, md = {}, []
+    weights = [float(w) for w in task.mixer.layer_weights().tolist()]
+    used = [i for i, w in enumerate(weights) if w > 0]
+    figures["layer_weights"] = "layer_weights.png"
+    plot_layer_weights(weights, f"{title}: learned layer weights", run_dir / figures["layer_weights"])
+    if log and all("layer_weights" in e for e in log):
+        init = AdaLayersMixer(base["num_layers"], base["hidden_size"], cfg.mixer).layer_weights().tolist()
+        history = [(0, init)] + [(e["epoch"], e["layer_weights"]) for e in log]
+        figures["layer_history"] = "layer_history.png"
+        plot_layer_history(history, f"{title}: layer weights during training", run_dir / figures["layer_history"])
+    if log:
+        figures["training_curves"] = "training_curves.png"
+        plot_training_curves(log, main, f"{title}: training", run_dir / figures["training_curves"])
+
+    # --- header and summary
+    n_params, base_params = metrics.get("trainable_params", task.trainable_parameters()), backbone.num_parameters()
+    p_used = parameters_used({"layer_weights": weights, "trainable_params": n_params}, meta)
+    md += [f"# Report: {title}", "",
+           f"Run folder `{run_dir}`. A frozen `{base['name']}` ({base['num_layers'] - 1} transformer layers + "
+           f"embedding output, hidden size {base['hidden_size']}) feeds an AdaLayers mixer (k = {cfg.mixer.k}) "
+           f"and a {kind} head. All numbers below are on the **{split}** split unless marked.", "",
+           "## Summary", "", "| quantity | value |", "|---|---|"]
+    for key in _main_keys(kind, main):
+        if key in scores:
+            md.append(f"| {split} {key} | {_fmt(scores[key])} |")
+    if metrics.get("validation", {}).get(main) is not None:
+        md.append(f"| validation {main} (best epoch) | {_fmt(metrics['validation'][main])} |")
+    if metrics.get("best_epoch") is not None:
+        md.append(f"| best epoch / epochs trained | {metrics['best_epoch']} / {metrics.get('epochs', '?')} |")
+    if metrics.get("train_seconds") is not None:
+        md.append(f"| training time | {duration(metrics['train_seconds'])} |")
+    md.append(f"| trainable parameters | {n_params:,} ({100 * n_params / base_params:.2f}% of the base's "
+              f"{base_params:,}) |")
+    if p_used is not None and p_used != n_params:
+        md.append(f"| of these used at inference | {p_used:,} ({100 * p_used / base_params:.2f}% of the base; "
+                  f"projections of layers with weight 0 never run) |")
+    md.append(f"| layers used (weight > 0) | {', '.join(map(str, used))} |")
+    if cfg.mixer.pin_layer is not None:
+        md.append(f"| single-layer baseline | pinned to layer {cfg.mixer.pin_layer} |")
+
+    # --- data
+    md += ["", "## Data", ""]
+    md += [f"- {note}" for note in data.notes]
+    md.append("- examples: " + ", ".join(f"{name} {len(ex):,}" for name, ex in data.splits.items()))
+    if cfg.task.max_train_examples or cfg.task.max_eval_examples:
+        md.append(f"- **subsets**: only the first {cfg.task.max_train_examples or 'all'} training and "
+                  f"{cfg.task.max_eval_examples or 'all'} validation/test examples were used "
+                  f"(task.max_train_examples / max_eval_examples)")
+    truncation = {}
+    for name, enc in encoded.items():
+        if kind == "token":
+            truncation[name] = {"examples": enc.num_examples, "split_into_windows": enc.extra.get("split_examples", 0),
+                                "windows": enc.extra.get("windows", len(enc.rows))}
+        else:
+            truncation[name] = {"examples": enc.num_examples, "truncated": enc.num_truncated,
+                                "fraction": enc.num_truncated / max(1, enc.num_examples)}
+    if kind == "token":
+        md.append(f"- sentences longer than max_length = {cfg.model.max_length} sub-tokens are split into "
+                  f"windows (never cut): " + ", ".join(
+                      f"{k} {v['split_into_windows']:,} of {v['examples']:,}" for k, v in truncation.items()))
+    else:
+        md.append(f"- texts truncated at max_length = {cfg.model.max_length} tokens: " + ", ".join(
+            f"{k} {v['truncated']:,} of {v['examples']:,} ({100 * v['fraction']:.1f}%)" for k, v in truncation.items()))
+
+    # --- layers
+    md += ["", "## Layer weights", "",
+           "Each layer's hidden state is projected to k dimensions and normalised; the mixer adds them with "
+           f"these weights (softmax(alpha·p) with alpha = {cfg.mixer.alpha:g}; weights at or below the cutoff "
+           f"{cfg.mixer.cutoff:g} are set to 0). Layer 0 is the embedding output.", "",
+           f"![learned layer weights]({figures['layer_weights']})", "",
+           "| layer | " + " | ".join(str(i) for i in range(len(weights))) + " |",
+           "|---" * (len(weights) + 1) + "|",
+           "| weight | " + " | ".join(f"{w:.3f}" for w in weights) + " |"]
+    if "layer_history" in figures:
+        md += ["", "How the weights moved during training (epoch 0 is the initialisation):", "",
+               f"![layer weights per epoch]({figures['layer_history']})"]
+    if "training_curves" in figures:
+        md += ["", "## Training", "", f"Mean training loss and validation {main} per epoch; the saved head "
+               f"is the one of the best validation epoch.", "", f"![training curves]({figures['training_curves']})"]
+
+    # --- per kind
+    wrong: list[dict] = []
+    if kind == "sequence":
+        from sklearn.metrics import confusion_matrix
+
+        label_id = {name: i for i, name in enumerate(labels)}
+        cm = confusion_matrix([label_id[e.label] for e in examples], [p[0] for p in preds],
+                              labels=list(range(len(labels))))
+        figures["confusion_matrix"] = "confusion_matrix.png"
+        plot_confusion(cm, labels, f"{title}: confusion matrix ({split})", run_dir / figures["confusion_matrix"])
+        md += ["", "## Confusion matrix", "", "Rows: true label; columns: predicted label.", "",
+               "| true \\ predicted | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+        md += [f"| {labels[i]} | " + " | ".join(f"{cm[i, j]:,}" for j in range(len(labels))) + " |"
+               for i in range(len(labels))]
+        md += ["", f"![confusion matrix]({figures['confusion_matrix']})"]
+        scores["confusion_matrix"] = cm.tolist()
+        wrong = wrong_sequence(examples, preds, labels, top)
+        md += ["", f"## The {len(wrong)} most confident wrong predictions", ""]
+        md += [f"{n}. predicted **{r['predicted']}** with probability {r['confidence']:.3f}, true "
+               f"**{r['true']}**: “{_clip(r['text'])}”" for n, r in enumerate(wrong, 1)]
+    elif kind == "token":
+        pc = scores["per_class"]
+        figures["per_class"] = "per_class.png"
+        plot_per_class(pc, f"{title}: entity scores per class ({split})", run_dir / figures["per_class"])
+        md += ["", "## Per-class scores", "", "Entity level (an entity counts only with its exact span and class); "
+               "count = entities of that class in the gold annotation.", "",
+               "| class | precision | recall | F1 | count |", "|---|---|---|---|---|"]
+        md += [f"| {n} | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']:,} |"
+               for n, v in sorted(pc.items())]
+        md.append(f"| **micro average** | {scores['precision']:.4f} | {scores['recall']:.4f} | "
+                  f"{scores['f1']:.4f} | {sum(v['support'] for v in pc.values()):,} |")
+        md += ["", f"![per-class scores]({figures['per_class']})"]
+        wrong = wrong_words(examples, encoded[split], outs, labels, top)
+        md += ["", f"## The {len(wrong)} most confident wrong word tags", "",
+               "The word in [brackets] got the predicted tag; a few words of context on each side.", "",
+               "| # | word in context | predicted | true | probability |", "|---|---|---|---|---|"]
+        md += [f"| {n} | {_clip(r['sentence'])} | {r['predicted']} | {r['true']} | {r['confidence']:.3f} |"
+               for n, r in enumerate(wrong, 1)]
+    else:
+        figures["predictions"] = "predictions.png"
+        plot_regression([e.label for e in examples], preds, f"{title}: predicted vs true ({split})",
+                        run_dir / figures["predictions"])
+        md += ["", "## Predictions", "", f"![predicted vs true]({figures['predictions']})"]
+        wrong = wrong_values(examples, preds, top)
+        md += ["", f"## The {len(wrong)} largest errors", ""]
+        md += [f"{n}. predicted {r['predicted']:.2f}, true {r['true']:.2f}: “{_clip(r['text'])}”"
+               for n, r in enumerate(wrong, 1)]
+
+    # --- settings
+    md += ["", "## Settings", "", "```json", json.dumps({k: cfg.to_dict()[k] for k in ("task", "model", "mixer", "head",
+                                                                                       "train")}, indent=1), "```", ""]
+    report = {"run": str(run_dir), "task": data.name, "base": base["name"], "split": split, "scores": scores,
+              "layer_weights": weights, "used_layers": used, "trainable_params": n_params,
+              "params_used": p_used, "base_params": base_params, "truncation": truncation,
+              "train_seconds": metrics.get("train_seconds"), "best_epoch": metrics.get("best_epoch"),
+              "figures": figures, "most_confident_wrong": wrong}
+    runlib.atomic_write(run_dir / "report.md", "\n".join(md))
+    runlib.write_json(run_dir / "report.json", report)
+    return report
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _main_keys(kind: str, main: str) -> list[str]:
+    keys = {"sequence": ["accuracy", "mcc", "macro_f1"], "token": ["f1", "precision", "recall"],
+            "regression": ["pearson", "spearman", "mse"]}[kind]
+    return [main] + [k for k in keys if k != main]
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("report", help="write report.md and figures (layer weights, curves, errors) for a run")
+    p.add_argument("run", help="run folder from 'adalayers train'")
+    p.add_argument("--split", default="test", choices=["validation", "test"], help="split to predict and score")
+    p.add_argument("--top", type=int, default=10, help="how many confident wrong predictions to list")
+    p.set_defaults(fn=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    report = build(Path(args.run), args.split, args.top)
+    print(f"wrote {Path(args.run) / 'report.md'} and {', '.join(report['figures'].values())}")
+    return 0
