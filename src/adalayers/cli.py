@@ -11,6 +11,8 @@ from adalayers.errors import AdaLayersError
 
 # Modules that bring more sub-commands; each defines add_commands(subparsers). One line per module.
 COMMAND_MODULES: list[str] = [
+    "adalayers.strategies.compare",
+    "adalayers.strategies.ablation",
 ]
 
 

@@ -45,11 +45,12 @@ def make_source(cfg, backbone, data, encoded):
     return LiveStates(backbone)
 
 
-def train(cfg, out: Path) -> dict:
+def train(cfg, out: Path, backbone: Backbone | None = None) -> dict:
+    """Train a head; `backbone` lets a caller (e.g. `compare`) share one loaded base across runs."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
-    backbone, data, encoded = prepare(cfg)
+    backbone, data, encoded = prepare(cfg, backbone)
     seed_everything(cfg.train.seed)
     task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels)
     source = make_source(cfg, backbone, data, encoded)
