@@ -66,6 +66,15 @@ def tiny_config(task="tiny-seq") -> Config:
     return cfg
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and the test machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer()
