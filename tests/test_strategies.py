@@ -203,6 +203,11 @@ def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok
     assert (tmp_path / "compare.png").stat().st_size > 0
     assert "| finetune-top:3 |" in (tmp_path / "compare.md").read_text()
 
+    again = compare(tiny_config(task), ["concat", "finetune"], tmp_path, ["finetune.lr=1e-4"], inference_rows=8,
+                    isolate=False, backbone=backbone, resume=True)
+    assert again["strategies"][0] == saved["strategies"][4]          # same settings: reused
+    assert again["strategies"][1]["config"]["lr"] == 1e-4            # changed settings: trained again
+
     if task == "tiny-seq":  # the span ablation re-reads the saved adapters and re-evaluates
         from adalayers.strategies.ablation import ablate
         result = ablate(tmp_path / "adapters", backbone=backbone)

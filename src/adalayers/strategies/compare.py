@@ -136,6 +136,7 @@ def run_one(cfg, spec: str, overrides: list[str], out: Path, inference_rows: int
         "base_bit_identical": identical,
         "main_model": _main_model(strategy, identical),
         "extra": trained.extra,
+        "run_config": cfg.to_dict(), "inference_rows_asked": inference_rows,
     }
     runlib.write_json(out / "result.json", result)
     if ablate and type(strategy).__name__.startswith("Adapters"):
@@ -188,8 +189,19 @@ def parse_strategy_sets(items: list[str], specs: list[str]) -> dict[str, list[st
     return by_spec
 
 
+def _reusable(folder: Path, cfg, strategy, inference_rows: int) -> dict | None:
+    """A finished result.json from the very same settings (run config, strategy config, rows)."""
+    try:
+        r = json.loads((folder / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    same = (r.get("run_config") == json.loads(json.dumps(cfg.to_dict())) and r.get("inference_rows_asked") == inference_rows
+            and r.get("config") == json.loads(json.dumps(strategy.describe()["config"])))
+    return r if same else None
+
+
 def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = None, inference_rows: int = 1000,
-            isolate: bool = True, ablate: bool = False, backbone=None) -> dict:
+            isolate: bool = True, ablate: bool = False, backbone=None, resume: bool = False) -> dict:
     from adalayers import strategies
 
     out = Path(out)
@@ -198,8 +210,7 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
     if len(set(specs)) != len(specs):
         raise ConfigError(f"--strategies: a strategy is listed twice: {specs}")
     sets = parse_strategy_sets(strategy_sets or [], specs)
-    for s in specs:  # every name and setting is checked before hours of training start
-        strategies.make(s, sets[s])
+    made = {s: strategies.make(s, sets[s]) for s in specs}  # every setting checked before training starts
     out.mkdir(parents=True, exist_ok=True)
     if not isolate and backbone is None:
         from adalayers.backbone import Backbone
@@ -208,6 +219,11 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
     results = []
     for s in specs:
         folder = out / slug(s)
+        old = _reusable(folder, cfg, made[s], inference_rows) if resume else None
+        if old is not None:
+            print(f"== {s}: reusing {folder / 'result.json'} (same settings)", flush=True)
+            results.append(old)
+            continue
         print(f"== {s} -> {folder}", flush=True)
         (folder / "error.json").unlink(missing_ok=True)
         if isolate:
@@ -223,7 +239,7 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
             results.append(json.loads((folder / "result.json").read_text()))
         else:
             results.append(run_one(cfg, s, sets[s], folder, inference_rows, backbone=backbone, ablate=ablate))
-    summary = {"command": " ".join(sys.argv), "config": cfg.to_dict(), "strategies": results,
+    summary = {"command": "adalayers " + " ".join(sys.argv[1:]), "config": cfg.to_dict(), "strategies": results,
                "device": "cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu",
                "torch_threads": torch.get_num_threads(),
                "notes": [
@@ -254,6 +270,8 @@ def add_commands(sub) -> None:
     p.add_argument("--no-isolate", action="store_true", help="run every strategy in this process (faster "
                                                              "start; peak memory is then only a lower bound)")
     p.add_argument("--ablate", action="store_true", help="after training adapters, run the span ablation")
+    p.add_argument("--resume", action="store_true", help="reuse a strategy's result.json in --out when it was "
+                                                         "made with exactly the same settings")
     p.set_defaults(fn=_cmd_compare)
 
 
@@ -267,6 +285,6 @@ def _cmd_compare(args) -> int:
         torch.set_num_threads(cfg.train.num_threads)
     specs = [s.strip() for s in args.strategies.split(",") if s.strip()]
     summary = compare(cfg, specs, Path(args.out), args.strategy_sets, args.inference_rows,
-                      isolate=not args.no_isolate, ablate=args.ablate)
+                      isolate=not args.no_isolate, ablate=args.ablate, resume=args.resume)
     print((Path(args.out) / "compare.md").read_text())
     return 0 if summary["strategies"] else 1
