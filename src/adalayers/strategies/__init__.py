@@ -5,6 +5,8 @@ Per-strategy settings come from its config dataclass, overridable as `field=valu
 """
 from __future__ import annotations
 
+import re
+
 from adalayers.errors import ConfigError
 from adalayers.strategies import adapters, concat, finetune, recipe, scalar_mix
 from adalayers.strategies.base import Strategy
@@ -23,9 +25,18 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+def _value(text: str):
+    from adalayers.config import _parse_scalar
+
+    value = _parse_scalar(text)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+    return value
+
+
 def make(spec: str, overrides: list[str] | None = None) -> Strategy:
     """'finetune-top:3' + ['lr=5e-5'] -> a strategy with a validated config."""
-    from adalayers.config import _build, _parse_scalar
+    from adalayers.config import _build
 
     name, _, arg = spec.strip().partition(":")
     if name not in STRATEGIES:
@@ -36,7 +47,7 @@ def make(spec: str, overrides: list[str] | None = None) -> Strategy:
         if cls.arg_field is None:
             problems.append(f"strategy {name} takes no ':N' argument, got {spec!r}")
         else:
-            values[cls.arg_field] = _parse_scalar(arg)
+            values[cls.arg_field] = _value(arg)
     elif cls.arg_field is not None and cls.arg_field in getattr(cls, "required_args", ()):
         problems.append(f"strategy {name} needs an argument: {name}:N ({cls.arg_field})")
     for item in overrides or []:
@@ -44,7 +55,7 @@ def make(spec: str, overrides: list[str] | None = None) -> Strategy:
         if not eq:
             problems.append(f"{spec}: expected field=value, got {item!r}")
         else:
-            values[key.strip()] = _parse_scalar(value)
+            values[key.strip()] = _value(value)
     conf = _build(cls.Config, values, f"strategy {spec}: ", problems)
     if not problems:
         problems += getattr(conf, "check", lambda: [])()
