@@ -15,6 +15,8 @@ COMMAND_MODULES: list[str] = [
     "adalayers.serve.command",
     "adalayers.report",
     "adalayers.sweep",
+    "adalayers.strategies.compare",
+    "adalayers.strategies.ablation",
 ]
 
 

@@ -48,12 +48,14 @@ def make_source(cfg, backbone, data, encoded):
     return LiveStates(backbone)
 
 
-def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None) -> dict:
+def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None,
+          backbone: Backbone | None = None) -> dict:
     """Train a head into run folder `out`.
 
     resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
     prepared = prepare(cfg)'s result, to share a base and encoded data between runs that differ
-    only in the mixer or head (e.g. the single-layer sweep).
+    only in the mixer or head (e.g. the single-layer sweep);
+    `backbone` shares one loaded base across runs (e.g. `compare`).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +67,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
         for name in ("metrics.json", checkpoint.NAME):
             (out / name).unlink(missing_ok=True)
     seed_everything(cfg.train.seed)
-    backbone, data, encoded = prepared or prepare(cfg)
+    backbone, data, encoded = prepared or prepare(cfg, backbone)
     seed_everything(cfg.train.seed)
     task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels)
     source = make_source(cfg, backbone, data, encoded)
