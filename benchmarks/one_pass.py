@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from adalayers.backbone import Backbone, resolve  # noqa: E402
 from adalayers.config import Config  # noqa: E402
 from adalayers.run import write_json, atomic_write  # noqa: E402
-from adalayers.sidetask import SideTask  # noqa: E402
+from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
 
 ALL = "a,b1,b2,b4,b8,mixed4,c1,c2,d1,d4,e"
 
@@ -82,7 +82,7 @@ def one_pass(backbone, batch, heads, primary=True):
     for t in heads:
         t.begin()
     stop = None if primary else max(max(t.used_layers()) for t in heads)
-    backbone(batch, taps=[t.tap for t in heads], stop_after=stop)
+    backbone(batch, taps=[shared_tap(heads)], stop_after=stop)
     return [t.end(batch["attention_mask"]) for t in heads]
 
 

@@ -109,3 +109,27 @@ def test_positions_table_shape_and_values():
     pe = sinusoidal_positions(5, 6)
     assert pe.shape == (5, 6)
     assert pe[0, 0] == 0 and pe[0, 1] == 1
+
+
+def test_shared_tap_equals_each_heads_own_tap():
+    """Several heads fed by one GELU and one fused GEMM per layer give the numbers of separate taps."""
+    from adalayers.config import Config
+    from adalayers.sidetask import SideTask, shared_tap
+
+    torch.manual_seed(0)
+    heads = []
+    for k, pin in [(8, None), (16, None), (8, 2)]:
+        cfg = Config()
+        cfg.mixer.k, cfg.head.num_heads, cfg.mixer.pin_layer = k, 2, pin
+        heads.append(SideTask(cfg, 4, 12, ["a", "b", "c"]).eval())
+    states = [torch.randn(2, 5, 12) for _ in range(4)]
+    mask = torch.ones(2, 5, dtype=torch.long)
+    alone = [h(states, mask) for h in heads]
+    for h in heads:
+        h.begin()
+    tap = shared_tap(heads)
+    for i, z in enumerate(states):
+        tap(i, z)
+    together = [h.end(mask) for h in heads]
+    for a, b in zip(alone, together):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -66,15 +66,21 @@ class AdaLayersMixer(nn.Module):
 
     # --- accumulation --------------------------------------------------------------------------
     def project(self, i: int, z: torch.Tensor) -> torch.Tensor:
-        z = z.to(self.proj[i].weight.dtype)
-        f = nnf.layer_norm(self.proj[i](nnf.gelu(z)), (self.k,))
-        return self.dropout(f) if self.cfg.projection_dropout else f
+        """GELU(Z_i) W_i^T, before normalisation."""
+        return self.proj[i](nnf.gelu(z.to(self.proj[i].weight.dtype)))
 
-    def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
-        """acc + w_i * f_i; skips layers whose weight is 0 (no projection is computed for them)."""
+    def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor,
+            projected: torch.Tensor | None = None) -> torch.Tensor | None:
+        """acc + w_i * f_i; skips layers whose weight is 0 (no projection is computed for them).
+
+        `projected` = project(i, z) when the caller computed it already (several heads in one GEMM).
+        """
         if w[i].item() == 0:  # cut off or pinned out: contributes nothing, gets no gradient
             return acc
-        term = w[i] * self.project(i, z)
+        f = nnf.layer_norm(self.project(i, z) if projected is None else projected, (self.k,))
+        if self.cfg.projection_dropout:
+            f = self.dropout(f)
+        term = w[i] * f
         return term if acc is None else acc + term
 
     def finish(self, acc: torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,13 @@ class SideTask(nn.Module):
         self._w = self.mixer.layer_weights()
         self._acc = None
 
-    def tap(self, i: int, z: torch.Tensor) -> None:
+    def tap(self, i: int, z: torch.Tensor, projected: torch.Tensor | None = None) -> None:
         with torch.set_grad_enabled(self.training):  # the base runs under no_grad; the mixer may train
-            self._acc = self.mixer.add(self._acc, i, z, self._w)
+            self._acc = self.mixer.add(self._acc, i, z, self._w, projected)
+
+    def uses(self, i: int) -> bool:
+        """Does layer i count in this pass (call after begin())?"""
+        return self._w[i].item() != 0
 
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         F = self.mixer.finish(self._acc)
@@ -63,3 +67,21 @@ class SideTask(nn.Module):
 
     def trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def shared_tap(tasks: list[SideTask]):
+    """One tap for several heads: GELU(Z_i) is computed once per layer and shared.
+
+    Exactly the numbers of each head's own tap, less work per extra head. (One fused GEMM for all
+    heads' W_i would save a little more, but changes float summation order.)
+    """
+    def tap(i: int, z: torch.Tensor) -> None:
+        live = [t for t in tasks if t.uses(i)]
+        if len(live) < 2:
+            for t in live:
+                t.tap(i, z)
+            return
+        a = nnf.gelu(z.to(live[0].mixer.proj[i].weight.dtype))
+        for t in live:
+            t.tap(i, z, projected=t.mixer.proj[i](a))
+    return tap

@@ -30,6 +30,7 @@ from adalayers import run as runlib
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate
 from adalayers.errors import DataError, ModelError
+from adalayers.sidetask import shared_tap
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
 
@@ -183,7 +184,7 @@ class SideTasks:
             batch = collate([rows[i] for i in idx], idx, pad_id)
             for t in tasks:
                 t.begin()
-            base = self.backbone(batch, taps=[t.tap for t in tasks], stop_after=stop)
+            base = self.backbone(batch, taps=[shared_tap(tasks)], stop_after=stop)
             mask = batch["attention_mask"]
             for h in heads:
                 logits = h.task.end(mask).float().cpu()
