@@ -89,3 +89,31 @@ def test_resume_flag_without_unfinished_run_is_an_error(setup):
     p = train(cfg, tmp / "nothing", env, "--resume")
     assert p.wait(timeout=120) == 2
     assert "holds no unfinished run" in p.output()
+
+
+def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
+    """A loss that turns NaN stops training with the step named; the last good head stays loadable."""
+    import math
+
+    import torch
+
+    from adalayers import config, recipes
+    from adalayers import run as runlib
+    from adalayers.sidetask import SideTask
+    from adalayers.train import TrainingError
+
+    tmp, cfg_path, env = setup
+    monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
+    cfg = config.load(cfg_path, ["task.max_train_examples=200", "train.max_epochs=3"])
+    real_loss, calls = SideTask.loss, {"n": 0}
+
+    def loss_then_nan(self, logits, labels):
+        calls["n"] += 1
+        value = real_loss(self, logits, labels)
+        return value * math.nan if calls["n"] > 20 else value   # 13 steps per epoch: NaN in epoch 2
+
+    monkeypatch.setattr(SideTask, "loss", loss_then_nan)
+    with pytest.raises(TrainingError, match=r"loss became nan at step 21 \(epoch 2\).*epoch 1"):
+        recipes.train(cfg, tmp / "nan")
+    task, _, _ = runlib.load_head(tmp / "nan")
+    assert all(torch.isfinite(p).all() for p in task.parameters())
