@@ -60,3 +60,11 @@ def tiny_backbone(kind: str, tokenizer, states: str = "encoder") -> Backbone:
 
 needs_data = pytest.mark.skipif(not (DATA / "glue" / "CoLA" / "train.tsv").is_file(),
                                 reason=f"real data not found at {DATA}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Tests never write into the user's ~/.cache/adalayers."""
+    if "ADALAYERS_CACHE" not in os.environ:
+        os.environ["ADALAYERS_CACHE"] = str(tmp_path_factory.mktemp("adalayers-cache"))
+    yield
