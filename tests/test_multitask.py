@@ -189,3 +189,34 @@ def test_schedules():
     assert [[s[0][0] for s in plan("proportional", sizes, 10, seed)] for seed in range(6)] != [prop] * 6
     joint = plan("joint", sizes, 10, 0)
     assert len(joint) == 2 and all([t for t, _ in s] == ["a", "b", "c"] for s in joint)
+
+
+def test_compare_multitask_tiny_run(tmp_path):
+    from adalayers.cli import main
+
+    folder = tmp_path / "tiny-bert"
+    bb = tiny_backbone()
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    cfg = mt_config(base=str(folder), smart={"enabled": False, "steps": 1, "eps": 0.01})
+    cfg_path = tmp_path / "mt.yaml"
+    cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
+    out = tmp_path / "cmp"
+    assert main(["compare-multitask", str(cfg_path), "--out", str(out), "--epochs", "1", "--train-rows", "16",
+                 "--eval-rows", "8"]) == 0
+    s = json.loads((out / "compare_multitask.json").read_text())
+    assert [r["variant"] for r in s["variants"]] == ["baseline", "progressive", "pcgrad", "smart", "freeze-top3",
+                                                    "adalayers"]
+    by = {r["variant"]: r for r in s["variants"]}
+    for r in s["variants"]:
+        assert set(r["results"]) == {"t-sent", "t-para", "t-sim"}
+        assert r["results"]["t-sim"]["test"]["n"] == 8 and r["trainable_params"] > 0
+    # the progressive heads read upstream outputs (wider inputs); top:3 of 3 layers leaves the embeddings frozen
+    assert by["progressive"]["trainable_params"] > by["baseline"]["trainable_params"]
+    assert by["freeze-top3"]["trainable_params"] < by["baseline"]["trainable_params"]
+    md = (out / "compare_multitask.md").read_text()
+    assert "| smart |" in md and "t-sim dev pearson" in md
+    assert (out / "compare_multitask.png").stat().st_size > 1000
+    with pytest.raises(ConfigError, match="unknown"):
+        from adalayers.multitask.compare import compare
+        compare(from_dict(cfg), out, variants=["nope"])
