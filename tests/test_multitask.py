@@ -220,3 +220,28 @@ def test_compare_multitask_tiny_run(tmp_path):
     with pytest.raises(ConfigError, match="unknown"):
         from adalayers.multitask.compare import compare
         compare(from_dict(cfg), out, variants=["nope"])
+
+
+def test_linear_heads_read_the_cross_encoder_input_and_train(tmp_path):
+    from adalayers.multitask import trainer
+
+    cfg = from_dict({"tasks": [{"name": "t-sent", "head": "linear"},
+                               {"name": "t-para", "head": "linear", "depends_on": ["t-sent"], "weight": 0.5},
+                               {"name": "t-sim", "head": "linear"}],
+                     "base": "tiny", "max_length": 16, "batch_size": 8, "epochs": 1, "schedule": "proportional",
+                     "freeze": "top:2", "smart": {"enabled": True, "eps": 0.01}})
+    r = trainer.train(cfg, tiny_backbone(), log=lambda *a: None)
+    assert r["forms"] == {"t-sent": "single", "t-para": "cross", "t-sim": "cross"}
+    assert set(r["results"]["t-sim"]["test"]) >= {"pearson", "spearman"}
+    assert r["results"]["t-para"]["validation"]["n"] == 8
+
+
+@pytest.mark.parametrize("task,head", [("t-sent", "cosine"), ("t-sim", "sentiment"), ("t-sim", "bilinear")])
+def test_head_must_fit_the_task(task, head):
+    cfg = mt_config()
+    for t in cfg["tasks"]:
+        t["depends_on"] = []
+        if t["name"] == task:
+            t["head"] = head
+    with pytest.raises(ConfigError, match=f"task {task}"):
+        _model(from_dict(cfg))

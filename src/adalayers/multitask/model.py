@@ -44,7 +44,8 @@ class MultitaskModel(nn.Module):
             n = max(len(data.labels), 1)
             if s.head == "bilinear" and len(data.labels) != 2:
                 raise ConfigError(f"task {name}: a bilinear head needs two labels, {name} has {len(data.labels)}")
-            if (s.head == "cosine") != (data.kind == "regression") or (s.head == "sentiment" and data.kind != "sequence"):
+            if (s.head == "cosine") != (data.kind == "regression") and s.head != "linear" \
+                    or data.kind == "token":
                 raise ConfigError(f"task {name}: head {s.head} does not fit a {data.kind} task")
             d_in = d + sum(widths[u] for u in s.depends_on)
             head = make_head(s.head, d_in, n, s.hidden, s.dropout, data.kind == "regression")
