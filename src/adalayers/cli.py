@@ -17,6 +17,7 @@ COMMAND_MODULES: list[str] = [
     "adalayers.sweep",
     "adalayers.strategies.compare",
     "adalayers.strategies.ablation",
+    "adalayers.multitask.compare",
 ]
 
 

@@ -43,7 +43,7 @@ def register(name: str):
 
 
 def load_task(cfg) -> TaskData:
-    from adalayers.tasks import conll, files, glue, imdb  # noqa: F401  (register their tasks)
+    from adalayers.tasks import conll, files, glue, imdb, qqp, sst  # noqa: F401  (register their tasks)
 
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")

@@ -1,0 +1,209 @@
+"""`adalayers compare-multitask CONFIG --out DIR`: the multi-task recipes side by side, and AdaLayers.
+
+Variants (each one change against the baseline, so each number says what that change does):
+  baseline      independent heads (no depends_on), shared base fine-tuned, the config's schedule
+  progressive   + the config's depends_on graph (upstream heads frozen per freeze_upstream)
+  pcgrad        + gradient surgery on the shared base
+  smart         + SMART (smoothness + Bregman proximal term)
+  freeze-top3   + all but the last 3 layers frozen
+  adalayers     frozen base, one mixer + head per task (adalayers.recipes.train), trained separately:
+                independent heads that cannot hurt each other. Pair tasks read the cross-encoder input.
+Writes compare_multitask.json, compare_multitask.md and compare_multitask.png into DIR.
+"""
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+
+import torch
+
+from adalayers import run as runlib
+from adalayers.errors import ConfigError
+
+VARIANTS = ("baseline", "progressive", "pcgrad", "smart", "freeze-top3", "adalayers")
+
+
+def variant_config(mcfg, name: str):
+    v = copy.deepcopy(mcfg)
+    v.freeze, v.pcgrad, v.smart.enabled = "none", False, False
+    if name != "progressive":
+        for t in v.tasks:
+            t.depends_on = []
+    if name == "pcgrad":
+        v.pcgrad = True
+    elif name == "smart":
+        v.smart.enabled = True
+    elif name == "freeze-top3":
+        v.freeze = "top:3"
+    return v
+
+
+def adalayers_config(mcfg, task: str, epochs: int):
+    from adalayers.config import Config
+
+    cfg = Config()
+    cfg.task.name, cfg.task.data_dir = task, mcfg.data_dir
+    cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.max_train_examples, mcfg.max_eval_examples
+    cfg.model.base, cfg.model.max_length = mcfg.base, mcfg.max_length
+    cfg.train.max_epochs, cfg.train.batch_size, cfg.train.seed = epochs, mcfg.batch_size, mcfg.seed
+    cfg.train.early_stopping = max(epochs, 1)
+    cfg.cache.enabled = False
+    return cfg
+
+
+def run_adalayers(mcfg, backbone, out: Path, epochs: int) -> dict:
+    from adalayers import recipes
+
+    results, params, seconds, main = {}, 0, 0.0, {}
+    for spec in mcfg.tasks:
+        print(f"[adalayers] {spec.name}")
+        m = recipes.train(adalayers_config(mcfg, spec.name, epochs), out / "adalayers" / spec.name,
+                          backbone=backbone)
+        results[spec.name] = {s: m[s] for s in ("validation", "test") if s in m}
+        params += m["trainable_params"]
+        seconds += m["train_seconds"]
+    return {"results": results, "trainable_params": params, "train_seconds": round(seconds, 2),
+            "epochs": epochs}
+
+
+def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = None, backbone=None,
+            command: str = "") -> dict:
+    from adalayers.backbone import Backbone
+    from adalayers.multitask import trainer
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    backbone = backbone or Backbone.load(mcfg.base)
+    datas = trainer.load_tasks(mcfg)
+    main = {t: d.main_metric for t, d in datas.items()}
+    rows = []
+    for name in variants:
+        print(f"[{name}]")
+        if name == "adalayers":
+            r = run_adalayers(mcfg, backbone, out, adalayers_epochs or mcfg.epochs)
+        else:
+            r = trainer.train(variant_config(mcfg, name), backbone, datas)
+        rows.append({"variant": name, **r})
+        runlib.write_json(out / "compare_multitask.json", _summary(mcfg, rows, main, command, backbone))
+    summary = _summary(mcfg, rows, main, command, backbone)
+    runlib.write_json(out / "compare_multitask.json", summary)
+    runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
+    chart(summary, out / "compare_multitask.png")
+    return summary
+
+
+def _summary(mcfg, rows, main, command, backbone) -> dict:
+    return {"command": command, "config": mcfg.to_dict(), "main_metric": main, "variants": rows,
+            "base_params": backbone.num_parameters(), "torch_threads": torch.get_num_threads(),
+            "sizes": {"train_rows": mcfg.max_train_examples, "eval_rows": mcfg.max_eval_examples}}
+
+
+def markdown(s: dict) -> str:
+    tasks = list(s["main_metric"])
+    c = s["config"]
+    head = " | ".join(f"{t} dev {s['main_metric'][t]} | {t} test {s['main_metric'][t]}" for t in tasks)
+    lines = [f"# Multi-task comparison on {c['base']}", "", f"Command: `{s['command']}`", "",
+             f"Train rows per task {c['max_train_examples'] or 'all'}, eval rows {c['max_eval_examples'] or 'all'}, "
+             f"epochs {c['epochs']}, batch {c['batch_size']}, max_length {c['max_length']}, lr {c['lr']} "
+             f"(heads {c['head_lr']}), schedule {c['schedule']}, seed {c['seed']}, torch threads "
+             f"{s['torch_threads']}. Base parameters {s['base_params']:,}.", "",
+             f"| variant | {head} | trainable params | train s |",
+             "|---|" + "---:|---:|" * len(tasks) + "---:|---:|"]
+    for r in s["variants"]:
+        cells = []
+        for t in tasks:
+            res = r["results"][t]
+            cells += [f"{res['validation'][s['main_metric'][t]]:.3f}", f"{res['test'][s['main_metric'][t]]:.3f}"
+                      if "test" in res else "-"]
+        lines.append(f"| {r['variant']} | " + " | ".join(cells) + f" | {r['trainable_params']:,} | "
+                     f"{r['train_seconds']:.0f} |")
+    deps = {t["name"]: t["depends_on"] for t in c["tasks"] if t["depends_on"]}
+    lines += ["", "Each variant changes one thing against the baseline (independent heads, shared base fine-tuned): "
+              f"progressive = depends_on {deps or '(none in this config)'} with upstream heads "
+              f"{'frozen' if c['freeze_upstream'] else 'trained'} by downstream losses; pcgrad = gradient surgery on "
+              "the shared base (a step = one batch of every task); smart = SMART (eps "
+              f"{c['smart']['eps']}, {c['smart']['steps']} ascent step(s), lambda_s {c['smart']['lambda_s']}, "
+              f"mu {c['smart']['mu']}); freeze-top3 = only the last 3 layers of the base train; adalayers = "
+              "frozen base, one mixer + head per task trained on its own (pair tasks as cross-encoder input).",
+              "Dev = the task's validation split (SST: dev.txt; QQP: 10% of the subset; STS-B: 10% of train); "
+              "test = SST test.txt, QQP's other 10%, STS-B GLUE dev. The best epoch is picked on the mean dev "
+              "metric (adalayers: per task)."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(s: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tasks, rows = list(s["main_metric"]), s["variants"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    width = 0.8 / max(len(rows), 1)
+    for ax, split in zip(axes, ("validation", "test")):
+        for i, r in enumerate(rows):
+            vals = [r["results"][t].get(split, {}).get(s["main_metric"][t], np.nan) for t in tasks]
+            ax.bar(np.arange(len(tasks)) + i * width, vals, width, label=r["variant"])
+        ax.set_xticks(np.arange(len(tasks)) + width * (len(rows) - 1) / 2)
+        ax.set_xticklabels([f"{t}\n({s['main_metric'][t]})" for t in tasks])
+        ax.set_title("dev" if split == "validation" else "test")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"multi-task recipes on {s['config']['base']}")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def cmd_compare_multitask(args) -> int:
+    from adalayers.multitask.config import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = list(args.overrides)
+    for field, value in (("max_train_examples", args.train_rows), ("max_eval_examples", args.eval_rows),
+                         ("epochs", args.epochs)):
+        if value is not None:
+            overrides.append(f"{field}={value}")
+    mcfg = load(args.config, overrides)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    s = compare(mcfg, Path(args.out), variants, args.adalayers_epochs,
+                command=_command(args))
+    print(markdown(s))
+    print(f"written: {Path(args.out) / 'compare_multitask.md'} (.json, .png)")
+    return 0
+
+
+def _command(args) -> str:
+    parts = ["adalayers", "compare-multitask", args.config, "--out", args.out]
+    for flag, value in (("--train-rows", args.train_rows), ("--eval-rows", args.eval_rows), ("--epochs", args.epochs),
+                        ("--adalayers-epochs", args.adalayers_epochs), ("--threads", args.threads)):
+        if value is not None:
+            parts += [flag, str(value)]
+    if args.variants != ",".join(VARIANTS):
+        parts += ["--variants", args.variants]
+    for o in args.overrides:
+        parts += ["--set", o]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("compare-multitask", help="multi-task recipes (progressive sharing, PCGrad, SMART, "
+                                                 "freezing) against AdaLayers, per task")
+    p.add_argument("config", help="multi-task YAML config (see configs/multitask.yaml)")
+    p.add_argument("--out", required=True, help="folder for compare_multitask.json / .md / .png")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field, e.g. --set lr=3e-5 --set smart.eps=1e-2 (repeatable)")
+    p.add_argument("--train-rows", type=int, help="training rows per task (default: the config's)")
+    p.add_argument("--eval-rows", type=int, help="validation and test rows per task (default: the config's)")
+    p.add_argument("--epochs", type=int, help="epochs of the multi-task variants (default: the config's)")
+    p.add_argument("--adalayers-epochs", type=int, help="epochs of the AdaLayers heads (default: --epochs)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(fn=cmd_compare_multitask)

@@ -1,0 +1,76 @@
+"""Examples -> rows -> batches, in the input form a head reads.
+
+single  one text                        -> one side
+cross   a pair as one sequence (the tokenizer's pair encoding: [CLS] a [SEP] b [SEP]) -> one side
+bi      a pair as two sequences, one pass each                                     -> two sides
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adalayers.errors import ConfigError
+
+
+@dataclass
+class TaskRows:
+    form: str                 # single | cross | bi
+    sides: list[list[dict]]   # per side: one {input_ids, token_type_ids?} per example
+    labels: list              # class index or float per example
+
+    def __len__(self):
+        return len(self.labels)
+
+
+def input_form(head_sides: int, is_pair: bool, task: str) -> str:
+    if head_sides == 2:
+        if not is_pair:
+            raise ConfigError(f"task {task}: a bilinear or cosine head needs a sentence-pair task")
+        return "bi"
+    return "cross" if is_pair else "single"
+
+
+def encode_rows(examples, tokenizer, max_length: int, form: str, kind: str, labels: list[str]) -> TaskRows:
+    def enc(a, b=None):
+        out = tokenizer(a, b, truncation=True, max_length=max_length)
+        keys = [k for k in ("input_ids", "token_type_ids") if k in out]
+        return [{k: out[k][i] for k in keys} for i in range(len(a))]
+
+    first = [e.text for e in examples]
+    second = [e.text_pair for e in examples]
+    if form == "single":
+        sides = [enc(first)]
+    elif form == "cross":
+        sides = [enc(first, second)]
+    else:
+        sides = [enc(first), enc(second)]
+    label_id = {n: i for i, n in enumerate(labels)}
+    ys = [float(e.label) if kind == "regression" else label_id[e.label] for e in examples]
+    return TaskRows(form, sides, ys)
+
+
+def _pad(rows: list[dict], pad_id: int) -> dict:
+    T = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    types = torch.zeros((len(rows), T), dtype=torch.long) if "token_type_ids" in rows[0] else None
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), 1
+        if types is not None:
+            types[i, :n] = torch.tensor(r["token_type_ids"])
+    out = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        out["token_type_ids"] = types
+    return out
+
+
+def collate(rows: TaskRows, idx: list[int], pad_id: int) -> dict:
+    return {"sides": [_pad([side[i] for i in idx], pad_id) for side in rows.sides],
+            "labels": torch.tensor([rows.labels[i] for i in idx]), "index": idx}
+
+
+def batch_indices(n: int, batch_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
+    order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
+    return [order[s: s + batch_size] for s in range(0, n, batch_size)]

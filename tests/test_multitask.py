@@ -1,0 +1,247 @@
+"""Multi-task learning: the dependency graph, PCGrad, SMART, schedules, and a tiny compare-multitask run."""
+import json
+import random
+
+import pytest
+import torch
+import transformers
+
+from adalayers.backbone import Backbone
+from adalayers.errors import ConfigError
+from adalayers.multitask import pcgrad, smart
+from adalayers.multitask.config import SmartConfig, from_dict
+from adalayers.multitask.data import collate, encode_rows
+from adalayers.multitask.model import MultitaskModel
+from adalayers.multitask.schedule import plan
+from adalayers.multitask.trainer import task_loss
+from adalayers.tasks import TASKS, Example, TaskData
+
+from conftest import WORDS, tiny_tokenizer
+
+torch.set_num_threads(1)
+
+
+def _sent(rng):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7)))
+
+
+def _task(name, kind, labels, pair, n=(24, 8, 8)):
+    def make(cfg):
+        rng = random.Random(name)
+        splits = {}
+        for split, count in zip(("train", "validation", "test"), n):
+            rows = []
+            for _ in range(count):
+                a, b = _sent(rng), _sent(rng) if pair else None
+                good = "good" in a or "great" in a
+                label = rng.uniform(0, 5) if kind == "regression" else labels[int(good) % len(labels)]
+                rows.append(Example(text=a, text_pair=b, label=label))
+            splits[split] = rows
+        return TaskData(name, kind, labels, splits, "pearson" if kind == "regression" else "accuracy")
+    return make
+
+
+TASKS.update({"t-sent": _task("t-sent", "sequence", ["neg", "mid", "pos"], False),
+              "t-para": _task("t-para", "sequence", ["no", "yes"], True),
+              "t-sim": _task("t-sim", "regression", [], True)})
+
+
+def tiny_backbone() -> Backbone:
+    torch.manual_seed(0)
+    tok = tiny_tokenizer()
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                  intermediate_size=24, max_position_embeddings=64, pad_token_id=0)
+    return Backbone(transformers.BertModel(cfg), tok, "tiny-bert")
+
+
+def mt_config(**kw) -> dict:
+    tasks = [{"name": "t-sent", "head": "sentiment", "hidden": 8},
+             {"name": "t-para", "head": "bilinear", "hidden": 8, "depends_on": ["t-sent"]},
+             {"name": "t-sim", "head": "cosine", "hidden": 8, "depends_on": ["t-para"]}]
+    return {"tasks": tasks, "base": "tiny", "max_length": 16, "batch_size": 8, "epochs": 1, **kw}
+
+
+def _model(cfg):
+    from adalayers.multitask.trainer import load_tasks
+    datas = load_tasks(cfg)
+    return MultitaskModel(tiny_backbone(), cfg.tasks, datas, cfg.freeze, cfg.freeze_upstream), datas
+
+
+def _backward(model, datas, cfg, task):
+    model.zero_grad(set_to_none=True)
+    d = datas[task]
+    rows = encode_rows(d.splits["train"], model_tok, 16, model.forms[task], d.kind, d.labels)
+    task_loss(model, task, collate(rows, list(range(8)), 0), cfg, 1.0, None).backward()
+    return {name: any(p.grad is not None and p.grad.abs().sum() > 0 for p in h.parameters())
+            for name, h in model.heads.items()}
+
+
+model_tok = tiny_tokenizer()
+
+
+def test_dependency_graph_freezes_exactly_the_upstream_heads():
+    cfg = from_dict(mt_config())
+    model, datas = _model(cfg)
+    assert model.forms == {"t-sent": "single", "t-para": "bi", "t-sim": "bi"}
+    # t-sim reads t-para, which reads t-sent: both upstream heads frozen, the base still learns
+    assert _backward(model, datas, cfg, "t-sim") == {"t-sent": False, "t-para": False, "t-sim": True}
+    assert any(p.grad is not None for p in model.shared_parameters())
+    assert _backward(model, datas, cfg, "t-para") == {"t-sent": False, "t-para": True, "t-sim": False}
+    assert _backward(model, datas, cfg, "t-sent") == {"t-sent": True, "t-para": False, "t-sim": False}
+    cfg = from_dict(mt_config(freeze_upstream=False))
+    model, datas = _model(cfg)
+    assert _backward(model, datas, cfg, "t-sim") == {"t-sent": True, "t-para": True, "t-sim": True}
+
+
+def test_freeze_modes_and_head_widths():
+    model, _ = _model(from_dict(mt_config(freeze="top:1")))
+    trainable = {".".join(n.split(".")[:3]) for n, p in model.model.named_parameters() if p.requires_grad}
+    assert trainable == {"encoder.layer.2"}
+    model, _ = _model(from_dict(mt_config(freeze="all")))
+    assert model.shared_parameters() == []
+    # t-para's projection reads y (16) + t-sent's 3 probabilities; t-sim's reads y + t-para's 1
+    assert model.heads["t-para"].a.in_features == 19 and model.heads["t-sim"].a.in_features == 17
+
+
+def test_cycle_rejected_with_its_path():
+    cfg = mt_config()
+    cfg["tasks"][0]["depends_on"] = ["t-sim"]
+    with pytest.raises(ConfigError, match="cycle: t-sent -> t-sim -> t-para -> t-sent"):
+        from_dict(cfg)
+    cfg["tasks"][0]["depends_on"] = ["nope"]
+    with pytest.raises(ConfigError, match="'nope' is not among the tasks"):
+        from_dict(cfg)
+
+
+def test_two_input_head_cannot_feed_a_one_input_head():
+    cfg = mt_config()
+    cfg["tasks"][0]["depends_on"] = ["t-para"]
+    cfg["tasks"][1]["depends_on"] = []
+    with pytest.raises(ConfigError, match="cannot take the output of t-para"):
+        _model(from_dict(cfg))
+
+
+def test_pcgrad_conflicting_gradients_projected():
+    big, small = torch.tensor([2.0, 0.0]), torch.tensor([-1.0, 1.0])
+    # small conflicts with big (dot -2): its component along big is removed -> [0, 1]; big kept
+    assert torch.allclose(pcgrad.combine([small, big]), torch.tensor([2.0, 1.0]))
+    assert torch.allclose(pcgrad.combine([big, small]), torch.tensor([2.0, 1.0]))
+
+
+def test_pcgrad_agreeing_gradients_summed_unchanged():
+    a, b, c = torch.tensor([1.0, 2.0, 0.0]), torch.tensor([0.5, 0.0, 1.0]), torch.tensor([3.0, 1.0, 1.0])
+    assert torch.allclose(pcgrad.combine([a, b, c]), a + b + c)
+
+
+def test_pcgrad_three_tasks_projects_against_each_conflict():
+    g1, g2, g3 = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([-1.0, 1.0, 0.0]), torch.tensor([0.0, -1.0, 1.0])
+    out = pcgrad.combine([g1, g2, g3])
+    # g2 vs g1: -> [0, 1, 0]; then vs g3 (dot -1, |g3|^2 2): + 0.5 g3 -> [0, 0.5, 0.5]
+    # g3 vs g1: dot 0; vs g2 (dot -1, |g2|^2 2): + 0.5 g2 -> [-0.5, -0.5, 1]
+    assert torch.allclose(out, g1 + torch.tensor([0.0, 0.5, 0.5]) + torch.tensor([-0.5, -0.5, 1.0]))
+    assert torch.allclose(pcgrad.combine([g1]), g1)
+
+
+def test_smart_perturbation_within_eps():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    fn = lambda es: lin(es[0]).sum(1) + lin(es[1]).sum(1)  # noqa: E731  two sides, classes
+    embeds = [torch.randn(2, 5, 4), torch.randn(2, 6, 4)]
+    clean = fn(embeds)
+    deltas = smart.perturb(fn, embeds, clean, "classes", eps=0.01, sigma=0.05, steps=3, step_size=0.5)
+    assert [d.shape for d in deltas] == [e.shape for e in embeds]
+    assert all(d.abs().max() <= 0.01 + 1e-7 for d in deltas)
+    assert all(d.abs().max() > 0.009 for d in deltas)  # the ascent reached the ball's edge
+    assert smart.smoothness(fn, embeds, clean, "classes", SmartConfig(eps=0.01, steps=2, step_size=0.5)) > 0
+
+
+@pytest.mark.parametrize("kind", ["classes", "binary", "value"])
+def test_smart_loss_zero_for_a_constant_model(kind):
+    const = torch.tensor([0.3, -1.2, 2.0]) if kind == "classes" else torch.tensor(0.7)
+    fn = lambda es: const.expand(es[0].shape[0], *const.shape) + 0 * es[0].sum()  # noqa: E731
+    embeds = [torch.randn(4, 5, 8, requires_grad=True)]
+    loss = smart.smoothness(fn, embeds, fn(embeds), kind, SmartConfig(eps=0.1, steps=2, step_size=0.1))
+    assert float(loss.detach()) == 0.0
+
+
+def test_smart_bregman_zero_right_after_the_copy_and_positive_after_a_change():
+    lin = torch.nn.Linear(4, 2)
+    ema = smart.EMA(lin, beta=0.5)
+    x = torch.randn(3, 4)
+    assert float(smart.bregman(ema, lin, "classes", lin(x), x)) == pytest.approx(0.0, abs=1e-7)
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    assert float(smart.bregman(ema, lin, "classes", lin(x), x)) > 0
+    ema.update(lin)
+    assert torch.allclose(ema.params["weight"], lin.weight - 0.5)
+
+
+def test_schedules():
+    sizes = {"a": 30, "b": 10, "c": 20}  # batches of 10: 3, 1, 2
+    rr = plan("round_robin", sizes, 10, 0)
+    assert [s[0][0] for s in rr] == ["a", "b", "c", "a", "c", "a"]
+    for kind in ("round_robin", "proportional"):
+        steps = plan(kind, sizes, 10, 0)
+        for t, n in sizes.items():  # every row of every task exactly once
+            assert sorted(i for s in steps for task, idx in s if task == t for i in idx) == list(range(n))
+    prop = [s[0][0] for s in plan("proportional", sizes, 10, 0)]
+    assert sorted(prop) == sorted(["a"] * 3 + ["b"] + ["c"] * 2)
+    assert [[s[0][0] for s in plan("proportional", sizes, 10, seed)] for seed in range(6)] != [prop] * 6
+    joint = plan("joint", sizes, 10, 0)
+    assert len(joint) == 2 and all([t for t, _ in s] == ["a", "b", "c"] for s in joint)
+
+
+def test_compare_multitask_tiny_run(tmp_path):
+    from adalayers.cli import main
+
+    folder = tmp_path / "tiny-bert"
+    bb = tiny_backbone()
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    cfg = mt_config(base=str(folder), smart={"enabled": False, "steps": 1, "eps": 0.01})
+    cfg_path = tmp_path / "mt.yaml"
+    cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
+    out = tmp_path / "cmp"
+    assert main(["compare-multitask", str(cfg_path), "--out", str(out), "--epochs", "1", "--train-rows", "16",
+                 "--eval-rows", "8"]) == 0
+    s = json.loads((out / "compare_multitask.json").read_text())
+    assert [r["variant"] for r in s["variants"]] == ["baseline", "progressive", "pcgrad", "smart", "freeze-top3",
+                                                    "adalayers"]
+    by = {r["variant"]: r for r in s["variants"]}
+    for r in s["variants"]:
+        assert set(r["results"]) == {"t-sent", "t-para", "t-sim"}
+        assert r["results"]["t-sim"]["test"]["n"] == 8 and r["trainable_params"] > 0
+    # the progressive heads read upstream outputs (wider inputs); top:3 of 3 layers leaves the embeddings frozen
+    assert by["progressive"]["trainable_params"] > by["baseline"]["trainable_params"]
+    assert by["freeze-top3"]["trainable_params"] < by["baseline"]["trainable_params"]
+    md = (out / "compare_multitask.md").read_text()
+    assert "| smart |" in md and "t-sim dev pearson" in md
+    assert (out / "compare_multitask.png").stat().st_size > 1000
+    with pytest.raises(ConfigError, match="unknown"):
+        from adalayers.multitask.compare import compare
+        compare(from_dict(cfg), out, variants=["nope"])
+
+
+def test_linear_heads_read_the_cross_encoder_input_and_train(tmp_path):
+    from adalayers.multitask import trainer
+
+    cfg = from_dict({"tasks": [{"name": "t-sent", "head": "linear"},
+                               {"name": "t-para", "head": "linear", "depends_on": ["t-sent"], "weight": 0.5},
+                               {"name": "t-sim", "head": "linear"}],
+                     "base": "tiny", "max_length": 16, "batch_size": 8, "epochs": 1, "schedule": "proportional",
+                     "freeze": "top:2", "smart": {"enabled": True, "eps": 0.01}})
+    r = trainer.train(cfg, tiny_backbone(), log=lambda *a: None)
+    assert r["forms"] == {"t-sent": "single", "t-para": "cross", "t-sim": "cross"}
+    assert set(r["results"]["t-sim"]["test"]) >= {"pearson", "spearman"}
+    assert r["results"]["t-para"]["validation"]["n"] == 8
+
+
+@pytest.mark.parametrize("task,head", [("t-sent", "cosine"), ("t-sim", "sentiment"), ("t-sim", "bilinear")])
+def test_head_must_fit_the_task(task, head):
+    cfg = mt_config()
+    for t in cfg["tasks"]:
+        t["depends_on"] = []
+        if t["name"] == task:
+            t["head"] = head
+    with pytest.raises(ConfigError, match=f"task {task}"):
+        _model(from_dict(cfg))
