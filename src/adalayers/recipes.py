@@ -104,7 +104,7 @@ def evaluate(run_dir: Path, split: str = "test") -> dict:
     if split not in encoded:
         raise DataError(f"task {data.name} has no {split} split")
     t0 = time.perf_counter()
-    result, _ = evaluate_split(task, LiveStates(backbone), encoded[split], data.splits[split],
+    result, _ = evaluate_split(task, make_source(cfg, backbone, data, encoded), encoded[split], data.splits[split],
                                cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
                                autocast_for(cfg.train.precision, backbone.device))
     result["seconds"] = round(time.perf_counter() - t0, 2)
