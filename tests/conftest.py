@@ -62,6 +62,12 @@ needs_data = pytest.mark.skipif(not (DATA / "glue" / "CoLA" / "train.tsv").is_fi
                                 reason=f"real data not found at {DATA}")
 
 
+@pytest.fixture(autouse=True)
+def _config_decides_the_data_dir(monkeypatch):
+    """ADALAYERS_DATA would override the data_dir of tests that write their own files; DATA keeps it."""
+    monkeypatch.delenv("ADALAYERS_DATA", raising=False)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Tests never write into the user's ~/.cache/adalayers."""
