@@ -117,3 +117,23 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
         recipes.train(cfg, tmp / "nan")
     task, _, _ = runlib.load_head(tmp / "nan")
     assert all(torch.isfinite(p).all() for p in task.parameters())
+
+
+def test_resume_may_change_only_when_to_stop(setup):
+    """An interrupted run can be finished with fewer epochs or extended; other changes are refused."""
+    tmp, cfg, env = setup
+    victim = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400")
+    log = tmp / "run" / "log.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().count("\n") >= 2):
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert not (tmp / "run" / "metrics.json").exists()
+    other = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", "train.lr=0.01")
+    assert other.wait(timeout=300) == 2
+    assert "different config" in other.output()
+    done = len(log.read_text().splitlines())
+    finish = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", f"train.max_epochs={done}")
+    assert finish.wait(timeout=300) == 0, finish.output()
+    assert json.loads((tmp / "run" / "metrics.json").read_text())["epochs"] == done

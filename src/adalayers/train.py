@@ -88,8 +88,9 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     log_path = run_dir / "log.jsonl"
     state = checkpoint.load(run_dir) if resume else None
     if state is not None:
-        if state["config"] != cfg.to_dict():
-            raise TrainingError(f"{run_dir} holds an unfinished run with a different config; "
+        if _without_stopping(state["config"]) != _without_stopping(cfg.to_dict()):
+            raise TrainingError(f"{run_dir} holds an unfinished run with a different config (only "
+                                f"train.max_epochs and train.early_stopping may change on resume); "
                                 f"use another --out or delete {run_dir / checkpoint.NAME}")
         checkpoint.restore(state, task, loop.opt, loop.sched, loop.scaler, loop.gen)
         progress = Progress(**state["progress"])
@@ -117,6 +118,11 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
         raise
     return {"best_epoch": progress.best_epoch, "best_validation": progress.best, "epochs": epoch,
             "train_seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def _without_stopping(config: dict) -> dict:
+    """The config minus when-to-stop settings: a resumed run may be given more or fewer epochs."""
+    return {**config, "train": {k: v for k, v in config["train"].items() if k not in ("max_epochs", "early_stopping")}}
 
 
 def _keep_log_lines(log_path: Path, epochs: int) -> None:
