@@ -1,5 +1,4 @@
 """The frozen base: taps see exactly the hidden states, and attaching heads changes nothing in the base."""
-import pytest
 import torch
 
 from adalayers.config import Config

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -233,9 +232,8 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
-def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    if path is None:
-        return from_dict({}, overrides)
+def load_yaml(path: str | Path, build, overrides: list[str] | None = None):
+    """Read a YAML config file and `build(data, overrides)` it; every error names the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -244,9 +242,13 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     try:
-        return from_dict(data, overrides)
+        return build(data, overrides)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    return from_dict({}, overrides) if path is None else load_yaml(path, from_dict, overrides)
 
 
 def validate(cfg: Config) -> list[str]:

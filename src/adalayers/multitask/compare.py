@@ -55,7 +55,7 @@ def adalayers_config(mcfg, task: str, epochs: int):
 def run_adalayers(mcfg, backbone, out: Path, epochs: int) -> dict:
     from adalayers import recipes
 
-    results, params, seconds, main = {}, 0, 0.0, {}
+    results, params, seconds = {}, 0, 0.0
     for spec in mcfg.tasks:
         print(f"[adalayers] {spec.name}")
         m = recipes.train(adalayers_config(mcfg, spec.name, epochs), out / "adalayers" / spec.name,

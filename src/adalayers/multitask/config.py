@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
-from adalayers.config import _build, _f
+from adalayers.config import _build, _f, load_yaml
 from adalayers.errors import ConfigError
 
 HEADS = ("sentiment", "bilinear", "cosine", "linear")
@@ -137,14 +136,4 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> MultitaskConfig
 
 
 def load(path, overrides: list[str] | None = None) -> MultitaskConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    try:
-        return from_dict(data, overrides)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    return load_yaml(path, from_dict, overrides)

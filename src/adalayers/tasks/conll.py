@@ -31,7 +31,7 @@ def iob1_to_iob2(tags: list[str]) -> list[str]:
 
 def read_conll(path: Path) -> list[Example]:
     """Sentences of one CoNLL-2003 file as Examples with words and IOB2 tags."""
-    sentences, words, tags, first_line = [], [], [], 0
+    sentences, words, tags = [], [], []
 
     def flush():
         if words:
