@@ -30,11 +30,11 @@ from adalayers.run import atomic_write, write_json  # noqa: E402
 MAX_TEXTS, MAX_CHARS = 16, 2000
 
 
-def requests_mix(texts: list[str]) -> list[tuple[str, dict, int]]:
-    """(kind, httpx request kwargs, expected status)."""
+def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, int]]:
+    """(kind, httpx request kwargs, expected status); `task` is one the server knows."""
     return [
         ("valid", {"json": {"texts": texts[:3]}}, 200),
-        ("valid", {"json": {"texts": texts[3:4], "tasks": ["cola"]}}, 200),
+        ("valid", {"json": {"texts": texts[3:4], "tasks": [task]}}, 200),
         ("too_many_texts", {"json": {"texts": texts[:MAX_TEXTS + 1]}}, 413),
         ("too_long_text", {"json": {"texts": ["word " * (MAX_CHARS // 4)]}}, 413),
         ("malformed_json", {"content": b'{"texts": ["unclosed', "headers": {"content-type": "application/json"}}, 422),
@@ -102,12 +102,13 @@ def main() -> int:
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     settings.update(max_texts=MAX_TEXTS, max_chars=MAX_CHARS)
     print("settings:", json.dumps(settings), flush=True)
-    mix = requests_mix(sentences(Path(args.data)))
+    texts = sentences(Path(args.data))
     flags = ["--max-batch", "32", "--max-wait-ms", "5", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS)]
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "server.log", "w") as log:
         heads = args.heads or untrained_heads(args.base, Path(tmp))
         server, url = start_server(args.base, heads, args.threads, flags, log)
         try:
+            mix = requests_mix(texts, httpx.get(f"{url}/tasks").json()["tasks"][0]["name"])
             asyncio.run(soak(url, args.clients, 10.0, 500, mix))  # warm-up: same traffic, 10 s
             rss_warm = rss_mb(server.pid)
             result = asyncio.run(soak(url, args.clients, args.seconds, args.max_requests, mix))
