@@ -101,3 +101,27 @@ def test_fuzz_overrides_raise_only_config_errors(items):
         config.from_dict({}, items)
     except ConfigError:
         pass
+
+
+def test_skip_bad_rows_counts_and_reports_them(tmp_path):
+    cfg = cola_dir(tmp_path, GOOD + b"s\t1\tonly three\n" + b"s\t7\t\tA sentence.\n" + GOOD)
+    cfg.task.skip_bad_rows = True
+    data = load_task(cfg)
+    assert len(data.splits["train"]) + len(data.splits["validation"]) == 80
+    assert any("skipped 2 bad rows" in n and "train.tsv:41" in n for n in data.notes)
+
+
+def test_skip_bad_rows_drops_a_broken_conll_sentence(tmp_path):
+    folder = tmp_path / "conll2003"
+    folder.mkdir()
+    good = "EU NNP B-NP I-ORG\nrejects VBZ B-VP O\n\n"
+    (folder / "eng.train").write_text(good + "Peter NNP B-NP\nBlackburn NNP I-NP I-PER\n\n" + good)
+    for name in ("eng.testa", "eng.testb"):
+        (folder / name).write_text(good)
+    cfg = config.from_dict({"task": {"name": "conll2003", "data_dir": str(tmp_path)}, "head": {"kind": "token"}})
+    with pytest.raises(DataError, match=r"eng.train:4: expected 4 space-separated columns"):
+        load_task(cfg)
+    cfg.task.skip_bad_rows = True
+    data = load_task(cfg)
+    assert [e.words for e in data.splits["train"]] == [["EU", "rejects"], ["EU", "rejects"]]
+    assert any("skipped 1 bad rows" in n for n in data.notes)

@@ -56,6 +56,7 @@ class TaskConfig:
     validation_fraction: float = _f(0.1, "Share of train held out (stratified) when the dataset has no validation split.")
     split_seed: int = _f(42, "Seed of that held-out split.")
     max_train_examples: int | None = _f(None, "Use only the first N training examples (after the split); for quick tries.")
+    skip_bad_rows: bool = _f(False, "Skip malformed rows of data files (counted and reported) instead of stopping.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test examples; for quick tries.")
     options: dict = _f({}, "Reader-specific options (see the task's module).")
 

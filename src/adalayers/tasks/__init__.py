@@ -5,6 +5,7 @@ task's kind (sequence / regression / token) and the metric that picks the best e
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +34,15 @@ class TaskData:
 
 
 TASKS: dict[str, Callable] = {}
+_skipped: ContextVar[list | None] = ContextVar("skipped_rows", default=None)
+
+
+def bad_row(message: str) -> None:
+    """A reader found a malformed row: raise it, or with task.skip_bad_rows count it (the reader skips it)."""
+    skipped = _skipped.get()
+    if skipped is None:
+        raise DataError(message)
+    skipped.append(message)
 
 
 def register(name: str):
@@ -47,7 +57,14 @@ def load_task(cfg) -> TaskData:
 
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")
-    data = TASKS[cfg.task.name](cfg)
+    token = _skipped.set([] if cfg.task.skip_bad_rows else None)
+    try:
+        data = TASKS[cfg.task.name](cfg)
+    finally:
+        skipped = _skipped.get()
+        _skipped.reset(token)
+    if skipped:
+        data.notes.append(f"skipped {len(skipped)} bad rows (task.skip_bad_rows); the first: {skipped[0]}")
     if cfg.task.metric:
         from adalayers.metrics import MAIN_METRICS
 

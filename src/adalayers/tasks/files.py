@@ -21,7 +21,7 @@ from pathlib import Path
 from adalayers.config import TASK_KINDS
 from adalayers.errors import ConfigError, DataError
 from adalayers.metrics import MAIN_METRICS
-from adalayers.tasks import Example, TaskData, register, require_file, stratified_split
+from adalayers.tasks import Example, TaskData, bad_row, register, require_file, stratified_split
 
 EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
               ".json": "jsonl", ".conll": "conll", ".iob": "conll", ".bio": "conll"}
@@ -85,8 +85,9 @@ def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
                 if header:
                     continue
             if len(cells) != len(columns):
-                shown = ", ".join(map(str, columns)) if header else f"like line {rows[0][0].rsplit(':', 1)[1]}"
-                raise DataError(f"{path}:{line}: expected {len(columns)} columns ({shown}), got {len(cells)}")
+                shown = ", ".join(map(str, columns)) if header else f"the first row's {len(columns)}"
+                bad_row(f"{path}:{line}: expected {len(columns)} columns ({shown}), got {len(cells)}")
+                continue
             rows.append((f"{path}:{line}", dict(zip(columns, cells))))
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})") from None
@@ -103,10 +104,12 @@ def read_jsonl(path: Path) -> Table:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}: not valid JSON ({e.msg}); JSON Lines needs one object per line") from None
+            bad_row(f"{path}:{n}: not valid JSON ({e.msg}); JSON Lines needs one object per line")
+            continue
         if not isinstance(obj, dict):
-            raise DataError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}; JSON Lines needs one "
-                            f"object per line")
+            bad_row(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}; JSON Lines needs one "
+                    f"object per line")
+            continue
         rows.append((f"{path}:{n}", obj))
     return Table(str(path), list(rows[0][1]), None, rows)
 

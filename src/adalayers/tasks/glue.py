@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.tasks import Example, TaskData, read_lines, register, stratified_split
+from adalayers.tasks import Example, TaskData, bad_row, read_lines, register, stratified_split
 
 COLA_LABELS = ["unacceptable", "acceptable"]
 
@@ -22,13 +22,14 @@ def _cola_rows(path: Path) -> list[Example]:
             continue
         cols = line.split("\t")
         if len(cols) != 4:
-            raise DataError(f"{path}:{n}: expected 4 tab-separated columns (source, label, original label, "
-                            f"sentence), got {len(cols)}")
-        if cols[1] not in ("0", "1"):
-            raise DataError(f"{path}:{n}: label must be 0 or 1, got {cols[1]!r}")
-        if not cols[3].strip():
-            raise DataError(f"{path}:{n}: empty sentence")
-        rows.append(Example(text=cols[3].strip(), label=COLA_LABELS[int(cols[1])]))
+            bad_row(f"{path}:{n}: expected 4 tab-separated columns (source, label, original label, "
+                    f"sentence), got {len(cols)}")
+        elif cols[1] not in ("0", "1"):
+            bad_row(f"{path}:{n}: label must be 0 or 1, got {cols[1]!r}")
+        elif not cols[3].strip():
+            bad_row(f"{path}:{n}: empty sentence")
+        else:
+            rows.append(Example(text=cols[3].strip(), label=COLA_LABELS[int(cols[1])]))
     return rows
 
 
@@ -59,11 +60,13 @@ def _stsb_rows(path: Path) -> list[Example]:
             continue
         cols = line.split("\t")
         if len(cols) != len(header):
-            raise DataError(f"{path}:{n}: expected {len(header)} columns, got {len(cols)}")
+            bad_row(f"{path}:{n}: expected {len(header)} columns, got {len(cols)}")
+            continue
         try:
             score = float(cols[iscore])
         except ValueError:
-            raise DataError(f"{path}:{n}: score is not a number: {cols[iscore]!r}") from None
+            bad_row(f"{path}:{n}: score is not a number: {cols[iscore]!r}")
+            continue
         rows.append(Example(text=cols[i1], text_pair=cols[i2], label=score))
     return rows
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.tasks import Example, TaskData, read_lines, register
+from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
 
 QQP_LABELS = ["not_duplicate", "duplicate"]
 _JOINED_LABEL = re.compile(r"^(.*\S)\s+([01])$")
@@ -29,14 +29,15 @@ def read_pairs(path: Path) -> list[Example]:
         if len(cols) == 5 and (m := _JOINED_LABEL.match(cols[4])):
             cols = cols[:4] + [m.group(1), m.group(2)]  # the label joined by a space (first line)
         if len(cols) != 6:
-            raise DataError(f"{path}:{n}: expected 6 tab-separated columns (id, qid1, qid2, question1, "
-                            f"question2, is_duplicate), got {len(cols)}")
-        if cols[5].strip() not in ("0", "1"):
-            raise DataError(f"{path}:{n}: is_duplicate must be 0 or 1, got {cols[5]!r}")
-        q1, q2 = cols[3].strip(), cols[4].strip()
-        if not q1 or not q2:
-            raise DataError(f"{path}:{n}: empty question")
-        rows.append(Example(text=q1, text_pair=q2, label=QQP_LABELS[int(cols[5])]))
+            bad_row(f"{path}:{n}: expected 6 tab-separated columns (id, qid1, qid2, question1, "
+                    f"question2, is_duplicate), got {len(cols)}")
+        elif cols[5].strip() not in ("0", "1"):
+            bad_row(f"{path}:{n}: is_duplicate must be 0 or 1, got {cols[5]!r}")
+        elif not cols[3].strip() or not cols[4].strip():
+            bad_row(f"{path}:{n}: empty question")
+        else:
+            q1, q2 = cols[3].strip(), cols[4].strip()
+            rows.append(Example(text=q1, text_pair=q2, label=QQP_LABELS[int(cols[5])]))
     return rows
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from adalayers.errors import DataError
-from adalayers.tasks import Example, TaskData, read_lines, register
+from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
 
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 SST2_LABELS = ["negative", "positive"]
@@ -54,7 +53,8 @@ def read_trees(path: Path) -> list[tuple[int, str]]:
         try:
             label, words = parse_tree(line)
         except ValueError as e:
-            raise DataError(f"{path}:{n}: not a sentiment tree: {e}") from None
+            bad_row(f"{path}:{n}: not a sentiment tree: {e}")
+            continue
         rows.append((label, " ".join(words)))
     return rows
 
