@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adalayers import config as config_mod
 from adalayers import run as runlib
-from adalayers.errors import ConfigError, RunError
+from adalayers.errors import AdaLayersError, ConfigError, RunError
 from adalayers.report import duration, layer_names, parameters_used, read_metrics
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
@@ -21,6 +21,10 @@ _IGNORED = {"cache": None, "train": {"device", "num_threads", "eval_batch_size"}
 
 
 def _differences(old: dict, new: dict) -> list[str]:
+    try:  # a run saved before a field existed has that field's default
+        old = config_mod.from_dict(old).to_dict()
+    except AdaLayersError:
+        pass
     diffs = []
     for section in sorted(set(old) | set(new)):
         ignored = _IGNORED.get(section, set())
