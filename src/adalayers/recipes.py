@@ -97,7 +97,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
 
 
 def evaluate(run_dir: Path, split: str = "test") -> dict:
-    _, cfg, meta = runlib.load_head(run_dir)
+    cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
     backbone, data, encoded = prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.to(backbone.device)
@@ -123,7 +123,7 @@ def check_texts(texts: list[str]) -> None:
 def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None) -> list[dict]:
     """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word)."""
     check_texts(texts)
-    _, cfg, meta = runlib.load_head(run_dir)
+    cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.to(backbone.device)

@@ -96,16 +96,22 @@ def read_config(run_dir: Path) -> dict:
     return meta
 
 
+def run_config(run_dir: Path, meta: dict | None = None):
+    """The validated Config a run folder was trained with (no weights are read)."""
+    meta = meta or read_config(run_dir)
+    try:
+        return config_mod.from_dict(meta["config"])
+    except ConfigError as e:
+        raise RunError(f"{Path(run_dir) / 'config.json'}: {e}") from None
+
+
 def load_head(run_dir: Path, backbone=None):
     """Rebuild a trained SideTask from its run folder (checked against the base when one is given)."""
     from adalayers.sidetask import SideTask
 
     run_dir = Path(run_dir)
     meta = read_config(run_dir)
-    try:
-        cfg = config_mod.from_dict(meta["config"])
-    except ConfigError as e:
-        raise RunError(f"{run_dir / 'config.json'}: {e}") from None
+    cfg = run_config(run_dir, meta)
     base = meta["base"]
     if backbone is not None and backbone.fingerprint() != base["fingerprint"]:
         raise ModelError(f"{run_dir} was trained on base {base['name']!r} (fingerprint {base['fingerprint']}), "

@@ -37,6 +37,19 @@ def _differences(old: dict, new: dict) -> list[str]:
     return diffs
 
 
+def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
+    """A finished run with these settings is reused (an interrupted sweep resumes); else train it."""
+    done = _finished(run_dir, cfg)
+    if done is not None:
+        print(f"[sweep] {label}: {run_dir} is finished, reusing it")
+        return done
+    print(f"[sweep] {label}: training into {run_dir}")
+    from adalayers import recipes
+
+    recipes.train(cfg, run_dir, prepared=prepared_data())
+    return _finished(run_dir, cfg)
+
+
 def _finished(run_dir: Path, cfg) -> dict | None:
     """metrics.json of a finished run made with the same settings; None when there is none yet."""
     metrics = read_metrics(run_dir)
@@ -100,13 +113,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     for i in wanted:
         cfg_i = config_mod.from_dict(cfg.to_dict(), [f"mixer.pin_layer={i}"])
         run_dir = out / f"layer_{i}"
-        done = _finished(run_dir, cfg_i)
-        if done is None:
-            print(f"[sweep] layer {i} of 0..{num_layers - 1}: training into {run_dir}")
-            recipes.train(cfg_i, run_dir, prepared=prepared_data())
-            done = _finished(run_dir, cfg_i)
-        else:
-            print(f"[sweep] layer {i}: {run_dir} is finished, reusing it")
+        done = _train_or_reuse(cfg_i, run_dir, f"layer {i} of 0..{num_layers - 1}", prepared_data)
         entries.append(_entry(f"layer {i}", run_dir, done, main))
 
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
@@ -124,13 +131,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
         ada = {"metrics": read_metrics(ada_dir), "meta": meta, "differences": diffs}
     else:
         ada_dir = out / "adalayers"
-        ada = _finished(ada_dir, ada_cfg)
-        if ada is None:
-            print(f"[sweep] AdaLayers (all layers): training into {ada_dir}")
-            recipes.train(ada_cfg, ada_dir, prepared=prepared_data())
-            ada = _finished(ada_dir, ada_cfg)
-        else:
-            print(f"[sweep] AdaLayers: {ada_dir} is finished, reusing it")
+        ada = _train_or_reuse(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data)
     ada_entry = _entry("AdaLayers", ada_dir, ada, main)
     ada_entry["differences"] = ada.get("differences", [])
 
