@@ -24,6 +24,15 @@ def test_every_problem_is_listed_at_once():
     assert "train.lr: expected float" in msg
     assert "train.bogus: unknown field" in msg
     assert "nope: unknown field" in msg
+    assert "mixer.k: must be at least 1" in msg  # value checks in the same pass as type errors
+
+
+def test_value_checks_skip_fields_with_type_errors():
+    with pytest.raises(ConfigError) as e:
+        config.from_dict({"mixer": {"k": "big"}, "head": {"num_heads": 5}, "model": {"max_length": 2}})
+    msg = str(e.value)
+    assert "mixer.k: expected int" in msg and "model.max_length: must be at least 8" in msg
+    assert "must divide mixer.k" not in msg  # mixer.k holds its default, so no check speaks of it
 
 
 def test_values_are_checked():

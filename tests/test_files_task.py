@@ -200,7 +200,7 @@ def test_cli_shortcut_without_config(tiny_base, tmp_path, capsys):
 
 
 def test_cli_shortcut_picks_regression_settings(tmp_path):
-    from adalayers.tasks.files import shortcut_config
+    from adalayers.tasks.shortcut import shortcut_config
 
     train = write_csv(tmp_path / "s.csv", [["a b", "0.5"], ["c d", "1.25"]], ["text", "label"])
     cfg = shortcut_config(None, {"train": str(train)}, [])

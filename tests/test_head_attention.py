@@ -1,4 +1,5 @@
-"""The sequence head's fused self-attention computes what nn.MultiheadAttention computes."""
+"""The heads: fused self-attention computes what nn.MultiheadAttention computes; attention dropout is its own setting."""
+import pytest
 import torch
 
 from adalayers.config import HeadConfig
@@ -16,3 +17,18 @@ def test_fused_attention_matches_multihead_attention():
     got = self_attention(head.attn, x, mask)
     assert torch.allclose(got, expected, atol=1e-5)
     assert not torch.allclose(got[1], self_attention(head.attn, x, torch.ones_like(mask))[1], atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["sequence", "token"])
+def test_attention_dropout_is_its_own_setting(kind):
+    from adalayers.heads import build_head
+
+    x, mask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
+    follows = build_head(kind, 16, 3, HeadConfig(num_heads=4, dropout=0.25, encoder_layers=2))
+    attns = [m for m in follows.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    assert attns and all(a.dropout == 0.25 for a in attns)  # None: the head's dropout, as before
+
+    only_attention = build_head(kind, 16, 3, HeadConfig(num_heads=4, dropout=0.0, attention_dropout=0.5)).train()
+    assert not torch.equal(only_attention(x, mask), only_attention(x, mask))
+    none = build_head(kind, 16, 3, HeadConfig(num_heads=4, dropout=0.0, attention_dropout=0.0)).train()
+    assert torch.equal(none(x, mask), none(x, mask))

@@ -32,7 +32,7 @@ def cmd_train(args) -> int:
     from adalayers import config, recipes
 
     if args.data:
-        from adalayers.tasks.files import config_from_args
+        from adalayers.tasks.shortcut import config_from_args
 
         cfg = config_from_args(args)
     elif not args.config:
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last completed epoch (automatic when --out "
                         "holds an unfinished run)")
-    from adalayers.tasks.files import add_data_args
+    from adalayers.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config
     p.set_defaults(fn=cmd_train)

@@ -28,6 +28,10 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Ten
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, k))
 
 
+def attention_dropout(cfg: HeadConfig) -> float:
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.unsqueeze(-1).to(x.dtype)
     return (x * m).sum(1) / m.sum(1).clamp(min=1)
@@ -36,7 +40,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class SequenceHead(nn.Module):
     def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
         super().__init__()
-        self.attn = nn.MultiheadAttention(k, cfg.num_heads, dropout=cfg.dropout, batch_first=True)
+        self.attn = nn.MultiheadAttention(k, cfg.num_heads, dropout=attention_dropout(cfg), batch_first=True)
         self.dropout = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(k, num_outputs)
 
@@ -50,6 +54,7 @@ class TokenHead(nn.Module):
         super().__init__()
         layer = nn.TransformerEncoderLayer(k, cfg.num_heads, cfg.dim_feedforward, cfg.dropout,
                                            activation="gelu", batch_first=True, norm_first=True)
+        layer.self_attn.dropout = attention_dropout(cfg)  # the layer's one dropout also sets the attention's
         self.encoder = nn.TransformerEncoder(layer, cfg.encoder_layers, enable_nested_tensor=False)
         self.out = nn.Linear(k, num_outputs)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from adalayers import config as config_mod
 from adalayers import run as runlib
 from adalayers.errors import AdaLayersError, ConfigError, RunError
-from adalayers.report import duration, layer_names, parameters_used, read_metrics
+from adalayers.figures import layer_names, pyplot, save_figure
+from adalayers.report import duration, parameters_used, read_metrics
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
 _IGNORED = {"cache": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
@@ -203,8 +204,6 @@ def _f(v) -> str:
 
 
 def plot_sweep(r: dict, path: Path) -> None:
-    from adalayers.report import pyplot, save_figure
-
     plt = pyplot()
     main, entries, ada = r["metric"], [e for e in r["layers"] if e["test_main"] is not None], r["adalayers"]
     xs = [e["pin_layer"] for e in entries]

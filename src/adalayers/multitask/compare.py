@@ -136,10 +136,11 @@ def markdown(s: dict) -> str:
 
 
 def chart(s: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from adalayers.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     tasks, rows = list(s["main_metric"]), s["variants"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -155,10 +156,7 @@ def chart(s: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"multi-task recipes on {s['config']['base']}")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path, dpi=110)
 
 
 def cmd_compare_multitask(args) -> int:

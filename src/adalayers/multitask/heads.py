@@ -36,31 +36,34 @@ class LinearHead(nn.Module):
         return y.squeeze(-1) if self.out == "value" else y
 
 
-class BilinearHead(nn.Module):
+class _PairHead(nn.Module):
+    """Two sentences' vectors, each through its own linear map: W1 y1 + b1 and W2 y2 + b2."""
+    sides = 2
+
+    def __init__(self, d_in: int, n: int, hidden: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.a, self.b = nn.Linear(d_in, hidden), nn.Linear(d_in, hidden)
+
+    def project(self, sides):
+        return self.a(self.dropout(sides[0])), self.b(self.dropout(sides[1]))
+
+
+class BilinearHead(_PairHead):
     """Paraphrase: (W1 y1 + b1)^T (W2 y2 + b2), a logit for binary cross-entropy."""
-    sides, out = 2, "binary"
-
-    def __init__(self, d_in: int, n: int, hidden: int, dropout: float):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.a, self.b = nn.Linear(d_in, hidden), nn.Linear(d_in, hidden)
-        self.scale = hidden ** -0.5  # keeps the initial logits near 0; W1, W2 can learn any scale
+    out = "binary"
 
     def forward(self, sides):
-        return (self.a(self.dropout(sides[0])) * self.b(self.dropout(sides[1]))).sum(-1) * self.scale
+        u, v = self.project(sides)
+        return (u * v).sum(-1) * self.a.out_features ** -0.5  # initial logits near 0; W1, W2 learn any scale
 
 
-class CosineHead(nn.Module):
+class CosineHead(_PairHead):
     """Similarity: 5 * relu(cos(W1 y1 + b1, W2 y2 + b2)), for MSE against a 0-5 score."""
-    sides, out = 2, "value"
-
-    def __init__(self, d_in: int, n: int, hidden: int, dropout: float):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.a, self.b = nn.Linear(d_in, hidden), nn.Linear(d_in, hidden)
+    out = "value"
 
     def forward(self, sides):
-        return 5 * torch.relu(nnf.cosine_similarity(self.a(self.dropout(sides[0])), self.b(self.dropout(sides[1])), -1))
+        return 5 * torch.relu(nnf.cosine_similarity(*self.project(sides), -1))
 
 
 def make_head(kind: str, d_in: int, n: int, hidden: int, dropout: float, regression: bool) -> nn.Module:

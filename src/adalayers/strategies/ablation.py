@@ -7,7 +7,6 @@ one layer's adapters; the top-right cell removes all of them.
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from adalayers import run as runlib
@@ -59,10 +58,11 @@ def ablate(run_dir: Path, split: str = "validation", metric: str | None = None, 
 
 
 def heatmap(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from adalayers.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     L = result["layers"]
     grid = np.array([[np.nan if v is None else 100 * v for v in row] for row in result["relative_drop"]])
@@ -80,10 +80,7 @@ def heatmap(result: dict, path: Path) -> None:
                  f"all adapters: {result['full']:.3f}", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    runlib.atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
 
 
 def add_commands(sub) -> None:

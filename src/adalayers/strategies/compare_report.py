@@ -59,10 +59,11 @@ def markdown(summary: dict) -> str:
 
 
 def chart(summary: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from adalayers.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     rows = summary["strategies"]
     names = [r["spec"] for r in rows]
@@ -95,11 +96,7 @@ def chart(summary: dict, path: Path) -> None:
     cfg = summary["config"]
     fig.suptitle(f"{cfg['task']['name']} on {cfg['model']['base']}")
     fig.tight_layout()
-    import io
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    runlib.atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
 
 
 def write_report(out: Path, summary: dict) -> None:

@@ -33,16 +33,25 @@ def _cola_rows(path: Path) -> list[Example]:
     return rows
 
 
+def _glue_splits(cfg, folder: Path, read_rows) -> dict:
+    """GLUE's test labels are hidden: validation is held out of train.tsv, dev.tsv is the test set."""
+    train, validation = stratified_split(read_rows(folder / "train.tsv"),
+                                         cfg.task.validation_fraction, cfg.task.split_seed)
+    return {"train": train, "validation": validation, "test": read_rows(folder / "dev.tsv")}
+
+
+def _glue_note(cfg, splits: dict) -> str:
+    how = "stratified " if all(isinstance(e.label, str) for e in splits["train"]) else ""
+    return (f"validation = {how}{cfg.task.validation_fraction:.0%} of train (seed {cfg.task.split_seed}); "
+            f"test = GLUE dev ({len(splits['test'])} rows)")
+
+
 @register("cola")
 def cola(cfg) -> TaskData:
     folder = cfg.data_dir() / "glue" / "CoLA"
-    train, validation = stratified_split(_cola_rows(folder / "train.tsv"),
-                                         cfg.task.validation_fraction, cfg.task.split_seed)
-    test = _cola_rows(folder / "dev.tsv")
-    return TaskData("cola", "sequence", COLA_LABELS, {"train": train, "validation": validation, "test": test},
-                    main_metric="mcc", files=[folder / "train.tsv", folder / "dev.tsv"],
-                    notes=[f"validation = stratified {cfg.task.validation_fraction:.0%} of train "
-                           f"(seed {cfg.task.split_seed}); test = GLUE dev ({len(test)} rows)"])
+    splits = _glue_splits(cfg, folder, _cola_rows)
+    return TaskData("cola", "sequence", COLA_LABELS, splits, main_metric="mcc",
+                    files=[folder / "train.tsv", folder / "dev.tsv"], notes=[_glue_note(cfg, splits)])
 
 
 def _stsb_rows(path: Path) -> list[Example]:
@@ -74,9 +83,6 @@ def _stsb_rows(path: Path) -> list[Example]:
 @register("stsb")
 def stsb(cfg) -> TaskData:
     folder = cfg.data_dir() / "glue" / "STS-B"
-    train, validation = stratified_split(_stsb_rows(folder / "train.tsv"),
-                                         cfg.task.validation_fraction, cfg.task.split_seed)
-    test = _stsb_rows(folder / "dev.tsv")
-    return TaskData("stsb", "regression", [], {"train": train, "validation": validation, "test": test},
-                    main_metric="pearson", files=[folder / "train.tsv", folder / "dev.tsv"],
-                    notes=["validation = 10% of train; test = GLUE dev"])
+    splits = _glue_splits(cfg, folder, _stsb_rows)
+    return TaskData("stsb", "regression", [], splits, main_metric="pearson",
+                    files=[folder / "train.tsv", folder / "dev.tsv"], notes=[_glue_note(cfg, splits)])

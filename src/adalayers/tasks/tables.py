@@ -1,0 +1,190 @@
+"""Files -> tables: the first step of reading your own data (task 'files').
+
+A file becomes a Table of (location "file:line", {column: value}) rows. Formats: csv (standard
+quoting), tsv (tab-separated, no quoting, as the GLUE files), jsonl, conll (one word a line) and hf
+(a saved Hugging Face dataset). Every problem is a DataError naming the file and line.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from adalayers.errors import ConfigError, DataError
+from adalayers.tasks import bad_row, require_file
+
+EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+              ".json": "jsonl", ".conll": "conll", ".iob": "conll", ".bio": "conll"}
+
+
+@dataclass
+class Table:
+    source: str                       # the file (or dataset split) for messages
+    columns: list                     # header names / JSON keys of the first row / column numbers
+    where_columns: str | None = None  # where every row has these columns: the header's location
+    rows: list[tuple[str, dict]] = None  # (location "file:line", {column: value})
+    names: dict | None = None         # hf ClassLabel names per column: {column: [names]}
+
+
+def file_format(t) -> str:
+    if t.format:
+        return t.format
+    path = Path(t.train).expanduser()
+    if path.is_dir():
+        return "hf"
+    if path.suffix.lower() in EXTENSIONS:
+        return EXTENSIONS[path.suffix.lower()]
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(10) == b"-DOCSTART-":  # CoNLL-2003's eng.train / eng.testa / eng.testb
+                return "conll"
+    raise ConfigError(f"task.format: cannot tell the format of {t.train} from its extension; set task.format "
+                      f"to csv, tsv, jsonl, conll or hf")
+
+
+def _decode(path: Path) -> str:
+    raw = require_file(path).read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a BOM (Excel's CSV) is not part of the first column name
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from None
+    if not text.strip():
+        raise DataError(f"{path}: empty file")
+    return text
+
+
+def is_number(spec) -> bool:
+    return isinstance(spec, int) or (isinstance(spec, str) and spec.lstrip("-").isdigit())
+
+
+def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(_decode(path), newline=""), delimiter=delimiter, quoting=quoting)
+    columns, rows, end = None, [], 0
+    try:
+        for cells in reader:
+            line, end = end + 1, reader.line_num  # a quoted field may span lines: report where the row starts
+            if not cells or not any(c.strip() for c in cells):
+                continue
+            if columns is None:
+                columns = [c.strip() for c in cells] if header else list(range(len(cells)))
+                if header:
+                    continue
+            if len(cells) != len(columns):
+                shown = ", ".join(map(str, columns)) if header else f"the first row's {len(columns)}"
+                bad_row(f"{path}:{line}: expected {len(columns)} columns ({shown}), got {len(cells)}")
+                continue
+            rows.append((f"{path}:{line}", dict(zip(columns, cells))))
+    except csv.Error as e:
+        raise DataError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})") from None
+    if not rows:
+        raise DataError(f"{path}: no data rows" + (" after the header" if header else ""))
+    return Table(str(path), columns, f"{path}:1" if header else str(path), rows)
+
+
+def read_jsonl(path: Path) -> Table:
+    rows = []
+    for n, line in enumerate(_decode(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            bad_row(f"{path}:{n}: not valid JSON ({e.msg}); JSON Lines needs one object per line")
+            continue
+        if not isinstance(obj, dict):
+            bad_row(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}; JSON Lines needs one "
+                    f"object per line")
+            continue
+        rows.append((f"{path}:{n}", obj))
+    return Table(str(path), list(rows[0][1]), None, rows)
+
+
+def read_conll(path: Path, word_col, tag_col) -> Table:
+    """Sentences as rows {"tokens": [...], "tags": [...], "lines": [...]}; -DOCSTART- lines are skipped."""
+    for name, spec in (("text", word_col), ("label", tag_col)):
+        if not is_number(spec):
+            raise ConfigError(f"task.{name}: CoNLL files have no header; give a column number, got {spec!r}")
+    word_col, tag_col = int(word_col), int(tag_col)
+    rows, words, tags, lines, width, first = [], [], [], [], None, None
+
+    def flush():
+        if words:
+            rows.append((f"{path}:{lines[0]}", {"tokens": list(words), "tags": list(tags), "lines": list(lines)}))
+        words.clear(), tags.clear(), lines.clear()
+
+    for n, line in enumerate(_decode(path).splitlines(), start=1):
+        cols = line.split()
+        if not cols or cols[0] == "-DOCSTART-":
+            flush()
+            continue
+        if width is None:
+            width, first = len(cols), n
+            for spec in (word_col, tag_col):
+                if not -width <= spec < width:
+                    raise DataError(f"{path}:{n}: no column {spec} (lines have {width} columns, 0-{width - 1})")
+        elif len(cols) != width:
+            raise DataError(f"{path}:{n}: expected {width} columns like line {first}, got {len(cols)}")
+        words.append(cols[word_col]), tags.append(cols[tag_col]), lines.append(n)
+    flush()
+    if not rows:
+        raise DataError(f"{path}: no sentences (one word a line, blank lines between sentences)")
+    return Table(str(path), ["tokens", "tags"], None, rows)
+
+
+def read_file(t, path: str, fmt: str, header: bool) -> Table:
+    p = Path(path).expanduser()
+    if fmt == "csv":
+        return read_delimited(p, ",", header)
+    if fmt == "tsv":
+        return read_delimited(p, "\t", header)
+    if fmt == "jsonl":
+        return read_jsonl(p)
+    return read_conll(p, 0 if t.text is None else t.text, -1 if t.label is None else t.label)
+
+
+def read_hf(t) -> dict[str, Table]:
+    """A saved DatasetDict / Dataset (or a hub name): splits train, validation (or task.validation), test."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("task.format hf needs the datasets package: pip install 'adalayers[hf]'") from None
+    source = Path(t.train).expanduser()
+    try:
+        ds = datasets.load_from_disk(str(source)) if source.is_dir() else datasets.load_dataset(t.train)
+    except Exception as e:  # noqa: BLE001  (datasets raises many types; the user needs the first line)
+        raise DataError(f"cannot load Hugging Face dataset {t.train!r}: {str(e).splitlines()[0]}") from None
+    if isinstance(ds, datasets.Dataset):
+        ds = {"train": ds}
+    tables = {}
+    for split, name in (("train", "train"), ("validation", t.validation or "validation"), ("test", t.test or "test")):
+        if name not in ds:
+            if split == "train" or getattr(t, split):
+                raise DataError(f"{t.train}: no split {name!r} (splits: {', '.join(ds)})")
+            continue
+        d = ds[name]
+        names = {}
+        for col, feature in d.features.items():
+            inner = getattr(feature, "feature", feature)  # Sequence / List of ClassLabel: the tags' names
+            if hasattr(inner, "names"):
+                names[col] = list(inner.names)
+        rows = [(f"{t.train} [{name}] row {i + 1}", row) for i, row in enumerate(d)]
+        if not rows:
+            raise DataError(f"{t.train}: split {name!r} is empty")
+        tables[split] = Table(f"{t.train} [{name}]", list(d.column_names), f"{t.train} [{name}]", rows, names)
+    return tables
+
+
+def read_tables(t) -> tuple[str, dict[str, Table]]:
+    fmt = file_format(t)
+    if fmt == "hf":
+        return fmt, read_hf(t)
+    specs = [s for s in (t.text, t.text_pair, t.label) if s is not None]
+    header = t.header if t.header is not None else any(not is_number(s) for s in specs) or not specs
+    if fmt in ("csv", "tsv") and not header and any(not is_number(s) for s in specs):
+        raise ConfigError("task.header is false, so columns must be given by number (0 = the first)")
+    return fmt, {split: read_file(t, getattr(t, split), fmt, header)
+                 for split in ("train", "validation", "test") if getattr(t, split)}
