@@ -3,8 +3,9 @@
     python benchmarks/train_table.py configs/cola.yaml --base minilm-l6 --out runs/bench
 
 For each config: trains (or reuses a finished run folder), then writes
-benchmarks/results/<task>_<base>.json and a markdown table with test metrics, trainable
-parameters as % of the base, training time, epochs and the learned layer weights.
+benchmarks/results/<task>_<base>.json and rewrites benchmarks/results/table_<base>.md, the markdown
+table of every task measured on that base: test metrics, trainable parameters as % of the base,
+training time, epochs and the learned layer weights.
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def main() -> int:
                   "train_seconds": m["train_seconds"], "best_epoch": m["best_epoch"], "epochs": m["epochs"],
                   "layer_weights": m["layer_weights"]}
         write_json(HERE / "results" / f"{cfg.task.name}_{args.base}.json", result)
-        rows.append((cfg.task.name, result))
+    # The table lists every task measured on this base so far, not only this call's configs.
+    for f in sorted((HERE / "results").glob(f"*_{args.base}.json")):
+        rows.append((f.name[: -len(f"_{args.base}.json")], json.loads(f.read_text())))
     lines = ["| task | base | test metrics | trainable params (% of base) | train time | epochs (best) | layer weights |",
              "|---|---|---|---|---|---|---|"]
     for task, r in rows:
