@@ -309,3 +309,33 @@ def test_cli_build_then_train_reuses_it(setup, tmp_path, capsys, monkeypatch):
     built = _count_builds(monkeypatch)
     assert main(["train", str(cfg_file), "--out", str(tmp_path / "run")]) == 0
     assert built == []  # training found every split already cached
+
+
+class PaddedSideTask(SideTask):
+    packed_ok = False
+
+
+@pytest.mark.parametrize("kind", ["sequence", "token"])
+def test_packed_tokens_give_the_padded_result(setup, kind):
+    """The cache hands heads only the real tokens; outputs and gradients equal the padded path's."""
+    cfg, data, encoded = setup("mixer.positional=true", "mixer.gelu_after_sum=true")
+    source = cached_source(cfg, setup.backbone, data, encoded)
+    head_cfg = config.from_dict(cfg.to_dict(), [f"head.kind={kind}"])
+    torch.manual_seed(0)
+    packed = SideTask(head_cfg, setup.backbone.num_layers, setup.backbone.hidden_size, data.labels).eval()
+    padded = PaddedSideTask(head_cfg, setup.backbone.num_layers, setup.backbone.hidden_size, data.labels).eval()
+    padded.load_state_dict(packed.state_dict())
+    batch = next(batches(encoded["train"], 5, 0))
+    mask = batch["attention_mask"].bool()
+    assert not mask.all()  # the batch has padding to skip
+    results = []
+    for task in (packed, padded):
+        source.run(batch, [task])
+        shape = tuple(task._acc.shape)
+        out = task.end(mask)
+        out = out[mask] if kind == "token" else out  # a token head's padding outputs are never read
+        out.sum().backward()
+        results.append((shape, out.detach(), task.mixer.proj[1].weight.grad))
+    assert results[0][0] == (int(mask.sum()), cfg.mixer.k) and results[1][0] == (*mask.shape, cfg.mixer.k)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-5, atol=1e-6)

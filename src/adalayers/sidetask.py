@@ -1,7 +1,8 @@
 """One side task: the AdaLayers mixer plus a head, fed layer by layer during the base's pass.
 
     task.begin()             # once per batch: fix the layer weights, empty the accumulator
-    task.tap(i, Z_i)         # called as layer i of the base is computed (or read from the cache)
+    task.tap(i, Z_i)         # called as layer i of the base is computed (or read from the cache:
+                             # there, only the real tokens, Z_i[mask], when packed_ok)
     logits = task.end(mask)  # F -> head
 """
 from __future__ import annotations
@@ -39,8 +40,21 @@ class SideTask(nn.Module):
         """Does layer i count in this pass (call after begin())?"""
         return self._w[i].item() != 0
 
+    @property
+    def packed_ok(self) -> bool:
+        """May tap() get only the real tokens, Z_i[mask] of shape (N, d), instead of (B, T, d)?
+
+        The projection and LayerNorm act per token and a padding position's f_i only ever meets the
+        mask, so skipping padding changes no result; a cache reads packed rows anyway. Not with
+        projection dropout: its random draws would fall differently than on the padded tensor.
+        """
+        return not self.cfg.mixer.projection_dropout
+
     def end(self, mask: torch.Tensor) -> torch.Tensor:
-        F = self.mixer.finish(self._acc)
+        acc, mask = self._acc, mask.to(self._acc.device).bool()
+        if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
+            acc = acc.new_zeros(*mask.shape, acc.shape[-1]).masked_scatter(mask.unsqueeze(-1), acc)
+        F = self.mixer.finish(acc)
         self._acc = None
         out = self.head(F, mask.to(F.device))
         return out.squeeze(-1) if self.kind == "regression" else out

@@ -85,12 +85,14 @@ class CachedStates:
         if not np.array_equal(plan.lengths, mask.sum(1).cpu().numpy()):
             raise CacheError(f"batch of split {split!r} does not match the cached rows {self.keys[split]} "
                              f"(token counts differ); was the split re-encoded after the cache was opened?")
-        B, T = mask.shape
+        # Heads that accept packed tokens get only the real ones: no work on padding.
+        packed = all(getattr(t, "packed_ok", False) for t in tasks)
+        shape = (int(plan.lengths.sum()),) if packed else tuple(mask.shape)
         for t in tasks:
             t.begin()
         for i in layers:
-            z = torch.zeros((B, T, entry.hidden), device=self.backbone.device)
-            entry.read(plan, i, z)
+            z = (torch.empty if packed else torch.zeros)((*shape, entry.hidden), device=self.backbone.device)
+            (entry.read_packed if packed else entry.read)(plan, i, z)
             for t in tasks:
                 t.tap(i, z)
         return None

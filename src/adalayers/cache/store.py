@@ -141,6 +141,12 @@ class Entry:
             self.opened.add(name)
         return self._arrays[(shard, layer)]
 
+    def read_packed(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
+        """Fill out (N, d) with layer `layer` of the planned rows' tokens, in the order of hidden[mask]."""
+        for shard, pos, _, _, k in plan.parts:
+            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device)
+            out[torch.from_numpy(k).to(out.device)] = values.to(out.dtype)
+
     def read(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
         """Fill out[b, t] (a zeroed (B, T, d) tensor) with layer `layer` of the planned rows."""
         for shard, pos, b, t, _ in plan.parts:
