@@ -40,7 +40,8 @@ def main() -> int:
                     "max_epochs": cfg.train.max_epochs, "max_train_examples": cfg.task.max_train_examples,
                     "max_eval_examples": cfg.task.max_eval_examples,
                     "device": "cuda " + torch.cuda.get_device_name() if torch.cuda.is_available() else
-                    f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"}
+                    f"cpu ({cfg.train.num_threads or torch.get_num_threads()} threads, "
+                    f"{platform.processor() or platform.machine()})"}
         print("settings:", json.dumps(settings), flush=True)
         if args.retrain or not (run / "metrics.json").is_file():
             recipes.train(cfg, run)
