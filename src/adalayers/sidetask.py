@@ -56,7 +56,7 @@ class SideTask(nn.Module):
             acc = acc.new_zeros(*mask.shape, acc.shape[-1]).masked_scatter(mask.unsqueeze(-1), acc)
         F = self.mixer.finish(acc)
         self._acc = None
-        out = self.head(F, mask.to(F.device))
+        out = self.head(F, mask)
         return out.squeeze(-1) if self.kind == "regression" else out
 
     def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,7 @@ class CachedStates:
             t.begin()
         for i in layers:
             z = (torch.empty if packed else torch.zeros)((*shape, entry.hidden), device=self.backbone.device)
-            (entry.read_packed if packed else entry.read)(plan, i, z)
+            entry.read(plan, i, z)
             for t in tasks:
                 t.tap(i, z)
         return None

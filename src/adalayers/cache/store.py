@@ -141,17 +141,13 @@ class Entry:
             self.opened.add(name)
         return self._arrays[(shard, layer)]
 
-    def read_packed(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
-        """Fill out (N, d) with layer `layer` of the planned rows' tokens, in the order of hidden[mask]."""
-        for shard, pos, _, _, k in plan.parts:
-            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device)
-            out[torch.from_numpy(k).to(out.device)] = values.to(out.dtype)
-
     def read(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
-        """Fill out[b, t] (a zeroed (B, T, d) tensor) with layer `layer` of the planned rows."""
-        for shard, pos, b, t, _ in plan.parts:
-            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device)
-            out[torch.from_numpy(b).to(out.device), torch.from_numpy(t).to(out.device)] = values.to(out.dtype)
+        """Fill `out` with layer `layer` of the planned rows: packed (N, d) in the order of hidden[mask],
+        or a zeroed (B, T, d) tensor at out[b, t]."""
+        for shard, pos, b, t, k in plan.parts:
+            values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device, out.dtype)
+            where = (k,) if out.dim() == 2 else (b, t)
+            out[tuple(torch.from_numpy(i).to(out.device) for i in where)] = values
 
 
 def open_entry(root: Path, key: str, fields: dict) -> Entry:
