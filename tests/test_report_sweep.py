@@ -122,3 +122,14 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
     with pytest.raises(RunError, match="max_length"):
         sweep.run_sweep(tiny_config(model, data, "imdb", model={"max_length": 16}), tmp_path / "s2",
                         layers="1", adalayers_run=ada)
+
+
+def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys):
+    model, data = world
+    # 0.6 ms: the first epoch always runs, and any epoch takes longer than what is left after it
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 4, "max_minutes": 1e-5})
+    metrics = recipes.train(cfg, tmp_path / "run")
+    log = (tmp_path / "run" / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(log) == 1 and metrics["epochs"] == 1 and "accuracy" in metrics["test"]
+    out = capsys.readouterr()
+    assert "another epoch would end past train.max_minutes" in out.out + out.err

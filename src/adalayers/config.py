@@ -103,6 +103,8 @@ class TrainConfig:
     max_epochs: int = _f(30, "Upper bound on epochs.")
     lr_patience: int = _f(3, "Epochs without validation improvement before the learning rate is halved.")
     early_stopping: int = _f(8, "Epochs without validation improvement before training stops.")
+    max_minutes: float | None = _f(None, "Stop before an epoch that would end past this many minutes of training "
+                                         "(judged by the longest epoch so far; None = no limit).")
     grad_clip: float = _f(1.0, "Clip the gradient norm to this (0 = off).")
     seed: int = _f(0, "Seed for initialisation and batch order.")
     precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, fp16 or bf16.")
@@ -285,6 +287,8 @@ def validate(cfg: Config) -> list[str]:
     p += _validate_files_task(cfg.task)
     if cfg.train.lr <= 0:
         p.append(f"train.lr: must be positive, got {cfg.train.lr}")
+    if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0:
+        p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:

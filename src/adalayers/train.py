@@ -1,7 +1,8 @@
 """The training recipe.
 
 AdamW; the learning rate halves after `lr_patience` epochs without validation improvement;
-training stops after `early_stopping` such epochs or `max_epochs`; the best epoch on the
+training stops after `early_stopping` such epochs, `max_epochs`, or before an epoch that would
+overrun `max_minutes`; the best epoch on the
 task's main validation metric is what the run folder keeps. One JSON line per epoch.
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     if state is not None:
         if _without_stopping(state["config"]) != _without_stopping(cfg.to_dict()):
             raise TrainingError(f"{run_dir} holds an unfinished run with a different config (only "
-                                f"train.max_epochs and train.early_stopping may change on resume); "
+                                f"train.max_epochs, early_stopping and max_minutes may change on resume); "
                                 f"use another --out or delete {run_dir / checkpoint.NAME}")
         checkpoint.restore(state, task, loop.opt, loop.sched, loop.scaler, loop.gen)
         progress = Progress(**state["progress"])
@@ -103,12 +104,20 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     else:
         log_path.unlink(missing_ok=True)
     t_start = time.perf_counter() - elapsed
-    epoch = start - 1
+    epoch, longest = start - 1, 0.0
     try:
         for epoch in range(start, tc.max_epochs + 1):
+            spent = time.perf_counter() - t_start
+            if tc.max_minutes is not None and epoch > start and spent + longest > tc.max_minutes * 60:
+                tqdm.write(f"time limit: another epoch would end past train.max_minutes={tc.max_minutes} "
+                           f"({spent:.0f} s spent, the longest epoch took {longest:.0f} s)")
+                epoch -= 1
+                break
+            t_epoch = time.perf_counter()
             _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop, progress)
             checkpoint.save(run_dir, epoch=epoch, task=task, loop=loop, progress=asdict(progress),
                             elapsed=time.perf_counter() - t_start, config=cfg.to_dict())
+            longest = max(longest, time.perf_counter() - t_epoch)
             if progress.bad_epochs >= tc.early_stopping:
                 tqdm.write(f"early stop: no validation improvement for {progress.bad_epochs} epochs")
                 break
@@ -120,9 +129,12 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
             "train_seconds": round(time.perf_counter() - t_start, 2)}
 
 
+STOPPING = ("max_epochs", "early_stopping", "max_minutes")
+
+
 def _without_stopping(config: dict) -> dict:
     """The config minus when-to-stop settings: a resumed run may be given more or fewer epochs."""
-    return {**config, "train": {k: v for k, v in config["train"].items() if k not in ("max_epochs", "early_stopping")}}
+    return {**config, "train": {k: v for k, v in config["train"].items() if k not in STOPPING}}
 
 
 def _keep_log_lines(log_path: Path, epochs: int) -> None:
