@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
 # The long runs of the README's results table, for a machine with a CUDA GPU.
 #   bash benchmarks/gpu_results.sh OUT_DIR [TIME_BUDGET_S]
-# Needs: the data in $ADALAYERS_DATA, the minilm-l6 base (package, or a copy in
-# $ADALAYERS_CACHE/models/all-MiniLM-L6-v2). Runs, in order, until the time budget is spent:
-# IMDB and CoNLL-2003 with AdaLayers, then the single-layer sweeps; each step's run folders
-# are packed into OUT_DIR as soon as it finishes.
+# Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
+# sweep_imdb"; also "report_imdb"). Needs the data in $ADALAYERS_DATA and the base (package, or a
+# copy in $ADALAYERS_CACHE/models/). Runs the steps in order until the time budget is spent; the IMDB
+# training stops between epochs (train.max_minutes) early enough to leave 2 minutes for its test pass.
+# Each step's run folders are packed into OUT_DIR as soon as it finishes.
 set -uo pipefail
 out=${1:?usage: gpu_results.sh OUT_DIR [TIME_BUDGET_S]}; budget=${2:-540}
+base=${BASE:-minilm-l6}; steps=${STEPS:-imdb conll sweep_conll sweep_imdb}
 end=$(( $(date +%s) + budget ))
 mkdir -p "$out" runs/gpu
+left() { echo $(( end - $(date +%s) )); }
 step() {  # step NAME COMMAND...: run with the time that is left, then pack what it wrote
   local name=$1; shift
-  local left=$(( end - $(date +%s) ))
-  if (( left < 30 )); then echo "skip $name: no time left"; return; fi
-  echo "== $name ($left s left)"; timeout "$left" "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee "$out/$name.log" | grep -E "^epoch +[0-9]+ +loss|settings|test|\|" | tail -40
+  if (( $(left) < 30 )); then echo "skip $name: no time left"; return; fi
+  echo "== $name ($(left) s left)"; timeout "$(left)" "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee "$out/$name.log" | grep -E "^epoch +[0-9]+ +loss|settings|test|time limit|\|" | tail -40
   tar czf "$out/runs.tgz" runs/gpu benchmarks/results 2>/dev/null
 }
-step imdb python3 benchmarks/train_table.py configs/imdb.yaml --base minilm-l6 --out runs/gpu
-step conll python3 benchmarks/train_table.py configs/conll.yaml --base minilm-l6 --out runs/gpu
-step sweep_conll python3 -m adalayers.cli sweep-layers configs/conll.yaml --out runs/gpu/sweep_conll \
-  --adalayers runs/gpu/conll2003_minilm-l6 --set train.max_epochs=10
-step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
-  --adalayers runs/gpu/imdb_minilm-l6 --set train.max_epochs=3
+minutes() { python3 -c "print(max(0.5, ($(left) - 120) / 60))"; }  # training time that leaves 2 min to test
+for s in $steps; do
+  case $s in
+    imdb)  step imdb python3 benchmarks/train_table.py configs/imdb.yaml --base "$base" --out runs/gpu \
+             --set train.max_minutes="$(minutes)" --set train.eval_batch_size=256 ;;
+    conll) step conll python3 benchmarks/train_table.py configs/conll.yaml --base "$base" --out runs/gpu ;;
+    report_imdb) step report_imdb python3 -m adalayers.cli report "runs/gpu/imdb_$base" ;;
+    sweep_conll) step sweep_conll python3 -m adalayers.cli sweep-layers configs/conll.yaml --out runs/gpu/sweep_conll \
+             --set model.base="$base" --adalayers "runs/gpu/conll2003_$base" --set train.max_epochs=10 ;;
+    sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
+             --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" 2>&1
