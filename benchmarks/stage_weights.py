@@ -8,7 +8,7 @@ pack rounds every float tensor of model.safetensors to fp16 (the run computes in
 splits each fp16 value into its high byte (xz-compressed: sign and exponent repeat a lot) and its low byte
 (stored as is), and cuts the result into chunk.NN files. unpack rebuilds an fp32 model.safetensors from the
 fp16 values. all-mpnet-base-v2 goes from 438 MB to 187 MB of chunks; the largest relative change of a
-tensor is 5e-4. The IMDB run on mpnet-base in the README used weights staged this way.
+tensor is 5e-4. The IMDB run on mpnet-base in the README used weights rounded and staged the same way.
 """
 import argparse
 import json

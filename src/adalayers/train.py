@@ -107,19 +107,17 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     epoch, longest = start - 1, 0.0
     try:
         for epoch in range(start, tc.max_epochs + 1):
-            spent = time.perf_counter() - t_start
-            if tc.max_minutes is not None and epoch > start and spent + longest > tc.max_minutes * 60:
-                tqdm.write(f"time limit: another epoch would end past train.max_minutes={tc.max_minutes} "
-                           f"({spent:.0f} s spent, the longest epoch took {longest:.0f} s)")
-                epoch -= 1
-                break
             t_epoch = time.perf_counter()
             _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop, progress)
             checkpoint.save(run_dir, epoch=epoch, task=task, loop=loop, progress=asdict(progress),
                             elapsed=time.perf_counter() - t_start, config=cfg.to_dict())
-            longest = max(longest, time.perf_counter() - t_epoch)
+            longest, spent = max(longest, time.perf_counter() - t_epoch), time.perf_counter() - t_start
             if progress.bad_epochs >= tc.early_stopping:
                 tqdm.write(f"early stop: no validation improvement for {progress.bad_epochs} epochs")
+                break
+            if tc.max_minutes is not None and epoch < tc.max_epochs and spent + longest > tc.max_minutes * 60:
+                tqdm.write(f"time limit: another epoch would end past train.max_minutes={tc.max_minutes} "
+                           f"({spent:.0f} s spent, the longest epoch took {longest:.0f} s)")
                 break
     except KeyboardInterrupt:
         tqdm.write(f"interrupted in epoch {epoch}; to continue after the last completed epoch, run the same "
