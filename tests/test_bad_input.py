@@ -125,3 +125,9 @@ def test_skip_bad_rows_drops_a_broken_conll_sentence(tmp_path):
     data = load_task(cfg)
     assert [e.words for e in data.splits["train"]] == [["EU", "rejects"], ["EU", "rejects"]]
     assert any("skipped 1 bad rows" in n for n in data.notes)
+
+
+def test_fp16_on_a_cpu_is_refused_before_any_loading():
+    cfg = config.from_dict({"train": {"precision": "fp16", "device": "cpu"}})
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device; on a CPU use bf16"):
+        recipes.prepare(cfg)

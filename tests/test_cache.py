@@ -339,3 +339,39 @@ def test_packed_tokens_give_the_padded_result(setup, kind):
     assert results[0][0] == (int(mask.sum()), cfg.mixer.k) and results[1][0] == (*mask.shape, cfg.mixer.k)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-5, atol=1e-6)
+
+
+
+def test_bf16_states_get_an_entry_of_their_own(setup):
+    cfg, data, encoded = setup()
+    fp32 = cached_source(cfg, setup.backbone, data, encoded)
+    bf16 = cached_source(setup("train.precision=bf16")[0], setup.backbone, data, encoded)
+    assert "precision" not in fp32.fields["train"]  # fp32 keys made before precision was keyed stay valid
+    assert all(bf16.keys[s] != fp32.keys[s] for s in fp32.keys)
+
+    modes = []  # the autocast dtype the base ran under, per batch, while each entry was built
+    hook = setup.backbone.register_forward_pre_hook(
+        lambda m, a: modes.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+    try:
+        bf16.entry("train")
+        assert modes and set(modes) == {torch.bfloat16}
+        modes.clear()
+        fp32.entry("train")
+        assert modes and set(modes) == {False}
+    finally:
+        hook.remove()
+    batch = next(iter(batches(encoded["train"], 8, 0)))
+    (rec16, rec32) = Recorder([2]), Recorder([2])
+    bf16.run(batch, [rec16])
+    fp32.run(batch, [rec32])
+    torch.testing.assert_close(rec16.seen[0][1], rec32.seen[0][1], rtol=0.1, atol=0.1)
+    assert not torch.equal(rec16.seen[0][1], rec32.seen[0][1])
+
+
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_training_in_bf16_on_a_cpu_runs_end_to_end(setup, tmp_path, cache):
+    cfg, data, encoded = setup("train.precision=bf16", f"cache.enabled={cache}", "train.lr=0.003")
+    metrics = recipes.train(cfg, tmp_path / "run", prepared=(setup.backbone, data, encoded))
+    losses = [json.loads(line)["train_loss"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    assert set(metrics["test"]) >= {"accuracy", "mcc"}

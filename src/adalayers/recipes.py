@@ -15,7 +15,8 @@ from adalayers.evaluate import evaluate_split
 from adalayers.sidetask import SideTask
 from adalayers.states import LiveStates
 from adalayers.tasks import load_task
-from adalayers.train import autocast_for, fit, pick_device, seed_everything
+from adalayers.precision import autocast_for, precision_of
+from adalayers.train import fit, pick_device, seed_everything
 
 MAX_TEXT_CHARS = 100_000
 
@@ -25,6 +26,7 @@ def prepare(cfg, backbone: Backbone | None = None):
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = pick_device(cfg.train.device)
+    precision_of(cfg.train.precision, device)  # fp16 on a CPU fails here, before any loading
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
     if cfg.head.kind is None:

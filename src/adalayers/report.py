@@ -108,7 +108,7 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
     from adalayers import recipes
     from adalayers.evaluate import example_predictions, row_outputs, score
     from adalayers.mixer import AdaLayersMixer
-    from adalayers.train import autocast_for
+    from adalayers.precision import autocast_for
 
     run_dir = Path(run_dir)
     _, cfg, meta = runlib.load_head(run_dir)

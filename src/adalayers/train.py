@@ -23,6 +23,7 @@ from adalayers import run as runlib
 from adalayers.encoding import batches
 from adalayers.errors import AdaLayersError
 from adalayers.evaluate import evaluate_split
+from adalayers.precision import autocast_for
 
 
 class TrainingError(AdaLayersError):
@@ -35,14 +36,6 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainingError("train.device=cuda but no CUDA device is available")
     return torch.device(name)
-
-
-def autocast_for(precision: str, device: torch.device):
-    """A context factory: bf16 autocast on CUDA by default, fp32 on CPU."""
-    if device.type != "cuda" or precision == "fp32" or (precision == "auto" and device.type != "cuda"):
-        return None
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    return lambda: torch.autocast("cuda", dtype=dtype)
 
 
 def seed_everything(seed: int) -> None:

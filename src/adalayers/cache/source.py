@@ -8,6 +8,7 @@ shuffled epoch), every layer written. Later batches read only the layers some ta
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -21,6 +22,7 @@ from adalayers import model_packages
 from adalayers.encoding import EncodedSplit, batches
 from adalayers.run import sha256
 from adalayers.states import LiveStates
+from adalayers.precision import autocast_for, precision_of
 from adalayers.cache.store import CacheDamaged, CacheError, Writer, key_of, locked, open_entry
 
 BYTES_PER_VALUE = 2  # float16
@@ -51,9 +53,13 @@ def rows_hash(split: EncodedSplit) -> str:
 
 
 def split_fields(cfg, backbone, data, split: EncodedSplit, files_hash: dict) -> dict:
-    return {"fingerprint": backbone.fingerprint(), "tokenizer": tokenizer_hash(backbone.tokenizer),
-            "max_length": cfg.model.max_length, "states": cfg.model.states, "data": files_hash,
-            "split": split.name, "rows": rows_hash(split)}
+    fields = {"fingerprint": backbone.fingerprint(), "tokenizer": tokenizer_hash(backbone.tokenizer),
+              "max_length": cfg.model.max_length, "states": cfg.model.states, "data": files_hash,
+              "split": split.name, "rows": rows_hash(split)}
+    precision = precision_of(cfg.train.precision, backbone.device)
+    if precision != "fp32":  # fp32 entries keep the keys they had before precision was part of the key
+        fields["precision"] = precision
+    return fields
 
 
 def _lengths(split: EncodedSplit) -> np.ndarray:
@@ -146,6 +152,7 @@ class CachedStates:
             info = {"task": self.data.name, "split": split, "base": bb.name, "max_length": self.cfg.model.max_length}
             writer = Writer(self.root, key, fields, info, lengths, bb.num_layers, bb.hidden_size,
                             self.cfg.cache.shard_mb)
+            autocast = autocast_for(self.cfg.train.precision, bb.device)
             try:
                 n = len(enc.rows)
                 bs = self.cfg.train.eval_batch_size
@@ -158,7 +165,8 @@ class CachedStates:
                     def tap(i, h):
                         writer.write(plan, i, h[keep].to("cpu", torch.float16).numpy())
 
-                    bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
+                    with autocast() if autocast else contextlib.nullcontext():  # the precision in the key
+                        bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
                 writer.commit()
             except BaseException:
                 writer.abort()

@@ -18,7 +18,7 @@ def ablate(run_dir: Path, split: str = "validation", metric: str | None = None, 
     from adalayers.strategies.adapters import AdapterModel
     from adalayers.strategies.base import load_run
     from adalayers.strategies.harness import evaluate
-    from adalayers.train import autocast_for
+    from adalayers.precision import autocast_for
 
     run_dir = Path(run_dir)
     strategy, model, cfg, backbone, meta = load_run(run_dir, backbone)

@@ -30,7 +30,8 @@ from adalayers.encoding import EncodedSplit, batches
 from adalayers.evaluate import example_predictions, score
 from adalayers.sidetask import IGNORE
 from adalayers.states import LiveStates
-from adalayers.train import TrainingError, autocast_for
+from adalayers.precision import autocast_for
+from adalayers.train import TrainingError
 
 
 def _f(default, help: str):
