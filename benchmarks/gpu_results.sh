@@ -2,13 +2,13 @@
 # The long runs of the README's results table, for a machine with a CUDA GPU.
 #   bash benchmarks/gpu_results.sh OUT_DIR [TIME_BUDGET_S]
 # Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
-# sweep_imdb"; also "report_imdb"). Needs the data in $ADALAYERS_DATA and the base (package, or a
+# sweep_imdb"; also "report_imdb"), LAYERS (the sweeps' layers, e.g. 7,8,9,10,11,12; default all). Needs the data in $ADALAYERS_DATA and the base (package, or a
 # copy in $ADALAYERS_CACHE/models/). Runs the steps in order until the time budget is spent; the IMDB
 # training stops between epochs (train.max_minutes) early enough to leave 2 minutes for its test pass.
 # Each step's run folders are packed into OUT_DIR as soon as it finishes (the sweeps' per-layer heads excepted).
 set -uo pipefail
 out=${1:?usage: gpu_results.sh OUT_DIR [TIME_BUDGET_S]}; budget=${2:-540}
-base=${BASE:-minilm-l6}; steps=${STEPS:-imdb conll sweep_conll sweep_imdb}
+base=${BASE:-minilm-l6}; steps=${STEPS:-imdb conll sweep_conll sweep_imdb}; layers=(${LAYERS:+--layers "$LAYERS"})
 end=$(( $(date +%s) + budget ))
 mkdir -p "$out" runs/gpu
 left() { echo $(( end - $(date +%s) )); }
@@ -27,9 +27,9 @@ for s in $steps; do
     conll) step conll python3 benchmarks/train_table.py configs/conll.yaml --base "$base" --out runs/gpu ;;
     report_imdb) step report_imdb python3 -m adalayers.cli report "runs/gpu/imdb_$base" ;;
     sweep_conll) step sweep_conll python3 -m adalayers.cli sweep-layers configs/conll.yaml --out runs/gpu/sweep_conll \
-             --set model.base="$base" --adalayers "runs/gpu/conll2003_$base" --set train.max_epochs=10 ;;
+             --set model.base="$base" --adalayers "runs/gpu/conll2003_$base" --set train.max_epochs=10 "${layers[@]}" ;;
     sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
-             --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 ;;
+             --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 "${layers[@]}" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
 done
