@@ -36,12 +36,12 @@ def cpu_bf16_flags() -> list[str]:
 
 
 def agreement(a: list, b: list) -> float:
-    """Share of equal predictions: per example, or per word for token tasks."""
-    if a and isinstance(a[0], list):  # token tasks: one tag per word
-        a, b = [t for tags in a for t in tags], [t for tags in b for t in tags]
-    else:
-        a, b = [p[0] if isinstance(p, tuple) else round(p, 2) for p in a], \
-               [p[0] if isinstance(p, tuple) else round(p, 2) for p in b]
+    """Share of equal predictions: labels per example, tags per word (token tasks), values to 2 decimals."""
+    def flat(preds):
+        if preds and isinstance(preds[0], list):
+            return [tag for tags in preds for tag in tags]
+        return [p[0] if isinstance(p, tuple) else round(p, 2) for p in preds]
+    a, b = flat(a), flat(b)
     return sum(x == y for x, y in zip(a, b)) / len(a)
 
 

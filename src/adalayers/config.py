@@ -107,7 +107,8 @@ class TrainConfig:
                                          "(judged by the longest epoch so far; None = no limit).")
     grad_clip: float = _f(1.0, "Clip the gradient norm to this (0 = off).")
     seed: int = _f(0, "Seed for initialisation and batch order.")
-    precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16 (CUDA or CPU) or fp16 (CUDA only).")
+    precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16 (CUDA or CPU) "
+                                "or fp16 (CUDA only).")
     device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
 
