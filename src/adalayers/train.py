@@ -1,9 +1,9 @@
 """The training recipe.
 
 AdamW; the learning rate halves after `lr_patience` epochs without validation improvement;
-training stops after `early_stopping` such epochs, `max_epochs`, or before an epoch that would
-overrun `max_minutes`; the best epoch on the
-task's main validation metric is what the run folder keeps. One JSON line per epoch.
+training stops after `early_stopping` such epochs, after `max_epochs`, or before an epoch that
+would overrun `max_minutes`; the run folder keeps the best epoch on the task's main validation
+metric. One JSON line per epoch.
 """
 from __future__ import annotations
 
