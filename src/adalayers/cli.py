@@ -1,4 +1,7 @@
-"""The `adalayers` command line. Each command is a small function registered in COMMANDS."""
+"""adalayers: train small side-task heads on the hidden states of a frozen transformer, and serve them all from one forward pass.
+
+Each command is a function here, or in a module listed in COMMAND_MODULES (one line per module).
+"""
 from __future__ import annotations
 
 import argparse
@@ -78,8 +81,11 @@ def cmd_predict(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="adalayers", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="adalayers", description=__doc__.splitlines()[0].partition(": ")[2].capitalize())
+    parser.add_argument("--verbose", action="store_true", help="also show transformers' own progress bars "
+                                                              "(e.g. 'Loading weights')")
+    parser.set_defaults(fn=lambda args: _print_help(parser))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a side-task head on a frozen base")
     _add_config_args(p, optional=True)
@@ -94,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")
     p.add_argument("run", help="run folder")
-    p.add_argument("--split", default="test", choices=["validation", "test"])
+    p.add_argument("--split", default="test", choices=["validation", "test"],
+                   help="which split of the run's task to score (default: test)")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("predict", help="predict labels for texts with a trained run")
@@ -106,11 +113,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in COMMAND_MODULES:  # each adds its own sub-commands: add_commands(sub)
         importlib.import_module(module).add_commands(sub)
+    _verbose_everywhere(sub)
     return parser
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    """A command group called without its sub-command: its help, not an argparse error."""
+    parser.print_help()
+    return 0
+
+
+def _verbose_everywhere(sub) -> None:
+    """--verbose is accepted after any (sub-)command too: `adalayers train ... --verbose`."""
+    for p in sub.choices.values():
+        if "--verbose" not in p._option_string_actions:
+            p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+        for action in p._subparsers._group_actions if p._subparsers else []:
+            _verbose_everywhere(action)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from adalayers import progress
+
+    restore = progress.configure(verbose=args.verbose)
     try:
         return args.fn(args)
     except AdaLayersError as e:
@@ -119,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        restore()
 
 
 if __name__ == "__main__":

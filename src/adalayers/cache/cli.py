@@ -86,7 +86,10 @@ def add_commands(sub) -> None:
     from adalayers.cli import _add_config_args
 
     p = sub.add_parser("cache", help="build, list and remove cached hidden states")
-    csub = p.add_subparsers(dest="cache_command", required=True)
+    csub = p.add_subparsers(dest="cache_command", metavar="COMMAND")
+    from adalayers.cli import _print_help
+
+    p.set_defaults(fn=lambda args: _print_help(p))
     b = csub.add_parser("build", help="compute and store the base's hidden states for a config's dataset")
     _add_config_args(b)
     b.set_defaults(fn=cmd_build)

@@ -39,7 +39,9 @@ def cmd_serve(args) -> int:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("serve", help="serve trained heads over HTTP, all answered from one pass of the base")
-    p.add_argument("--base", default="minilm-l6", help="the frozen base the heads were trained on")
+    p.add_argument("--base", default="minilm-l6",
+                   help="the frozen base the heads were trained on: an alias, a model folder or a hub id "
+                        "(default: minilm-l6)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
     p.add_argument("--host", default=ServeConfig.host, help=_help("host"))
@@ -49,7 +51,9 @@ def add_commands(sub) -> None:
     p.add_argument("--max-texts", type=int, default=ServeConfig.max_texts, help=_help("max_texts"))
     p.add_argument("--max-chars", type=int, default=ServeConfig.max_chars, help=_help("max_chars"))
     p.add_argument("--max-length", type=int, default=None, help=_help("max_length"))
-    p.add_argument("--no-primary", action="store_true", help=_help("primary"))
+    p.add_argument("--no-primary", action="store_true",
+                   help="stop the base after the deepest layer any head uses (early exit); answers then carry "
+                        "no base output (default: off, the base runs to its end)")
     p.add_argument("--device", default=ServeConfig.device, help=_help("device"))
     p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")

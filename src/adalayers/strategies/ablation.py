@@ -87,7 +87,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("ablate-adapters", help="switch off trained adapters of every contiguous layer span and "
                                                "re-evaluate (writes ablation.json and ablation.png)")
     p.add_argument("run", help="an adapters strategy folder written by 'adalayers compare'")
-    p.add_argument("--split", default="validation", choices=["validation", "test"])
+    p.add_argument("--split", default="validation", choices=["validation", "test"],
+                   help="the split to re-evaluate on (default: validation, so the test split stays unseen)")
     p.add_argument("--metric", help="metric to compare (default: the task's main metric)")
     p.set_defaults(fn=_cmd)
 
