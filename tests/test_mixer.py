@@ -133,3 +133,52 @@ def test_shared_tap_equals_each_heads_own_tap():
     together = [h.end(mask) for h in heads]
     for a, b in zip(alone, together):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_fused_tap_one_gemm_per_layer_equals_per_head_path():
+    """Four heads (sequence, token, regression, one pinned to a single layer) through adalayers.fused:
+    one linear call per layer for all heads of one k, and logits equal to each head's own tap within
+    1e-5 (only the float summation order of the batched GEMM differs). Padded and packed input."""
+    from torch.overrides import TorchFunctionMode
+
+    from adalayers.config import Config
+    from adalayers.sidetask import SideTask, shared_tap
+
+    class CountLinear(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.linear and args[1].shape[-1] == 12:  # the projections (d = 12)
+                CountLinear.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(1)
+    heads = []
+    for kind, pin in [("sequence", None), ("token", None), ("regression", None), ("sequence", 3)]:
+        cfg = Config()
+        cfg.head.kind, cfg.mixer.k, cfg.head.num_heads, cfg.mixer.pin_layer = kind, 8, 2, pin
+        task = SideTask(cfg, 5, 12, [] if kind == "regression" else ["a", "b", "c"]).eval()
+        with torch.no_grad():
+            task.mixer.p.copy_(torch.randn(5) * 0.3)
+        heads.append(task)
+    states = [torch.randn(3, 6, 12) for _ in range(5)]
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    with torch.inference_mode():
+        alone = [h(states, mask) for h in heads]
+        for packed in (False, True):
+            for h in heads:
+                h.begin()
+            tap = shared_tap(heads)
+            CountLinear.calls = 0
+            with CountLinear():
+                for i, z in enumerate(states):
+                    tap(i, z[mask.bool()] if packed else z)
+            used = set().union(*(h.used_layers() for h in heads))
+            assert len(used) >= 3 and CountLinear.calls == len(used)  # one GEMM per layer, not one per head
+            together = [h.end(mask) for h in heads]
+            for h, a, b in zip(heads, alone, together):
+                assert a.shape == b.shape
+                if h.kind == "token":  # padding positions' logits are never read (packed input has none)
+                    a, b = a[mask.bool()], b[mask.bool()]
+                assert (a - b).abs().max() <= 1e-5

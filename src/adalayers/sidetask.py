@@ -84,18 +84,8 @@ class SideTask(nn.Module):
 
 
 def shared_tap(tasks: list[SideTask]):
-    """One tap for several heads: GELU(Z_i) is computed once per layer and shared.
+    """One tap for several heads (after each one's begin()): GELU(Z_i) once per layer and one GEMM
+    for every head's W_i (adalayers.fused); each head's end() then reads its own accumulator."""
+    from adalayers.fused import FusedTap
 
-    Exactly the numbers of each head's own tap, less work per extra head. (One fused GEMM for all
-    heads' W_i would save a little more, but changes float summation order.)
-    """
-    def tap(i: int, z: torch.Tensor) -> None:
-        live = [t for t in tasks if t.uses(i)]
-        if len(live) < 2:
-            for t in live:
-                t.tap(i, z)
-            return
-        a = nnf.gelu(z.to(live[0].mixer.proj[i].weight.dtype))
-        for t in live:
-            t.tap(i, z, projected=t.mixer.proj[i](a))
-    return tap
+    return FusedTap(tasks)
