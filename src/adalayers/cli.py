@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "adalayers.strategies.compare",
     "adalayers.strategies.ablation",
     "adalayers.multitask.compare",
+    "adalayers.tune.cli",
 ]
 
 

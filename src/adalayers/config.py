@@ -89,6 +89,8 @@ class HeadConfig:
     encoder_layers: int = _f(1, "Token head: pre-LayerNorm transformer encoder layers on F.")
     dim_feedforward: int = _f(2048, "Token head: feed-forward width of those encoder layers.")
     dropout: float = _f(0.03, "Dropout inside the head.")
+    pooling: str = _f("mean", "Sequence / regression head: how the attended tokens become one vector: mean (over "
+                              "the real tokens), max, or first (the first token, e.g. [CLS]).")
     attention_dropout: float | None = _f(None, "Dropout on the head's attention weights (None = head.dropout, as "
                                                 "nn.MultiheadAttention does). On a CPU it draws B*heads*T*T random "
                                                 "numbers a step: at T=256 most of a cached IMDB step; 0 skips it.")
@@ -139,6 +141,19 @@ class ServeConfig:
 
 
 @dataclass
+class TuneConfig:
+    """Settings of `adalayers tune` (read by it only; a trained run ignores them)."""
+    space: dict = _f({}, "Search space over config fields, merged over the defaults in adalayers.tune.space: "
+                         "'section.field: [a, b, c]' (a choice), '{low: L, high: H, log: true}' (a float range; "
+                         "int when low and high are whole numbers and log is not set, 'step' allowed), a single "
+                         "value (fixed), or null (take it out of the search).")
+    max_epochs: int | None = _f(None, "Epochs per trial (None = train.max_epochs); early stopping and pruning still apply.")
+    seed: int = _f(0, "Seed of the TPE sampler.")
+    startup_trials: int = _f(5, "Trials sampled at random, and never pruned, before TPE and the median pruner start.")
+    warmup_epochs: int = _f(2, "Epochs of a trial before the median pruner may stop it.")
+
+
+@dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -146,6 +161,7 @@ class Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -292,11 +308,19 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
+    if cfg.head.pooling not in POOLINGS:
+        p.append(f"head.pooling: must be {', '.join(POOLINGS)}, got {cfg.head.pooling!r}")
+    if cfg.tune.max_epochs is not None and cfg.tune.max_epochs < 1:
+        p.append(f"tune.max_epochs: must be at least 1 (or null for train.max_epochs), got {cfg.tune.max_epochs}")
+    if cfg.tune.startup_trials < 0 or cfg.tune.warmup_epochs < 0:
+        p.append(f"tune.startup_trials / tune.warmup_epochs: must be >= 0, got "
+                 f"{cfg.tune.startup_trials} / {cfg.tune.warmup_epochs}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
         p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
     return p
 
 
+POOLINGS = ("mean", "max", "first")
 FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
 TASK_KINDS = {"classification": "sequence", "sequence": "sequence", "regression": "regression",
               "tokens": "token", "token": "token"}

@@ -1,6 +1,7 @@
 """Task heads on the mixed features F (B, T, k).
 
-sequence / regression: self-attention (padding masked) -> GELU -> dropout -> masked mean -> linear
+sequence / regression: self-attention (padding masked) -> GELU -> dropout -> pooling (masked mean, masked max
+                       or the first token; head.pooling) -> linear
 token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token
 """
 from __future__ import annotations
@@ -37,16 +38,26 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum(1) / m.sum(1).clamp(min=1)
 
 
+def pool(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, T, k) -> (B, k) over the real tokens: their mean, their elementwise max, or the first token."""
+    if how == "max":
+        return x.masked_fill(~mask.bool().unsqueeze(-1), torch.finfo(x.dtype).min).amax(1)
+    if how == "first":
+        return x[:, 0]
+    return masked_mean(x, mask)
+
+
 class SequenceHead(nn.Module):
     def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
         super().__init__()
         self.attn = nn.MultiheadAttention(k, cfg.num_heads, dropout=attention_dropout(cfg), batch_first=True)
         self.dropout = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(k, num_outputs)
+        self.pooling = cfg.pooling
 
     def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask)))
-        return self.out(masked_mean(x, mask))
+        return self.out(pool(x, mask, self.pooling))
 
 
 class TokenHead(nn.Module):

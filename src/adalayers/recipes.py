@@ -51,13 +51,15 @@ def make_source(cfg, backbone, data, encoded):
 
 
 def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None,
-          backbone: Backbone | None = None) -> dict:
+          backbone: Backbone | None = None, on_epoch=None) -> dict:
     """Train a head into run folder `out`.
 
     resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
     prepared = prepare(cfg)'s result, to share a base and encoded data between runs that differ
     only in the mixer or head (e.g. the single-layer sweep);
-    `backbone` shares one loaded base across runs (e.g. `compare`).
+    `backbone` shares one loaded base across runs (e.g. `compare`);
+    `on_epoch(epoch, validation_metric)` is called after every epoch (see train.fit). Every split in
+    the encoded data is scored at the end: leave "test" out of `prepared` to keep it unseen.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
         if split.num_truncated:
             print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
                   f"max_length={cfg.model.max_length} and are truncated")
-    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume)
+    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume, on_epoch=on_epoch)
     task, _, _ = runlib.load_head(out, backbone)
     task.to(backbone.device)
     autocast = autocast_for(cfg.train.precision, backbone.device)

@@ -18,7 +18,7 @@ from adalayers.figures import layer_names, pyplot, save_figure
 from adalayers.report import duration, parameters_used, read_metrics
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
-_IGNORED = {"cache": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
+_IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -3,7 +3,8 @@
 AdamW; the learning rate halves after `lr_patience` epochs without validation improvement;
 training stops after `early_stopping` such epochs, after `max_epochs`, or before an epoch that
 would overrun `max_minutes`; the run folder keeps the best epoch on the task's main validation
-metric. One JSON line per epoch.
+metric. One JSON line per epoch. An optional `on_epoch(epoch, validation_metric)` callback runs
+after each epoch's checkpoint (the tuner's pruner listens there); an exception it raises ends training.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -64,7 +66,11 @@ class Loop:
     autocast: object
 
 
-def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id: int, resume: bool = False) -> dict:
+EpochCallback = Callable[[int, float], None]
+
+
+def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id: int, resume: bool = False,
+        on_epoch: EpochCallback | None = None) -> dict:
     """Train `task` on encoded["train"], selecting the best epoch on encoded["validation"].
 
     After each epoch the full training state goes to resume.pt; with `resume`, training continues
@@ -101,9 +107,11 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     try:
         for epoch in range(start, tc.max_epochs + 1):
             t_epoch = time.perf_counter()
-            _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop, progress)
+            metric = _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, loop, progress)
             checkpoint.save(run_dir, epoch=epoch, task=task, loop=loop, progress=asdict(progress),
                             elapsed=time.perf_counter() - t_start, config=cfg.to_dict())
+            if on_epoch is not None:
+                on_epoch(epoch, metric)
             longest, spent = max(longest, time.perf_counter() - t_epoch), time.perf_counter() - t_start
             if progress.bad_epochs >= tc.early_stopping:
                 tqdm.write(f"early stop: no validation improvement for {progress.bad_epochs} epochs")
@@ -180,6 +188,7 @@ def _epoch(epoch, task, source, data, encoded, cfg, run_dir, backbone, pad_id, l
     runlib.append_jsonl(run_dir / "log.jsonl", entry)
     tqdm.write(f"epoch {epoch:3d}  loss {entry['train_loss']:.4f}  val {data.main_metric} {metric:.4f}"
                f"{'  *' if improved else ''}  lr {entry['lr']:.2e}  {entry['seconds']:.1f}s")
+    return metric
 
 
 def _flat(m: dict) -> dict:
