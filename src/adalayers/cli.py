@@ -35,6 +35,8 @@ def _add_config_args(p: argparse.ArgumentParser, optional: bool = False) -> None
 def cmd_train(args) -> int:
     from adalayers import config, recipes
 
+    if args.ensemble and (args.seeds or 1) < 2:
+        raise AdaLayersError("--ensemble: needs --seeds N with N >= 2")
     if args.data:
         from adalayers.tasks.shortcut import config_from_args
 
@@ -43,6 +45,16 @@ def cmd_train(args) -> int:
         raise AdaLayersError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
     else:
         cfg = config.load(args.config, args.overrides)
+    if args.seeds is not None or args.ensemble:
+        from adalayers import seeds
+
+        if args.resume:
+            raise AdaLayersError("--resume: with --seeds, run the same command again (finished seeds are reused)")
+        summary = seeds.train_seeds(cfg, Path(args.out), args.seeds or 1, ensemble=args.ensemble)
+        print((Path(args.out) / "seeds.md").read_text(encoding="utf-8"))
+        print(f"run folders: {', '.join(str(Path(args.out) / r) for r in summary['runs'])}"
+              + (f"; ensemble: {Path(args.out) / 'ensemble'}" if args.ensemble else ""))
+        return 0
     metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
     shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
     print(json.dumps({**shown, "trainable_params": metrics["trainable_params"],
@@ -94,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last completed epoch (automatic when --out "
                         "holds an unfinished run)")
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="train N seeds (train.seed, train.seed+1, ...) into OUT/seed_<s>/ and report every metric "
+                        "as median and min-max in OUT/metrics.json and OUT/seeds.md")
+    p.add_argument("--ensemble", action="store_true",
+                   help="with --seeds: also write OUT/ensemble/, a run folder averaging the seeds' probabilities "
+                        "(values for regression) from one base pass, and score it")
     from adalayers.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config

@@ -116,6 +116,13 @@ def load_head(run_dir: Path, backbone=None):
     if backbone is not None and backbone.fingerprint() != base["fingerprint"]:
         raise ModelError(f"{run_dir} was trained on base {base['name']!r} (fingerprint {base['fingerprint']}), "
                          f"but the loaded base is {backbone.name!r} (fingerprint {backbone.fingerprint()})")
+    if meta.get("ensemble"):  # a seed ensemble: its members' run folders, relative to this one
+        from adalayers.ensemble import EnsembleTask
+
+        members = [load_head(run_dir / m, backbone)[0] for m in meta["ensemble"]]
+        task = EnsembleTask(members)
+        task.eval()
+        return task, cfg, meta
     head_path = run_dir / HEAD
     if not head_path.is_file():
         raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")

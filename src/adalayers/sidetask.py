@@ -88,4 +88,5 @@ def shared_tap(tasks: list[SideTask]):
     for every head's W_i (adalayers.fused); each head's end() then reads its own accumulator."""
     from adalayers.fused import FusedTap
 
-    return FusedTap(tasks)
+    # an ensemble (adalayers.ensemble) taps through its members
+    return FusedTap([m for t in tasks for m in getattr(t, "members", [t])])
