@@ -124,3 +124,22 @@ def test_aggregate_keeps_nested_metrics_in_the_spread():
     a = seeds.aggregate(ms, [0, 1, 2])
     assert a["test"] == {"f1": 0.7} and a["spread"]["test"]["per_class.LOC.f1"]["max"] == 0.45
     assert a["epochs"] == 3 and a["train_seconds_total"] == 30.0
+
+
+def test_sweep_with_seeds_reports_medians_and_ranges(world, tmp_path):
+    from adalayers import sweep
+
+    from tinymodels import tiny_config
+
+    model, data = world
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1}, model={"max_length": 12})
+    r = sweep.run_sweep(cfg, tmp_path / "sw", layers="1", seeds=2)
+    assert r["seeds"] == 2
+    for e, folder in ((r["layers"][0], "layer_1"), (r["adalayers"], "adalayers")):
+        tests = [json.loads((tmp_path / "sw" / folder / f"seed_{s}" / "metrics.json").read_text())["test"]["accuracy"]
+                 for s in (0, 1)]
+        assert e["test_main"] == statistics.median(tests)
+        assert (e["spread"]["test"]["min"], e["spread"]["test"]["max"]) == (min(tests), max(tests))
+    md = (tmp_path / "sw" / "sweep.md").read_text()
+    assert "2 seeds: medians, min–max in brackets" in md
+    assert seeds.cell(r["layers"][0]["spread"]["test"]) in md

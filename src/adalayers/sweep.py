@@ -16,6 +16,7 @@ from adalayers import run as runlib
 from adalayers.errors import AdaLayersError, ConfigError, RunError
 from adalayers.figures import layer_names, pyplot, save_figure
 from adalayers.report import duration, parameters_used, read_metrics
+from adalayers.seeds import cell
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
 _IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
@@ -49,6 +50,18 @@ def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
 
     recipes.train(cfg, run_dir, prepared=prepared_data())
     return _finished(run_dir, cfg)
+
+
+def _train_seeds(cfg, run_dir: Path, label: str, prepared_data, n: int) -> dict:
+    """n seeds of one sweep entry in run_dir/seed_<s>/: their medians, with the spread (adalayers.seeds)."""
+    if n == 1:
+        return _train_or_reuse(cfg, run_dir, label, prepared_data)
+    from adalayers import seeds
+
+    done = [_train_or_reuse(seeds.seed_config(cfg, s), run_dir / f"seed_{s}", f"{label}, seed {s}", prepared_data)
+            for s in range(cfg.train.seed, cfg.train.seed + n)]
+    metrics = seeds.aggregate([d["metrics"] for d in done], list(range(cfg.train.seed, cfg.train.seed + n)))
+    return {"metrics": metrics, "meta": done[0]["meta"]}
 
 
 def _finished(run_dir: Path, cfg) -> dict | None:
@@ -87,10 +100,13 @@ def _entry(name: str, run_dir: Path, done: dict, main: str) -> dict:
             "best_epoch": m.get("best_epoch"), "epochs": m.get("epochs"), "train_seconds": m.get("train_seconds"),
             "trainable_params": m.get("trainable_params"), "params_used": parameters_used(m, meta),
             "base_params": m.get("base_params"), "layer_weights": m.get("layer_weights"),
-            "used_layers": [i for i, w in enumerate(m.get("layer_weights") or []) if w > 0]}
+            "used_layers": [i for i, w in enumerate(m.get("layer_weights") or []) if w > 0],
+            "spread": {split: m["spread"][split].get(main) for split in ("validation", "test")
+                       if split in m.get("spread", {})}}
 
 
-def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None) -> dict:
+def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None, seeds: int = 1) -> dict:
+    """Every layer (and AdaLayers) trained `seeds` times: the table shows medians with min-max."""
     from adalayers import recipes
     from adalayers.backbone import Backbone
     from adalayers.tasks import load_task
@@ -114,7 +130,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     for i in wanted:
         cfg_i = config_mod.from_dict(cfg.to_dict(), [f"mixer.pin_layer={i}"])
         run_dir = out / f"layer_{i}"
-        done = _train_or_reuse(cfg_i, run_dir, f"layer {i} of 0..{num_layers - 1}", prepared_data)
+        done = _train_seeds(cfg_i, run_dir, f"layer {i} of 0..{num_layers - 1}", prepared_data, seeds)
         entries.append(_entry(f"layer {i}", run_dir, done, main))
 
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
@@ -132,7 +148,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
         ada = {"metrics": read_metrics(ada_dir), "meta": meta, "differences": diffs}
     else:
         ada_dir = out / "adalayers"
-        ada = _train_or_reuse(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data)
+        ada = _train_seeds(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data, seeds)
     ada_entry = _entry("AdaLayers", ada_dir, ada, main)
     ada_entry["differences"] = ada.get("differences", [])
 
@@ -145,7 +161,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     last = next((e for e in entries if e["pin_layer"] == num_layers - 1), None)
     result = {"task": data.name, "base": cfg.model.base, "metric": main, "num_layers": num_layers,
               "max_length": cfg.model.max_length, "train_examples": len(data.splits["train"]),
-              "test_examples": len(data.splits.get("test", [])),
+              "test_examples": len(data.splits.get("test", [])), "seeds": seeds,
               "layers": entries, "adalayers": ada_entry,
               "best_layer": best["pin_layer"] if best else None,
               "best_layer_on_test": best_test["pin_layer"] if best_test else None,
@@ -162,7 +178,9 @@ def _table(r: dict) -> str:
              and any(k in e["test"] for e in r["layers"] + [r["adalayers"]])]
 
     def row(e, label):
-        cells = [label, _f(e["validation_main"]), _f(e["test_main"])] + [_f(e["test"].get(k)) for k in extra]
+        spread = e.get("spread") or {}
+        cells = [label, cell(spread.get("validation")) or _f(e["validation_main"]),
+                 cell(spread.get("test")) or _f(e["test_main"])] + [_f(e["test"].get(k)) for k in extra]
         cells += [f"{e['best_epoch']} / {e['epochs']}",
                   duration(e["train_seconds"]) if e["train_seconds"] is not None else "",
                   f"{e['params_used']:,}" if e["params_used"] is not None else ""]
@@ -172,7 +190,9 @@ def _table(r: dict) -> str:
              f"The same head trained on one layer of the frozen base at a time (layer 0 = embedding output), "
              f"next to AdaLayers, which learns a weighting of all {r['num_layers']} layers. "
              f"max_length {r['max_length']}, {r['train_examples']:,} training examples, "
-             f"{r['test_examples']:,} test examples. Params = trainable parameters the head uses.", "",
+             f"{r['test_examples']:,} test examples. Params = trainable parameters the head uses."
+             + (f" Every run trained with {r['seeds']} seeds: medians, min–max in brackets (other columns: "
+                f"medians)." if r.get("seeds", 1) > 1 else ""), "",
              f"| run | validation {main} | test {main} | " + " | ".join(f"test {k}" for k in extra)
              + (" | " if extra else "") + "best epoch / epochs | training time | params |",
              "|---" * (6 + len(extra)) + "|"]
@@ -239,12 +259,16 @@ def add_commands(sub) -> None:
                    help="override one config field (repeatable)")
     p.add_argument("--layers", help="comma-separated layers to sweep, e.g. 0,3,6 (default: all)")
     p.add_argument("--adalayers", metavar="RUN_DIR", help="reuse this finished AdaLayers run instead of training one")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train every layer (and AdaLayers) with N seeds; tables show medians and min-max")
     p.set_defaults(fn=_cmd_sweep)
 
 
 def _cmd_sweep(args) -> int:
     cfg = config_mod.load(args.config, args.overrides)
-    r = run_sweep(cfg, Path(args.out), args.layers, Path(args.adalayers) if args.adalayers else None)
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds: must be at least 1, got {args.seeds}")
+    r = run_sweep(cfg, Path(args.out), args.layers, Path(args.adalayers) if args.adalayers else None, args.seeds)
     print(Path(args.out, "sweep.md").read_text(encoding="utf-8"))
     print(json.dumps({"best_layer": r["best_layer"], "adalayers": r["adalayers"]["test_main"]}))
     return 0
