@@ -215,3 +215,24 @@ def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok
         assert len(drops) == LAYERS and all(drops[i][j] is None for i in range(LAYERS) for j in range(i))
         assert all(result["scores"][i][j] is not None for i in range(LAYERS) for j in range(i, LAYERS))
         assert (tmp_path / "adapters" / "ablation.png").is_file()
+
+
+def test_compare_with_seeds_shows_medians_and_ranges(tok, tmp_path):
+    import statistics
+
+    from adalayers.seeds import cell
+    from adalayers.strategies.compare import compare
+
+    backbone = tiny_bert(tok)
+    summary = compare(tiny_config(), ["adalayers", "last-layer"], tmp_path, inference_rows=8, isolate=False,
+                      backbone=backbone, seeds=2)
+    md = (tmp_path / "compare.md").read_text()
+    assert "trained with 2 seeds" in md
+    for r in summary["strategies"]:
+        folder = tmp_path / r["spec"].replace(":", "-")
+        per_seed = [json.loads((folder / f"seed_{n}" / "result.json").read_text()) for n in (0, 1)]
+        assert [p["run_config"]["train"]["seed"] for p in per_seed] == [0, 1] and r["seeds"] == [0, 1]
+        values = [p["test"]["mcc"] for p in per_seed]
+        assert r["test"]["mcc"] == statistics.median(values)
+        assert (r["spread"]["test"]["mcc"]["min"], r["spread"]["test"]["mcc"]["max"]) == (min(values), max(values))
+        assert f"| {r['spec']} | {cell(r['spread']['test']['mcc'], '{:.3f}')} |" in md

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import statistics
 import sys
 import time
 import traceback
@@ -173,6 +174,21 @@ def _child(cfg_dict, spec, overrides, out, inference_rows, ablate, num_threads) 
 
 # --- all of them -------------------------------------------------------------------------------
 
+def merge_seeds(runs: list[dict], seeds: list[int]) -> dict:
+    """One strategy's results over several seeds: medians where one run has its numbers, and the spread."""
+    from adalayers.seeds import aggregate
+
+    agg = aggregate([{k: r[k] for k in ("validation", "test", "train_seconds", "epochs", "best_epoch")
+                      if r.get(k) is not None} for r in runs], seeds)
+    merged = {**runs[0], **{k: agg[k] for k in ("validation", "test", "train_seconds", "epochs", "best_epoch")
+                            if k in agg}}
+    merged["inference_s_per_1000"] = {n: statistics.median(r["inference_s_per_1000"][n] for r in runs)
+                                      for n in runs[0]["inference_s_per_1000"]}
+    merged["base_bit_identical"] = all(r["base_bit_identical"] for r in runs)
+    merged.update(seeds=seeds, spread=agg["spread"], train_seconds_total=agg["train_seconds_total"])
+    return merged
+
+
 def parse_strategy_sets(items: list[str], specs: list[str]) -> dict[str, list[str]]:
     """['finetune.lr=5e-5', 'finetune-top:3.top=2'] -> {spec: ['lr=5e-5', ...]}; names match specs or names."""
     by_spec: dict[str, list[str]] = {s: [] for s in specs}
@@ -201,12 +217,14 @@ def _reusable(folder: Path, cfg, strategy, inference_rows: int) -> dict | None:
 
 
 def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = None, inference_rows: int = 1000,
-            isolate: bool = True, ablate: bool = False, backbone=None, resume: bool = False) -> dict:
+            isolate: bool = True, ablate: bool = False, backbone=None, resume: bool = False, seeds: int = 1) -> dict:
     from adalayers import strategies
 
     out = Path(out)
     if not specs:
         raise ConfigError("--strategies: give at least one strategy")
+    if seeds < 1:
+        raise ConfigError(f"--seeds: must be at least 1, got {seeds}")
     if len(set(specs)) != len(specs):
         raise ConfigError(f"--strategies: a strategy is listed twice: {specs}")
     sets = parse_strategy_sets(strategy_sets or [], specs)
@@ -216,14 +234,13 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
         from adalayers.backbone import Backbone
         from adalayers.train import pick_device
         backbone = Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
-    results = []
-    for s in specs:
-        folder = out / slug(s)
+    from adalayers.seeds import seed_config
+
+    def one(s: str, cfg, folder: Path) -> dict:
         old = _reusable(folder, cfg, made[s], inference_rows) if resume else None
         if old is not None:
             print(f"== {s}: reusing {folder / 'result.json'} (same settings)", flush=True)
-            results.append(old)
-            continue
+            return old
         print(f"== {s} -> {folder}", flush=True)
         (folder / "error.json").unlink(missing_ok=True)
         if isolate:
@@ -236,9 +253,17 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
                 err = folder / "error.json"
                 msg = json.loads(err.read_text())["error"] if err.is_file() else f"exit code {p.exitcode}"
                 raise AdaLayersError(f"strategy {s} failed: {msg} (details in {err})")
-            results.append(json.loads((folder / "result.json").read_text()))
-        else:
-            results.append(run_one(cfg, s, sets[s], folder, inference_rows, backbone=backbone, ablate=ablate))
+            return json.loads((folder / "result.json").read_text())
+        return run_one(cfg, s, sets[s], folder, inference_rows, backbone=backbone, ablate=ablate)
+
+    results = []
+    for s in specs:
+        if seeds == 1:
+            results.append(one(s, cfg, out / slug(s)))
+        else:  # folder/seed_<n>/ per seed; the row holds the medians, and the spread
+            runs = [one(s, seed_config(cfg, n), out / slug(s) / f"seed_{n}")
+                    for n in range(cfg.train.seed, cfg.train.seed + seeds)]
+            results.append(merge_seeds(runs, list(range(cfg.train.seed, cfg.train.seed + seeds))))
     summary = {"command": "adalayers " + " ".join(sys.argv[1:]), "config": cfg.to_dict(), "strategies": results,
                "device": "cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu",
                "torch_threads": torch.get_num_threads(),
@@ -270,6 +295,8 @@ def add_commands(sub) -> None:
     p.add_argument("--no-isolate", action="store_true", help="run every strategy in this process (faster "
                                                              "start; peak memory is then only a lower bound)")
     p.add_argument("--ablate", action="store_true", help="after training adapters, run the span ablation")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train every strategy with N seeds (train.seed, +1, ...); the table shows medians and min-max")
     p.add_argument("--resume", action="store_true", help="reuse a strategy's result.json in --out when it was "
                                                          "made with exactly the same settings")
     p.set_defaults(fn=_cmd_compare)
@@ -285,6 +312,6 @@ def _cmd_compare(args) -> int:
         torch.set_num_threads(cfg.train.num_threads)
     specs = [s.strip() for s in args.strategies.split(",") if s.strip()]
     summary = compare(cfg, specs, Path(args.out), args.strategy_sets, args.inference_rows,
-                      isolate=not args.no_isolate, ablate=args.ablate, resume=args.resume)
+                      isolate=not args.no_isolate, ablate=args.ablate, resume=args.resume, seeds=args.seeds)
     print((Path(args.out) / "compare.md").read_text())
     return 0 if summary["strategies"] else 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adalayers import run as runlib
+from adalayers.seeds import cell
 
 SHOWN = {"sequence": ("mcc", "accuracy"), "token": ("f1",), "regression": ("pearson", "spearman")}
 
@@ -39,10 +40,16 @@ def markdown(summary: dict) -> str:
         mem = f"{r['peak_rss_mb']:.0f} ({above:+.0f})" if above is not None else f"{r['peak_rss_mb']:.0f}"
         if r.get("peak_gpu_mb") is not None:
             mem += f", GPU {r['peak_gpu_mb']:.0f}"
-        lines.append(f"| {r['spec']} | " + " | ".join(f"{test.get(m, float('nan')):.3f}" for m in metrics) +
+        spread = (r.get("spread") or {}).get("test") or {}
+        lines.append(f"| {r['spec']} | " + " | ".join(cell(spread.get(m), "{:.3f}") or f"{test.get(m, float('nan')):.3f}"
+                                                    for m in metrics) +
                      f" | {_fmt_params(r['trainable_params'])} | {r['trainable_pct_of_base']:.2f} | "
                      f"{r['train_seconds']:.0f} | {inf['1']:.2f} | {inf['4']:.2f} | {mem} | {r['main_model']} "
                      f"({'bit-identical' if r['base_bit_identical'] else 'NOT identical'}) |")
+    if any(r.get("seeds") for r in rows):
+        n = max(len(r.get("seeds") or [0]) for r in rows)
+        lines += ["", f"Every strategy trained with {n} seeds: test metrics are medians with min–max in brackets; "
+                      f"training and inference times are medians (one folder per seed)."]
     lines += ["", f"The base pass alone: {rows[0]['base_pass_s_per_1000']:.2f} s per 1,000 rows; "
                   f"base parameters {rows[0]['base_params']:,}.", ""]
     lines += [f"- {n}" for n in summary["notes"]]
