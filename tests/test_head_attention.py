@@ -32,3 +32,21 @@ def test_attention_dropout_is_its_own_setting(kind):
     assert not torch.equal(only_attention(x, mask), only_attention(x, mask))
     none = build_head(kind, 16, 3, HeadConfig(num_heads=4, dropout=0.0, attention_dropout=0.0)).train()
     assert torch.equal(none(x, mask), none(x, mask))
+
+
+def test_token_head_feed_forward_on_real_tokens_matches_the_padded_encoder():
+    """Values and gradients at every real token equal nn.TransformerEncoder's over the padded batch."""
+    from adalayers.heads import TokenHead
+
+    torch.manual_seed(0)
+    head = TokenHead(16, 5, HeadConfig(num_heads=4, encoder_layers=2, dim_feedforward=24, dropout=0.0))
+    F = torch.randn(3, 9, 16, requires_grad=True)
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    mask[0, :9], mask[1, :3], mask[2, :6] = True, True, True
+    got = head(F, mask)
+    want = head.out(head.encoder(F, src_key_padding_mask=~mask))
+    assert torch.allclose(got[mask], want[mask], atol=1e-5)
+    g_got = torch.autograd.grad(got[mask].square().sum(), [F, *head.parameters()])
+    g_want = torch.autograd.grad(want[mask].square().sum(), [F, *head.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_got, g_want))
+    assert not torch.allclose(got[~mask], want[~mask], atol=1e-3)  # padding is simply not computed

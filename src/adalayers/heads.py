@@ -2,7 +2,8 @@
 
 sequence / regression: self-attention (padding masked) -> GELU -> dropout -> pooling (masked mean, masked max
                        or the first token; head.pooling) -> linear
-token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token
+token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token (the feed-forward
+                       over the real tokens only)
 """
 from __future__ import annotations
 
@@ -70,7 +71,23 @@ class TokenHead(nn.Module):
         self.out = nn.Linear(k, num_outputs)
 
     def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.out(self.encoder(F, src_key_padding_mask=~mask.bool()))
+        """Each pre-LayerNorm layer, with the weights of nn.TransformerEncoderLayer (saved heads load as before):
+
+            x = x + dropout(attention(LN1(x)))        padded (B, T, k); padding masked as keys
+            x = x + dropout(FFN(LN2(x)))              on the real tokens only, packed (N, k)
+
+        The feed-forward (2 * k * dim_feedforward multiply-adds a token) is most of the head's work, and
+        a position-wise function: computing it for padding only produced values nothing reads (padding
+        is never a key, its labels are ignored). Same values at every real token as
+        nn.TransformerEncoder(F, src_key_padding_mask=~mask).
+        """
+        keep = mask.bool()
+        x = F
+        for layer in self.encoder.layers:
+            x = x + layer.dropout1(self_attention(layer.self_attn, layer.norm1(x), keep))
+            real = x[keep]
+            x = x.masked_scatter(keep.unsqueeze(-1), real + layer._ff_block(layer.norm2(real)))
+        return self.out(x)
 
 
 def build_head(kind: str, k: int, num_labels: int, cfg: HeadConfig) -> nn.Module:
