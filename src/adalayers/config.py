@@ -53,6 +53,9 @@ class TaskConfig:
     metric: str | None = _f(None, "Validation metric that picks the best epoch (any task). None = the task's own; "
                                   "for 'files': macro_f1 (classification; or accuracy, mcc), pearson (regression; "
                                   "or spearman), f1 (tokens: entity F1).")
+    positive_label: str | None = _f(None, "Binary classification: the label whose precision, recall and F1 are "
+                                          "reported (positive_*). None = the second label: of the sorted values "
+                                          "for your files, in label_names' order when given (CoLA: acceptable).")
     validation_fraction: float = _f(0.1, "Share of train held out (stratified) when the dataset has no validation split.")
     split_seed: int = _f(42, "Seed of that held-out split.")
     max_train_examples: int | None = _f(None, "Use only the first N training examples (after the split); for quick tries.")

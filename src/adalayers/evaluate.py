@@ -51,12 +51,21 @@ def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Ex
     return tags
 
 
+def positive_index(cfg, labels: list[str]) -> int | None:
+    """The positive class of a binary task: task.positive_label, else the second label (None: not binary)."""
+    if len(labels) != 2:
+        return None
+    name = getattr(getattr(cfg, "task", None), "positive_label", None)
+    return labels.index(name) if name in labels else 1
+
+
 def score(task, examples: list[Example], preds: list) -> dict:
     if task.kind == "regression":
         return metrics.regression([e.label for e in examples], preds)
     if task.kind == "sequence":
         label_id = {name: i for i, name in enumerate(task.labels)}
-        return metrics.classification([label_id[e.label] for e in examples], [p[0] for p in preds], task.labels)
+        return metrics.classification([label_id[e.label] for e in examples], [p[0] for p in preds], task.labels,
+                                      positive_index(getattr(task, "cfg", None), task.labels))
     return metrics.entities([e.tags for e in examples], preds)
 
 

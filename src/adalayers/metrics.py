@@ -4,19 +4,32 @@ from __future__ import annotations
 import numpy as np
 
 # Per task kind: the metrics that can select the best epoch (higher is better); the first is the default.
-MAIN_METRICS = {"sequence": ["macro_f1", "accuracy", "mcc"],
+MAIN_METRICS = {"sequence": ["macro_f1", "accuracy", "mcc", "positive_f1"],  # positive_f1: binary tasks
                 "regression": ["pearson", "spearman"],
                 "token": ["f1", "precision", "recall"]}
 
 
-def classification(y_true: list[int], y_pred: list[int], labels: list[str]) -> dict:
-    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+def classification(y_true: list[int], y_pred: list[int], labels: list[str], positive: int | None = None) -> dict:
+    """Accuracy, MCC, macro-F1 and the confusion matrix (rows = true label, columns = predicted, both in
+    `labels` order). Binary tasks also get precision, recall and F1 of the positive class: label index
+    `positive` (default 1, the second label), named in `positive_label`."""
+    from sklearn.metrics import (accuracy_score, confusion_matrix, f1_score, matthews_corrcoef,
+                                 precision_recall_fscore_support)
 
-    return {"accuracy": float(accuracy_score(y_true, y_pred)),
-            "mcc": float(matthews_corrcoef(y_true, y_pred)),
-            "macro_f1": float(f1_score(y_true, y_pred, average="macro", labels=list(range(len(labels))),
-                                       zero_division=0)),
-            "n": len(y_true)}
+    ids = list(range(len(labels)))
+    out = {"accuracy": float(accuracy_score(y_true, y_pred)),
+           "mcc": float(matthews_corrcoef(y_true, y_pred)),
+           "macro_f1": float(f1_score(y_true, y_pred, average="macro", labels=ids, zero_division=0))}
+    if len(labels) == 2:
+        pos = 1 if positive is None else positive
+        p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=ids, pos_label=pos, average="binary",
+                                                     zero_division=0)
+        out.update(positive_label=labels[pos], positive_precision=float(p), positive_recall=float(r),
+                   positive_f1=float(f))
+    out["confusion"] = {"rows": "true", "columns": "predicted", "labels": list(labels),
+                        "matrix": confusion_matrix(y_true, y_pred, labels=ids).tolist()}
+    out["n"] = len(y_true)
+    return out
 
 
 def regression(y_true: list[float], y_pred: list[float]) -> dict:
