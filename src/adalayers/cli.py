@@ -57,8 +57,8 @@ def cmd_train(args) -> int:
         return 0
     metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
     shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
-    print(json.dumps({**shown, "trainable_params": metrics["trainable_params"],
-                      "train_seconds": metrics["train_seconds"]}, indent=2))
+    print(_dump({**shown, "trainable_params": metrics["trainable_params"],
+                 "train_seconds": metrics["train_seconds"]}))
     if "test" not in metrics:
         print("no test split: the numbers above are validation only")
     print(f"run folder: {args.out}")
@@ -69,28 +69,61 @@ def cmd_evaluate(args) -> int:
     from adalayers import recipes
 
     result = recipes.evaluate(Path(args.run), args.split)
-    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+    print(_dump(result))
     return 0
 
 
 def cmd_predict(args) -> int:
     from adalayers import recipes
 
-    texts = list(args.texts)
+    texts, pairs = list(args.texts), [list(p) for p in args.pair or []]
     if args.file:
-        texts += [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not texts:
-        raise AdaLayersError("give texts as arguments or --file FILE (one text per line)")
-    for r in recipes.predict(Path(args.run), texts):
+        lines = [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if any("\t" in line for line in lines):  # a pair per line: text TAB second text
+            pairs += [line.split("\t", 1) for line in lines]
+        else:
+            texts += lines
+    if texts and pairs:
+        raise AdaLayersError("give single texts or pairs (--pair A B, or TAB-separated lines in --file), not both")
+    if not texts and not pairs:
+        raise AdaLayersError("give texts as arguments, pairs as --pair A B, or --file FILE (one text, or one "
+                             "TAB-separated pair, per line)")
+    if pairs:
+        texts, text_pairs = [a for a, _ in pairs], [b for _, b in pairs]
+    else:
+        text_pairs = None
+    for r in recipes.predict(Path(args.run), texts, text_pairs=text_pairs):
+        shown = r["text"] + (f"\t{r['text_pair']}" if "text_pair" in r else "")
         if args.json:
             print(json.dumps(r))
         elif "label" in r:
-            print(f"{r['label']}\t{r['probabilities'][r['label']]:.3f}\t{r['text']}")
+            print(f"{r['label']}\t{r['probabilities'][r['label']]:.3f}\t{shown}")
         elif "value" in r:
-            print(f"{r['value']:.4f}\t{r['text']}")
+            print(f"{r['value']:.4f}\t{shown}")
         else:
             print(" ".join(f"{w}/{t}" for w, t in zip(r["text"].split(), r["tags"])))
     return 0
+
+
+def _dump(obj) -> str:
+    """JSON with indent 2, but each confusion matrix on one line."""
+    inline: dict[str, str] = {}
+
+    def walk(o):
+        if not isinstance(o, dict):
+            return o
+        out = {}
+        for k, v in o.items():
+            if k == "confusion":
+                inline[f"@confusion{len(inline)}@"] = json.dumps(v)
+                v = f"@confusion{len(inline) - 1}@"
+            out[k] = walk(v)
+        return out
+
+    text = json.dumps(walk(obj), indent=2)
+    for key, value in inline.items():
+        text = text.replace(f'"{key}"', value)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="predict labels for texts with a trained run")
     p.add_argument("run", help="run folder")
     p.add_argument("texts", nargs="*", help="texts to label")
-    p.add_argument("--file", help="a file of texts, one per line")
+    p.add_argument("--pair", nargs=2, action="append", metavar=("TEXT", "SECOND"),
+                   help="a sentence pair, for heads trained on pairs (repeatable)")
+    p.add_argument("--file", help="a file of texts, one per line (for pairs: text TAB second text)")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     p.set_defaults(fn=cmd_predict)
 

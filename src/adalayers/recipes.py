@@ -116,18 +116,27 @@ def evaluate(run_dir: Path, split: str = "test") -> dict:
     return result
 
 
-def check_texts(texts: list[str]) -> None:
+def check_texts(texts: list[str], what: str = "text") -> None:
     for i, t in enumerate(texts):
         if not isinstance(t, str) or not t.strip():
-            raise DataError(f"text {i + 1} is empty")
+            raise DataError(f"{what} {i + 1} is empty")
         if len(t) > MAX_TEXT_CHARS:
-            raise DataError(f"text {i + 1} has {len(t)} characters; the limit is {MAX_TEXT_CHARS}")
+            raise DataError(f"{what} {i + 1} has {len(t)} characters; the limit is {MAX_TEXT_CHARS}")
 
 
-def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None) -> list[dict]:
-    """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word)."""
+def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
+            text_pairs: list[str] | None = None) -> list[dict]:
+    """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word).
+
+    A head trained on sentence pairs needs `text_pairs` (one second text per text); any other head
+    refuses them."""
+    from adalayers.tasks import check_pairs, takes_pairs
+
     check_texts(texts)
     cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    check_pairs(str(run_dir), takes_pairs(cfg), text_pairs, len(texts))
+    if text_pairs is not None:
+        check_texts(text_pairs, "second text")
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.to(backbone.device)
@@ -138,18 +147,19 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None) -
     if task.kind == "token":
         examples = [Example(words=t.split()) for t in texts]
     else:
-        examples = [Example(text=t) for t in texts]
+        examples = [Example(text=t, text_pair=text_pairs[i] if text_pairs else None) for i, t in enumerate(texts)]
     split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels)
     outs = row_outputs(task, LiveStates(backbone), split, cfg.train.eval_batch_size,
                        backbone.tokenizer.pad_token_id or 0)
     preds = example_predictions(task, split, outs, examples)
     results = []
-    for text, p in zip(texts, preds):
+    for i, (text, p) in enumerate(zip(texts, preds)):
+        given = {"text": text, "text_pair": text_pairs[i]} if text_pairs else {"text": text}
         if task.kind == "sequence":
-            results.append({"text": text, "label": task.labels[p[0]],
+            results.append({**given, "label": task.labels[p[0]],
                             "probabilities": dict(zip(task.labels, [round(x, 6) for x in p[1]]))})
         elif task.kind == "regression":
-            results.append({"text": text, "value": p})
+            results.append({**given, "value": p})
         else:
-            results.append({"text": text, "tags": p})
+            results.append({**given, "tags": p})
     return results

@@ -31,6 +31,7 @@ from adalayers.backbone import Backbone
 from adalayers.encoding import collate
 from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
+from adalayers.tasks import check_pairs, takes_pairs
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
 
@@ -41,6 +42,7 @@ class Head:
     task: object          # SideTask
     run_dir: Path
     max_length: int
+    pairs: bool = False   # trained on sentence pairs: takes (text, text_pair), refuses single texts
 
     @property
     def kind(self) -> str:
@@ -48,7 +50,7 @@ class Head:
 
     def describe(self) -> dict:
         w = self.task.mixer.layer_weights().tolist()
-        return {"name": self.name, "kind": self.kind, "labels": self.task.labels,
+        return {"name": self.name, "kind": self.kind, "pairs": self.pairs, "labels": self.task.labels,
                 "layer_weights": [round(x, 6) for x in w], "used_layers": self.task.used_layers(),
                 "max_length": self.max_length, "run": str(self.run_dir)}
 
@@ -98,7 +100,7 @@ class SideTasks:
             task, cfg, _ = runlib.load_head(path, backbone)  # refuses a head trained on another base
             if task.mixer.num_layers != backbone.num_layers:
                 raise ModelError(f"{path}: head expects {task.mixer.num_layers} layers, base has {backbone.num_layers}")
-            heads.append(Head(name, task.to(backbone.device).eval(), path, cfg.model.max_length))
+            heads.append(Head(name, task.to(backbone.device).eval(), path, cfg.model.max_length, takes_pairs(cfg)))
         return cls(backbone, heads, primary, **kw)
 
     @property
@@ -116,17 +118,55 @@ class SideTasks:
             raise DataError(f"unknown task(s) {', '.join(map(repr, unknown))}; known: {', '.join(self.names)}")
         return list(dict.fromkeys(tasks))
 
-    # --- predicting ------------------------------------------------------------------------
-    def predict(self, texts: list[str], tasks: list[str] | None = None) -> list[dict]:
+    def select(self, tasks: list[str] | None, pairs: bool) -> list[str]:
+        """The heads to answer: the named ones, each checked to take this input (single texts or sentence
+        pairs), or, when none are named, every head that takes it."""
+        if tasks is None:
+            names = [n for n, h in self.heads.items() if h.pairs == pairs]
+            if self.heads and not names:
+                raise DataError(f"no loaded head takes {'sentence pairs' if pairs else 'single texts'} "
+                                f"(heads: {', '.join(f'{n} ({_input(h)})' for n, h in self.heads.items())})")
+            return names
         names = self.check_tasks(tasks)
-        for i, t in enumerate(texts):
-            if not isinstance(t, str) or not t.strip():
-                raise DataError(f"text {i + 1} is empty")
+        for n in names:
+            check_pairs(f"task {n!r}", self.heads[n].pairs, [] if pairs else None, 0)
+        return names
+
+    # --- predicting ------------------------------------------------------------------------
+    def predict(self, texts: list[str], tasks: list[str] | None = None,
+                text_pairs: list[str] | None = None) -> list[dict]:
+        """Every asked head's prediction per text. A head trained on sentence pairs needs `text_pairs`
+        (one second text per text); the others refuse them. Without `tasks`: the heads that take the input."""
+        if text_pairs is not None and len(text_pairs) != len(texts):
+            raise DataError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one second text per text")
+        names = self.select(tasks, text_pairs is not None)
+        for what, given in (("text", texts), ("second text", text_pairs or [])):
+            for i, t in enumerate(given):
+                if not isinstance(t, str) or not t.strip():
+                    raise DataError(f"{what} {i + 1} is empty")
         heads = [self.heads[n] for n in names]
-        rows, spans = self._rows(texts, any(h.kind == "token" for h in heads))
+        if text_pairs is not None:
+            rows, spans = self._pair_rows(texts, text_pairs), [[] for _ in texts]
+        else:
+            rows, spans = self._rows(texts, any(h.kind == "token" for h in heads))
         with self._lock, torch.inference_mode():
             outs = self._run(rows, heads)
-        return [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(texts)]
+        results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(texts)]
+        for r, second in zip(results, text_pairs or []):
+            r["text_pair"] = second
+        return results
+
+    def _pair_rows(self, texts: list[str], text_pairs: list[str]) -> list[dict]:
+        """One row per pair, encoded as in training (the tokenizer's pair encoding, longest-first truncation)."""
+        tok = self.backbone.tokenizer
+        enc = tok(texts, text_pairs, truncation=True, max_length=self.max_length)
+        full = tok(texts, text_pairs, verbose=False)["input_ids"]
+        rows = []
+        for i in range(len(texts)):
+            row = self._row(enc, i, i, 0, [])
+            row["pair_truncated"] = len(full[i]) > self.max_length
+            rows.append(row)
+        return rows
 
     def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
         """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
@@ -201,7 +241,7 @@ class SideTasks:
 
     def _result(self, i: int, text: str, rows, outs, heads: list[Head], spans) -> dict:
         plain = rows[i]
-        result = {"text": text, "truncated": _truncated(plain, spans)}
+        result = {"text": text, "truncated": plain.get("pair_truncated", _truncated(plain, spans))}
         if self.primary:
             result["base"] = self._base_output(outs["base"][i], text, spans, plain)
         result["tasks"] = {}
@@ -223,8 +263,14 @@ class SideTasks:
             return {"embedding": out.tolist()}
         labels = [model.config.id2label.get(j, str(j)) for j in range(out.shape[-1])]
         if out.dim() == 2:  # a token-classification base
+            if "pair_truncated" in row:
+                return None  # words of a sentence pair: not tagged
             return _tag_words(labels, text, spans, [(row, torch.softmax(out, -1))])
         return _sequence_output("sequence", labels, torch.softmax(out, -1))
+
+
+def _input(head: Head) -> str:
+    return "sentence pairs" if head.pairs else "single texts"
 
 
 def _word_ids(offsets, spans, shift: int) -> list[int | None]:

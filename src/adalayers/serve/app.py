@@ -1,6 +1,7 @@
 """The HTTP service: FastAPI app around one SideTasks, with micro-batching of concurrent requests.
 
     POST /predict  {"texts": [...], "tasks": [...optional subset...]}  -> {"results": [one object per text]}
+                   sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
     GET  /tasks    the heads: names, kinds, labels, layer weights
     GET  /health   liveness and counters
     GET  /openapi.json, /docs
@@ -21,12 +22,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from adalayers.config import ServeConfig
+from adalayers.errors import DataError
 from adalayers.serve.api import SideTasks
 
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    texts: list[str] = Field(description="Texts to run; each is split into words on whitespace for token tasks.")
+    texts: list[str | list[str]] = Field(description="Texts to run; each is split into words on whitespace for token "
+                                                     "tasks. For heads trained on sentence pairs: [text, second] "
+                                                     "lists, or texts plus text_pairs.")
+    text_pairs: list[str] | None = Field(None, description="The second text of each text, for heads trained on "
+                                                           "sentence pairs (or give [text, second] lists in texts).")
     tasks: list[str] | None = Field(None, description="Names of the side tasks to answer (default: all).")
     base: bool = Field(True, description="Include the base model's own output (e.g. its sentence embedding).")
 
@@ -40,6 +46,7 @@ class _Job:
     texts: list[str]
     tasks: list[str]
     future: asyncio.Future
+    text_pairs: list[str] | None = None
 
 
 @dataclass
@@ -52,8 +59,8 @@ class Batcher:
     passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
     requests: int = 0
 
-    async def submit(self, texts: list[str], tasks: list[str]) -> list[dict]:
-        job = _Job(texts, tasks, asyncio.get_running_loop().create_future())
+    async def submit(self, texts: list[str], tasks: list[str], text_pairs: list[str] | None = None) -> list[dict]:
+        job = _Job(texts, tasks, asyncio.get_running_loop().create_future(), text_pairs)
         await self.queue.put(job)
         return await job.future
 
@@ -77,10 +84,18 @@ class Batcher:
             await self._run_group(group)
 
     async def _run_group(self, group: list[_Job]) -> None:
+        """Single texts and sentence pairs of one group go to the base as two predict calls."""
+        for pairs in (False, True):
+            part = [job for job in group if (job.text_pairs is not None) == pairs]
+            if part:
+                await self._run_part(part, pairs)
+
+    async def _run_part(self, group: list[_Job], pairs: bool) -> None:
         texts = [t for job in group for t in job.texts]
+        second = [t for job in group for t in job.text_pairs] if pairs else None
         names = list(dict.fromkeys(name for job in group for name in job.tasks))
         try:
-            results = await asyncio.to_thread(self.side.predict, texts, names)
+            results = await asyncio.to_thread(self.side.predict, texts, names, second)
         except Exception as e:  # noqa: BLE001  (handed to the waiting requests, answered 500)
             for job in group:
                 if not job.future.done():
@@ -96,6 +111,24 @@ class Batcher:
                 r["tasks"] = {name: r["tasks"][name] for name in job.tasks}
             if not job.future.done():
                 job.future.set_result(mine)
+
+
+def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
+    """texts of strings (+ optional text_pairs), or texts of [text, second] lists -> (texts, second texts)."""
+    lists = [isinstance(t, list) for t in req.texts]
+    if not any(lists):
+        if req.text_pairs is not None and len(req.text_pairs) != len(req.texts):
+            raise HTTPException(422, f"{len(req.texts)} texts but {len(req.text_pairs)} text_pairs: give one "
+                                     f"second text per text")
+        return list(req.texts), req.text_pairs
+    if not all(lists) or req.text_pairs is not None:
+        raise HTTPException(422, "texts mixes single texts and [text, second] pairs (or pairs and text_pairs): "
+                                 "give one kind per request")
+    bad = [i + 1 for i, t in enumerate(req.texts) if len(t) != 2]
+    if bad:
+        raise HTTPException(422, f"text {bad[0]} is a list of {len(req.texts[bad[0] - 1])} texts; a sentence pair "
+                                 f"is [text, second]")
+    return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
 def create_app(side: SideTasks, cfg: ServeConfig | None = None) -> FastAPI:
@@ -131,17 +164,23 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None) -> FastAPI:
         if len(req.texts) > cfg.max_texts:
             raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
                                      f"(--max-texts)")
-        for i, t in enumerate(req.texts):
-            if len(t) > cfg.max_chars:
-                raise HTTPException(413, f"text {i + 1} has {len(t)} characters; the limit is {cfg.max_chars} "
-                                         f"(--max-chars)")
-            if not t.strip():
-                raise HTTPException(422, f"text {i + 1} is empty")
+        texts, text_pairs = _split_pairs(req)
+        for what, given in (("text", texts), ("second text", text_pairs or [])):
+            for i, t in enumerate(given):
+                if len(t) > cfg.max_chars:
+                    raise HTTPException(413, f"{what} {i + 1} has {len(t)} characters; the limit is "
+                                             f"{cfg.max_chars} (--max-chars)")
+                if not t.strip():
+                    raise HTTPException(422, f"{what} {i + 1} is empty")
         unknown = [t for t in (req.tasks or []) if t not in side.heads]
         if unknown:
             raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
-        tasks = list(dict.fromkeys(req.tasks)) if req.tasks is not None else side.names
-        results = await batcher.submit(req.texts, tasks)
+        try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
+            tasks = side.select(list(dict.fromkeys(req.tasks)) if req.tasks is not None else None,
+                                text_pairs is not None)
+        except DataError as e:
+            raise HTTPException(422, str(e)) from None
+        results = await batcher.submit(texts, tasks, text_pairs)
         if not req.base:
             for r in results:
                 r.pop("base", None)

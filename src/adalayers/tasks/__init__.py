@@ -45,11 +45,35 @@ def bad_row(message: str) -> None:
     skipped.append(message)
 
 
-def register(name: str):
+PAIR_TASKS: set[str] = set()  # built-in tasks whose examples are sentence pairs (text, text_pair)
+
+
+def register(name: str, pairs: bool = False):
+    """`pairs=True`: the task's examples are sentence pairs, so its heads must be given two texts."""
     def wrap(fn):
         TASKS[name] = fn
+        if pairs:
+            PAIR_TASKS.add(name)
         return fn
     return wrap
+
+
+def takes_pairs(cfg) -> bool:
+    """Was a head with this config trained on sentence pairs? (your files: task.text_pair is set)"""
+    from adalayers.tasks import conll, files, glue, imdb, qqp, sst  # noqa: F401  (register their tasks)
+
+    return cfg.task.name in PAIR_TASKS or (cfg.task.name == "files" and cfg.task.text_pair is not None)
+
+
+def check_pairs(name: str, pairs: bool, text_pairs: list | None, n_texts: int) -> None:
+    """Refuse single texts for a head trained on pairs, and pairs for a head trained on single texts."""
+    if pairs and text_pairs is None:
+        raise DataError(f"{name} was trained on sentence pairs: give each text its second text "
+                        f"(predict --pair A B, text_pairs=[...], or [a, b] in the service's texts)")
+    if not pairs and text_pairs is not None:
+        raise DataError(f"{name} was trained on single texts, not sentence pairs: give texts without a second text")
+    if text_pairs is not None and len(text_pairs) != n_texts:
+        raise DataError(f"{n_texts} texts but {len(text_pairs)} second texts: give one second text per text")
 
 
 def load_task(cfg) -> TaskData:
@@ -72,6 +96,17 @@ def load_task(cfg) -> TaskData:
             raise ConfigError(f"task.metric: a {data.kind} task can select on {', '.join(MAIN_METRICS[data.kind])}, "
                               f"not {cfg.task.metric!r}")
         data.main_metric = cfg.task.metric
+    binary = data.kind == "sequence" and len(data.labels) == 2
+    if (cfg.task.positive_label is not None or cfg.task.metric == "positive_f1") and not binary:
+        raise ConfigError(f"task.positive_label / positive_f1: task {data.name} is not a binary classification "
+                          f"task ({data.kind}, {len(data.labels)} labels)")
+    if cfg.task.positive_label is not None and cfg.task.positive_label not in data.labels:
+        raise ConfigError(f"task.positive_label: {cfg.task.positive_label!r} is not a label of task {data.name} "
+                          f"(labels: {', '.join(data.labels)})")
+    if binary:
+        positive = cfg.task.positive_label or data.labels[1]
+        data.notes.append(f"positive class for precision/recall/F1: {positive!r} (change with "
+                          f"--set task.positive_label=LABEL)")
     for split in ("train", "validation"):
         if not data.splits.get(split):
             raise DataError(f"task {data.name}: the {split} split is empty")

@@ -80,7 +80,7 @@ def _stsb_rows(path: Path) -> list[Example]:
     return rows
 
 
-@register("stsb")
+@register("stsb", pairs=True)
 def stsb(cfg) -> TaskData:
     folder = cfg.data_dir() / "glue" / "STS-B"
     splits = _glue_splits(cfg, folder, _stsb_rows)

@@ -55,7 +55,7 @@ def split_80_10_10(examples: list[Example], seed: int) -> dict[str, list[Example
             (("train", train), ("validation", val), ("test", test))}
 
 
-@register("qqp")
+@register("qqp", pairs=True)
 def qqp(cfg) -> TaskData:
     path = cfg.data_dir() / "qqp" / "subset.tsv"
     splits = split_80_10_10(read_pairs(path), cfg.task.split_seed)
