@@ -67,7 +67,10 @@ class TaskConfig:
 @dataclass
 class ModelConfig:
     base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base), a local Hugging Face folder, or a hub id.")
-    max_length: int = _f(128, "Tokens per input; longer inputs are truncated (token tasks are split into windows).")
+    max_length: int | None = _f(None, "Tokens per input; longer inputs are truncated (token tasks are split into "
+                                      "windows). None = chosen from the training data: the length that holds 99% "
+                                      "of its examples whole, at most the base's limit (printed, with the share "
+                                      "cut).")
     states: str = _f("encoder", "For encoder-decoder bases: read 'encoder' or 'decoder' hidden states.")
 
 
@@ -291,12 +294,12 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"train.device: must be auto, cpu or cuda, got {cfg.train.device!r}")
     for name, value in [("mixer.k", cfg.mixer.k), ("head.num_heads", cfg.head.num_heads),
                         ("train.batch_size", cfg.train.batch_size), ("train.max_epochs", cfg.train.max_epochs),
-                        ("model.max_length", cfg.model.max_length), ("head.encoder_layers", cfg.head.encoder_layers)]:
+                        ("model.max_length", cfg.model.max_length or 8), ("head.encoder_layers", cfg.head.encoder_layers)]:
         if value < 1:
             p.append(f"{name}: must be at least 1, got {value}")
     if cfg.mixer.k >= 1 and cfg.head.num_heads >= 1 and cfg.mixer.k % cfg.head.num_heads:
         p.append(f"head.num_heads: must divide mixer.k ({cfg.mixer.k}), got {cfg.head.num_heads}")
-    if cfg.model.max_length < 8:
+    if cfg.model.max_length is not None and cfg.model.max_length < 8:
         p.append(f"model.max_length: must be at least 8, got {cfg.model.max_length}")
     for name, value in [("mixer.dropout", cfg.mixer.dropout), ("head.dropout", cfg.head.dropout),
                         ("head.attention_dropout", cfg.head.attention_dropout or 0.0), ("mixer.cutoff", cfg.mixer.cutoff)]:

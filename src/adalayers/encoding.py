@@ -52,6 +52,38 @@ def encode(examples: list[Example], tokenizer, max_length: int, kind: str, label
     return EncodedSplit(name, rows, len(examples), truncated)
 
 
+@dataclass
+class LengthChoice:
+    max_length: int      # the chosen number of tokens per row
+    share_over: float    # share of the training examples longer than that (truncated, or split into windows)
+    longest: int         # tokens of the longest training example
+    examples: int
+
+
+def choose_max_length(examples: list[Example], tokenizer, kind: str, limit: int, coverage: float = 0.99,
+                      floor: int = 8) -> LengthChoice:
+    """max_length from the data: the smallest length that holds `coverage` of the training examples whole
+    (their token count with special tokens, pairs encoded together), within [floor, limit].
+
+    L = min(limit, max(floor, ceil-quantile_coverage(lengths))); the share of examples longer than L is
+    what truncation (sequence tasks) or word-boundary windows (token tasks) will touch.
+    """
+    import math
+
+    if kind == "token":
+        tok = word_tokenizer(tokenizer)
+        lengths = [len(ids) for ids in tok([e.words for e in examples], is_split_into_words=True,
+                                           verbose=False)["input_ids"]]
+    else:
+        pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
+        lengths = [len(ids) for ids in tokenizer([e.text for e in examples], pairs, verbose=False)["input_ids"]]
+    ordered = sorted(lengths)
+    at = ordered[max(0, math.ceil(coverage * len(ordered)) - 1)] if ordered else floor
+    chosen = min(limit, max(floor, at))
+    over = sum(n > chosen for n in lengths)
+    return LengthChoice(chosen, over / max(1, len(lengths)), max(lengths, default=0), len(lengths))
+
+
 _WORD_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 

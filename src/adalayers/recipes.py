@@ -9,7 +9,7 @@ import torch
 from adalayers import checkpoint
 from adalayers import run as runlib
 from adalayers.backbone import Backbone
-from adalayers.encoding import encode
+from adalayers.encoding import choose_max_length, encode
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.evaluate import evaluate_split
 from adalayers.sidetask import SideTask
@@ -34,9 +34,30 @@ def prepare(cfg, backbone: Backbone | None = None):
     elif data.kind != cfg.head.kind:
         raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
                              f"set head.kind: {data.kind}")
+    if cfg.model.max_length is None:
+        choose_max_length_from_data(cfg, backbone, data)
     encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name)
                for name, ex in data.splits.items()}
     return backbone, data, encoded
+
+
+def base_token_limit(backbone: Backbone) -> int:
+    """The most tokens the base takes in one row (its position embeddings; the tokenizer's limit)."""
+    limits = [getattr(backbone.tokenizer, "model_max_length", None),
+              getattr(getattr(backbone.model, "config", None), "max_position_embeddings", None)]
+    limits = [int(x) for x in limits if isinstance(x, (int, float)) and 8 <= x < 1_000_000]
+    return min(limits) if limits else 512
+
+
+def choose_max_length_from_data(cfg, backbone: Backbone, data) -> None:
+    """model.max_length not set: the length that holds 99% of the training examples, capped by the base."""
+    choice = choose_max_length(data.splits["train"], backbone.tokenizer, data.kind, base_token_limit(backbone))
+    cfg.model.max_length = choice.max_length
+    what = "split into windows" if data.kind == "token" else "truncated"
+    print(f"[{data.name}] model.max_length not set: {choice.max_length} tokens, chosen from the data (holds 99% "
+          f"of the {choice.examples:,} training examples whole, at most the base's "
+          f"{base_token_limit(backbone)}; the longest has {choice.longest}); {100 * choice.share_over:.1f}% of "
+          f"them are {what}. Change it with --set model.max_length=N")
 
 
 def make_source(cfg, backbone, data, encoded):

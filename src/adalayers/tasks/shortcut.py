@@ -52,6 +52,7 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         keep = ("data_dir", "validation_fraction", "split_seed", "max_train_examples", "max_eval_examples")
         base["task"] = {**{k: base["task"][k] for k in keep}, **task}
         base["head"]["kind"] = None  # follows the data
+        base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
     return config_mod.from_dict(base, overrides)
 
 
