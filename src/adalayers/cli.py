@@ -22,6 +22,7 @@ COMMAND_MODULES: list[str] = [
     "adalayers.strategies.ablation",
     "adalayers.multitask.compare",
     "adalayers.tune.cli",
+    "adalayers.tasks.fetch",
 ]
 
 

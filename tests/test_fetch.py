@@ -1,0 +1,81 @@
+"""`adalayers data fetch`: offline it names the folder in one line; with a network (here a loopback HTTP
+server standing in for the public host) it writes only files whose sha256 matches."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import threading
+import zipfile
+from functools import partial
+
+import pytest
+
+from adalayers import cli
+from adalayers.errors import DataError
+from adalayers.tasks import fetch
+
+
+def test_offline_says_which_folder_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["data", "fetch", "cola", "--dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: offline (HF_HUB_OFFLINE=1), nothing downloaded: place glue/CoLA/train.tsv, "
+                          "glue/CoLA/dev.tsv under " + str((tmp_path / "data").resolve()))
+    assert not (tmp_path / "data").exists()
+
+
+def test_every_task_of_the_issue_has_a_source():
+    assert {"cola", "imdb", "conll2003", "sst", "stsb", "qqp"} <= set(fetch.SOURCES)
+    for src in fetch.SOURCES.values():
+        assert all(f.sha256 or f.archive_sha256 for f in src.files)
+
+
+def test_data_alone_prints_its_help(capsys):
+    assert cli.main(["data"]) == 0 and "fetch" in capsys.readouterr().out
+
+
+@pytest.fixture()
+def server(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    thread.join(timeout=5)
+
+
+def test_download_is_checked_before_it_lands(server, tmp_path, monkeypatch):
+    root, url = server
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    good = b"gj04\t1\t\tOur friends won't buy this analysis.\n"
+    (root / "train.tsv").write_bytes(good)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("pack/dev.tsv", b"dev rows\n")
+    (root / "pack.zip").write_bytes(buf.getvalue())
+    sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
+    monkeypatch.setitem(fetch.SOURCES, "toy", fetch.Source([
+        fetch.RemoteFile("toy/train.tsv", f"{url}/train.tsv", sha(good)),
+        fetch.RemoteFile("toy/dev.tsv", f"{url}/pack.zip", sha(b"dev rows\n"), member="pack/dev.tsv",
+                         archive_sha256=sha(buf.getvalue()))]))
+    data = tmp_path / "data"
+    lines = fetch.fetch("toy", data)
+    assert (data / "toy" / "train.tsv").read_bytes() == good and (data / "toy" / "dev.tsv").read_bytes() == b"dev rows\n"
+    assert all("sha256 ok" in ln for ln in lines)
+    assert all("present" in ln for ln in fetch.fetch("toy", data))  # a second fetch keeps the checked files
+
+    (data / "toy" / "train.tsv").unlink()
+    (root / "train.tsv").write_bytes(good.replace(b"1", b"0"))  # the host now serves other bytes
+    with pytest.raises(DataError, match="does not match the expected .*nothing was written"):
+        fetch.fetch("toy", data)
+    assert not (data / "toy" / "train.tsv").exists() and not list((data / "toy").glob(".*tmp"))
+
+    monkeypatch.setitem(fetch.SOURCES, "gone", fetch.Source([fetch.RemoteFile("x/y.tsv", f"{url}/nope.tsv", "0" * 64)]))
+    with pytest.raises(DataError, match="could not download .*nope.tsv .*place x/y.tsv under"):
+        fetch.fetch("gone", data)
