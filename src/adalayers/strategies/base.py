@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
-from adalayers.strategies.harness import OptimConfig, Trained, count_trainable, train_and_score
+from adalayers.strategies.harness import OptimConfig, SharedPassModel, Trained, count_trainable, train_and_score
 
 TRAINED = "trainable.safetensors"
 META = "strategy.json"
@@ -47,6 +47,10 @@ class HarnessStrategy(Strategy):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         model = self.build(cfg, backbone, data)
+        if isinstance(model, SharedPassModel):  # a frozen base: its hidden states come from the cache
+            from adalayers.recipes import make_source
+
+            model.use_source(make_source(cfg, backbone, data, encoded))
         s = train_and_score(model, data, encoded, cfg, self.conf, out, backbone.device, self.spec)
         save_run(out, self, model, cfg, data, backbone)
         return Trained(s["results"], self.effective_params(model), s["train_seconds"], s["epochs"],

@@ -283,9 +283,12 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
 def add_commands(sub) -> None:
     p = sub.add_parser("compare", help="train several strategies (adalayers, fine-tuning, adapters, ...) on the "
                                        "same data and compare quality, parameters and cost")
-    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("config", nargs="?", help="YAML config file (see configs/); optional with --data")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one config field for every strategy, e.g. --set task.max_train_examples=1000")
+    from adalayers.tasks.shortcut import add_data_args
+
+    add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data, as with train
     p.add_argument("--strategies", default=DEFAULT, help=f"comma-separated strategies (default: {DEFAULT})")
     p.add_argument("--strategy-set", dest="strategy_sets", action="append", default=[],
                    metavar="STRATEGY.FIELD=VALUE", help="override one strategy setting, e.g. finetune.lr=5e-5")
@@ -305,7 +308,14 @@ def add_commands(sub) -> None:
 def _cmd_compare(args) -> int:
     from adalayers import config
 
-    cfg = config.load(args.config, args.overrides)
+    if args.data:
+        from adalayers.tasks.shortcut import config_from_args
+
+        cfg = config_from_args(args)
+    elif not args.config:
+        raise ConfigError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
+    else:
+        cfg = config.load(args.config, args.overrides)
     if args.inference_rows < 1:
         raise ConfigError("--inference-rows: must be at least 1")
     if cfg.train.num_threads:

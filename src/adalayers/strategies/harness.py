@@ -101,8 +101,14 @@ class SharedPassModel(nn.Module):
         super().__init__()
         self.side, self.kind, self.labels = side, kind, list(labels)
         self.pad_id = backbone.tokenizer.pad_token_id or 0
-        self._source = [LiveStates(backbone)]  # a list: not registered as a submodule
+        self._live = LiveStates(backbone)
+        self._source = [self._live]  # a list: not registered as a submodule
         self._copies: list[nn.Module] = []
+
+    def use_source(self, source) -> None:
+        """Training and scoring read their hidden states from `source` (e.g. the cache); `infer`, which
+        times the side task as it would serve, keeps running the live base."""
+        self._source[0] = source
 
     def forward(self, batch: dict) -> torch.Tensor:
         self._source[0].run(batch, [self.side])
@@ -113,7 +119,7 @@ class SharedPassModel(nn.Module):
 
     @torch.no_grad()
     def infer(self, batch: dict, n: int) -> None:
-        run_shared(self._source[0], self.side, batch, n, self._copies)
+        run_shared(self._live, self.side, batch, n, self._copies)
 
 
 @torch.no_grad()
