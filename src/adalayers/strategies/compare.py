@@ -158,8 +158,9 @@ def _main_model(strategy, identical: bool) -> str:
 
 
 def _child(cfg_dict, spec, overrides, out, inference_rows, ablate, num_threads) -> None:
-    from adalayers import config as config_mod
+    from adalayers import config as config_mod, progress
 
+    progress.configure(verbose=False)  # a spawned process: the parent's progress settings are not inherited
     if num_threads:
         torch.set_num_threads(num_threads)
     try:
