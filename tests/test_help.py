@@ -58,7 +58,7 @@ def test_verbose_is_accepted_after_a_command():
 
 def test_plain_lines_when_not_a_terminal():
     buf = io.StringIO()
-    stream = progress.PlainLines(buf)
+    stream = progress.PlainLines(buf, interval=0)
     bar = tqdm(range(3), file=stream, mininterval=0, desc="caching")
     for i in bar:
         bar.write(f"epoch {i}", file=stream)
@@ -70,6 +70,18 @@ def test_plain_lines_when_not_a_terminal():
     assert [ln for ln in lines if ln.startswith("epoch")] == ["epoch 0", "epoch 1", "epoch 2"]
     assert lines[-1] == "done now" and all(ln.strip() for ln in lines)
     assert any(ln.startswith("caching: 100%") for ln in lines)
+
+
+def test_bar_lines_are_throttled_but_messages_and_the_last_state_are_kept():
+    buf = io.StringIO()
+    stream = progress.PlainLines(buf, interval=3600)
+    for i in tqdm(range(50), file=stream, mininterval=0, desc="epoch 1"):
+        if i == 25:
+            tqdm.write("halfway", file=stream)
+    lines = buf.getvalue().splitlines()
+    bars = [ln for ln in lines if ln.startswith("epoch 1")]
+    assert len(bars) <= 4 and bars[-1].startswith("epoch 1: 100%") and "halfway" in lines
+    assert "\r" not in buf.getvalue()
 
 
 def test_transformers_progress_is_silent_unless_verbose(tmp_path, capfd):

@@ -4,27 +4,43 @@
 - transformers' and huggingface_hub's own progress bars ("Loading weights", downloads) are switched
   off unless `verbose`; adalayers' bars (caching, epochs) stay.
 - when stderr is not a terminal, a bar's redraws (carriage returns and cursor moves) become whole
-  lines, one per `TQDM_MININTERVAL` seconds (default here: 30) per bar, so a log file reads top to bottom.
+  lines, at most one per PLAIN_INTERVAL_S seconds (and the bar's last state before other output),
+  so a log file reads top to bottom; every other message passes unchanged.
 """
 from __future__ import annotations
 
 import io
-import os
 import re
 import sys
+import time
 from collections.abc import Callable
 
-PLAIN_INTERVAL_S = "30"
+PLAIN_INTERVAL_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_BAR = re.compile(r"\d+%\||\| *\d+/\S+ \[")  # tqdm's "NN%|" or "| n/total [" (what a bar redraw shows)
 
 
 class PlainLines(io.TextIOBase):
-    """A text stream that turns every carriage-return redraw written to it into a line of its own."""
+    """A text stream that turns tqdm's carriage-return redraws into lines of their own, at most one bar
+    line per `interval` seconds; a bar line held back is written before the next other output."""
 
-    def __init__(self, stream):
-        self.stream = stream
-        self._open = False    # the last line written has no newline yet
-        self._redraw = False  # a carriage return came: what follows would overwrite the line
+    def __init__(self, stream, interval: float = PLAIN_INTERVAL_S):
+        self.stream, self.interval = stream, interval
+        self._open = False     # the last line written has no newline yet
+        self._redraw = False   # a carriage return came: what follows would overwrite the line
+        self._pending = None   # the latest bar line held back
+        self._last = -float("inf")
+
+    def _line(self, text: str) -> None:
+        if self._open:
+            self.stream.write("\n")
+        self.stream.write(text)
+        self._open = not text.endswith("\n")
+
+    def _release(self) -> None:
+        if self._pending is not None:
+            self._line(self._pending)
+            self._pending = None
 
     def write(self, s: str) -> int:
         for i, part in enumerate(_ANSI.sub("", s).split("\r")):
@@ -33,14 +49,26 @@ class PlainLines(io.TextIOBase):
             if not part:
                 continue
             if self._redraw and not part.strip():
-                if part.endswith("\n") and self._open:
-                    self.stream.write("\n")
-                    self._open = False
+                if part.endswith("\n"):
+                    self._release()
+                    if self._open:
+                        self.stream.write("\n")
+                        self._open = False
                 continue  # a bar wiping itself, or nothing
             if self._redraw:
-                if self._open:
-                    self.stream.write("\n")
-                part, self._redraw = part.strip(" "), False
+                self._redraw, text = False, part.strip(" ")
+                if _BAR.search(text):
+                    now = time.monotonic()
+                    if now - self._last >= self.interval:
+                        self._pending, self._last = None, now
+                        self._line(text)
+                    else:
+                        self._pending = text
+                    continue
+                self._release()
+                self._line(text)
+                continue
+            self._release()
             self.stream.write(part)
             self._open = not part.endswith("\n")
         return len(s)
@@ -74,18 +102,13 @@ def _hf_progress(on: bool) -> bool:
 def configure(verbose: bool = False) -> Callable[[], None]:
     """Set up progress output for one command; returns a function that undoes it (for in-process callers)."""
     hf_was_on = _hf_progress(verbose)
-    stderr, interval = sys.stderr, os.environ.get("TQDM_MININTERVAL")
+    stderr = sys.stderr
     if not sys.stderr.isatty() and not isinstance(sys.stderr, PlainLines):
-        os.environ.setdefault("TQDM_MININTERVAL", PLAIN_INTERVAL_S)
         sys.stderr = PlainLines(sys.stderr)
 
     def restore() -> None:
         _hf_progress(hf_was_on)
         if isinstance(sys.stderr, PlainLines) and sys.stderr.stream is stderr:
             sys.stderr = stderr
-        if interval is None:
-            os.environ.pop("TQDM_MININTERVAL", None)
-        else:
-            os.environ["TQDM_MININTERVAL"] = interval
 
     return restore
