@@ -96,7 +96,7 @@ def test_adalayers_counts(tok, tmp_path):
     cfg, C, L, k = tiny_config(), 2, LAYERS + 1, 8
     task = SideTask(cfg, L, D, ["neg", "pos"])
     # per-layer projection d*k (no bias) + one p per layer; head: attention 4k^2 + 4k, output k*C + C
-    assert task.trainable_parameters() == L * D * k + L + 4 * k * k + 4 * k + k * C + C
+    assert task.num_trainable() == L * D * k + L + 4 * k * k + 4 * k + k * C + C
 
 
 def test_scalar_mix_and_concat_counts(tok, seq_data):

@@ -1,9 +1,9 @@
 """The resumable training state, saved after every completed epoch.
 
-resume.pt holds the head and optimizer weights, the scheduler, the early-stopping counters, the best
-metric and every RNG state that decides what happens next, so a resumed run continues exactly as an
-uninterrupted one would. It is written atomically and read with torch.load(weights_only=True): only
-tensors and plain Python values, never pickled code.
+resume.pt holds the trainable model's and the optimiser's weights, the scheduler, the early-stopping
+counters, the best metric and every RNG state that decides what happens next (under torchrun: every
+rank's), so a resumed run continues exactly as an uninterrupted one would. It is written atomically
+and read with torch.load(weights_only=True): only tensors and plain Python values, never pickled code.
 """
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ from adalayers.run import atomic_write
 NAME = "resume.pt"
 
 
-def save(run_dir: Path, *, epoch: int, task, loop, progress: dict, elapsed: float, config: dict) -> None:
+def rng_state() -> dict:
+    """This process's RNG states that training draws from (the batch order has its own generator)."""
+    return {"torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def save(run_dir: Path, *, epoch: int, model, opt, sched, scaler, gen: torch.Generator, progress: dict,
+         elapsed: float, config: dict, rngs: list[dict]) -> None:
+    """rngs: rng_state() of every rank, in rank order."""
     state = {"epoch": epoch, "progress": progress, "elapsed": elapsed, "config": config,
-             "task": task.state_dict(), "opt": loop.opt.state_dict(), "sched": loop.sched.state_dict(),
-             "scaler": loop.scaler.state_dict(), "gen": loop.gen.get_state(), "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+             "task": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+             "scaler": scaler.state_dict(), "gen": gen.get_state(), "rngs": rngs}
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write(Path(run_dir) / NAME, buf.getvalue())
@@ -38,12 +45,14 @@ def load(run_dir: Path) -> dict | None:
         raise RunError(f"{path}: cannot read the resume state ({e}); delete it to start over") from None
 
 
-def restore(state: dict, task, opt, sched, scaler, gen: torch.Generator) -> None:
-    task.load_state_dict(state["task"])
+def restore(state: dict, model, opt, sched, scaler, gen: torch.Generator, rank: int = 0) -> None:
+    model.load_state_dict(state["task"])
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])
     scaler.load_state_dict(state["scaler"])
     gen.set_state(state["gen"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    rngs = state["rngs"]
+    rng = rngs[rank] if rank < len(rngs) else rngs[0]  # resumed on more processes: the new ones copy rank 0
+    torch.set_rng_state(rng["torch_rng"])
+    if rng["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda_rng"])

@@ -57,6 +57,10 @@ def cmd_train(args) -> int:
               + (f"; ensemble: {Path(args.out) / 'ensemble'}" if args.ensemble else ""))
         return 0
     metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
+    from adalayers.engine import distributed
+
+    if not distributed.is_main():  # under torchrun, rank 0 reports for all
+        return 0
     shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
     print(_dump({**shown, "trainable_params": metrics["trainable_params"],
                  "train_seconds": metrics["train_seconds"]}))
@@ -189,6 +193,10 @@ def _verbose_everywhere(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from adalayers.engine import distributed
+    from adalayers.engine.progress import setup_logging
+
+    setup_logging()  # messages to stderr; the command's own output stays on stdout
     args = build_parser().parse_args(argv)
     from adalayers import progress
 
@@ -203,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         restore()
+        distributed.stop()  # leave a torchrun process group cleanly
 
 
 if __name__ == "__main__":

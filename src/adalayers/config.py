@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from adalayers.errors import ConfigError
+from adalayers.kinds import ALIASES as TASK_KINDS  # every name of a TaskKind -> the TaskKind
 
 
 def _f(default, help: str, **kw):
@@ -230,26 +231,35 @@ def _parse_scalar(text: str):
     return yaml.safe_load(text) if text.strip() else ""
 
 
+def apply_overrides(data: dict, overrides: list[str] | None, problems: list[str], need_section: bool = True,
+                    example: str = "section.field=value, e.g. train.lr=3e-4") -> None:
+    """Put `a.b.c=value` overrides (value read as YAML) into the nested dict `data`; problems are collected.
+
+    The one --set parser, for every config kind (run configs need a section, multi-task configs do not).
+    """
+    for item in overrides or []:
+        key, eq, value = item.partition("=")
+        if not eq or (need_section and "." not in key):
+            problems.append(f"--set {item!r}: expected {example}")
+            continue
+        *sections, name = key.strip().split(".")
+        node = data
+        for i, section in enumerate(sections):
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                problems.append(f"--set {item!r}: {'.'.join(sections[:i + 1])} is not a section")
+                break
+        else:
+            node[name] = _parse_scalar(value)
+
+
 def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     """Build and validate a Config from a plain dict plus `section.field=value` overrides."""
     if not isinstance(data or {}, dict):
         raise ConfigError(f"invalid config: the top level must be a mapping of sections, got {type(data).__name__}")
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
     problems: list[str] = []
-    for item in overrides or []:
-        if "=" not in item or "." not in item.split("=", 1)[0]:
-            problems.append(f"--set {item!r}: expected section.field=value, e.g. train.lr=3e-4")
-            continue
-        path, value = item.split("=", 1)
-        *sections, name = path.strip().split(".")
-        node = data
-        for s in sections:
-            node = node.setdefault(s, {})
-            if not isinstance(node, dict):
-                problems.append(f"--set {item!r}: {s} is not a section")
-                break
-        else:
-            node[name] = _parse_scalar(value)
+    apply_overrides(data, overrides, problems)
     task = data.get("task")
     if isinstance(task, dict) and "name" not in task and ("train" in task or "format" in task):
         task["name"] = "files"  # giving your own files is enough to pick the generic reader
@@ -328,8 +338,6 @@ def validate(cfg: Config) -> list[str]:
 
 POOLINGS = ("mean", "max", "first")
 FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
-TASK_KINDS = {"classification": "sequence", "sequence": "sequence", "regression": "regression",
-              "tokens": "token", "token": "token"}
 
 
 def _validate_files_task(t: TaskConfig) -> list[str]:

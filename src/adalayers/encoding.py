@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adalayers.sidetask import IGNORE
+from adalayers.engine.loss import IGNORE
 from adalayers.tasks import Example
 
 
@@ -126,6 +126,23 @@ def word_tokenizer(tokenizer):
     return _WORD_TOKENIZERS[tokenizer] or tokenizer
 
 
+def word_windows(counts: list[int], budget: int) -> list[tuple[int, int]]:
+    """Split words into windows of at most `budget` sub-tokens, at word boundaries: [(first, last + 1)].
+
+    counts[w] = sub-tokens of word w. A window closes before the word that would overflow it; a
+    single word longer than the budget gets a window of its own (the tokenizer truncates it).
+    Training (token tasks) and serving (long texts) both cut with this, so they see the same windows.
+    """
+    windows, start, used = [], 0, 0
+    for w, c in enumerate(counts):
+        if used + c > budget and w > start:
+            windows.append((start, w))
+            start, used = w, 0
+        used += c
+    windows.append((start, len(counts)))
+    return windows
+
+
 def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSplit:
     tokenizer = word_tokenizer(tokenizer)
     tag_id = {name: i for i, name in enumerate(labels)}
@@ -138,13 +155,7 @@ def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSpli
         for w in pieces.word_ids(i):
             if w is not None:
                 counts[w] += 1
-        start, used = 0, 0
-        for w, c in enumerate(counts):
-            if used + c > budget and w > start:
-                windows.append((i, start, w))
-                start, used = w, 0
-            used += c
-        windows.append((i, start, len(e.words)))
+        windows += [(i, a, b) for a, b in word_windows(counts, budget)]
     enc = tokenizer([examples[i].words[a:b] for i, a, b in windows], is_split_into_words=True,
                     truncation=True, max_length=max_length)
     rows = []
@@ -190,14 +201,51 @@ def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "") 
     return batch
 
 
-def batches(split: EncodedSplit, batch_size: int, pad_id: int, shuffle: bool = False,
-            generator: torch.Generator | None = None):
-    """Training: shuffled. Evaluation: sorted by length (less padding); `index` says which rows."""
+def batch_plan(split: EncodedSplit, batch_size: int, shuffle: bool = False,
+               generator: torch.Generator | None = None) -> list[list[int]]:
+    """Row indices per batch. Training: shuffled. Evaluation: sorted by length (less padding)."""
     n = len(split.rows)
     if shuffle:
         order = torch.randperm(n, generator=generator).tolist()
     else:
         order = sorted(range(n), key=lambda i: len(split.rows[i]["input_ids"]))
-    for s in range(0, n, batch_size):
-        idx = order[s: s + batch_size]
-        yield collate([split.rows[i] for i in idx], idx, pad_id, split.name)
+    return [order[s: s + batch_size] for s in range(0, n, batch_size)]
+
+
+def split_batch(split: EncodedSplit, idx: list[int], pad_id: int) -> dict:
+    """The padded batch of rows `idx` of a split; `index` says which rows, `split` where they come from."""
+    return collate([split.rows[i] for i in idx], idx, pad_id, split.name)
+
+
+def batches(split: EncodedSplit, batch_size: int, pad_id: int, shuffle: bool = False,
+            generator: torch.Generator | None = None):
+    """Training: shuffled. Evaluation: sorted by length (less padding); `index` says which rows."""
+    for idx in batch_plan(split, batch_size, shuffle, generator):
+        yield split_batch(split, idx, pad_id)
+
+
+class SplitFeed:
+    """Training batches of one split for adalayers.engine.fit, plus the validation score.
+
+    Under torchrun every rank draws the same shuffled global batch and keeps rows rank, rank + N, ...
+    with loss_weight = N * (its rows) / (the batch's rows); a rank left without rows (a last batch
+    smaller than N) runs one row with weight 0, so every rank takes part in every step.
+    """
+
+    def __init__(self, split: EncodedSplit, batch_size: int, pad_id: int, validate):
+        self.split, self.batch_size, self.pad_id, self.validate = split, batch_size, pad_id, validate
+        self.steps = -(-len(split.rows) // batch_size)
+
+    def epoch(self, epoch: int, generator: torch.Generator):
+        from adalayers.engine import distributed
+
+        world, rank = distributed.world_size(), distributed.rank()
+        for idx in batch_plan(self.split, self.batch_size, shuffle=True, generator=generator):
+            if not distributed.active():
+                yield split_batch(self.split, idx, self.pad_id)
+                continue
+            mine = idx[rank::world]
+            weight = world * len(mine) / len(idx)
+            batch = split_batch(self.split, mine or idx[:1], self.pad_id)
+            batch["loss_weight"] = weight
+            yield batch

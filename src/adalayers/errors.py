@@ -19,3 +19,7 @@ class ModelError(AdaLayersError):
 
 class RunError(AdaLayersError):
     """A run folder is missing a file, or a file in it was edited."""
+
+
+class TrainingError(AdaLayersError):
+    """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""

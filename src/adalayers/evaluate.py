@@ -1,29 +1,23 @@
 """Run a side task over a split and score it: logits per row -> predictions per example -> metrics."""
 from __future__ import annotations
 
-import torch
-
 from adalayers import metrics
-from adalayers.encoding import EncodedSplit, batches
+from adalayers.encoding import EncodedSplit, batch_plan, split_batch
+from adalayers.engine import predict, probabilities_or_values
+from adalayers.kinds import TaskKind
+from adalayers.states import Fed
 from adalayers.tasks import Example
 
 
-@torch.no_grad()
 def row_outputs(task, source, split: EncodedSplit, batch_size: int, pad_id: int, autocast=None) -> list:
     """Per row: class probabilities (sequence), a value (regression) or per-token probabilities (token)."""
-    task.eval()
-    outs: list = [None] * len(split.rows)
-    for batch in batches(split, batch_size, pad_id):
-        with autocast() if autocast else torch.autocast("cpu", enabled=False):
-            source.run(batch, [task])
-            logits = task.end(batch["attention_mask"]).float()
-        if task.kind == "regression":
-            values = logits.cpu().tolist()
-        else:
-            values = torch.softmax(logits, -1).cpu()
-        for j, i in enumerate(batch["index"].tolist()):
-            outs[i] = values[j]
-    return outs
+    return model_outputs(Fed(task, source), split, batch_size, pad_id, autocast)
+
+
+def model_outputs(model, split: EncodedSplit, batch_size: int, pad_id: int, autocast=None) -> list:
+    """row_outputs for any Trainable with a `kind` (the side task fed by a source, a strategy's model)."""
+    return predict(model, batch_plan(split, batch_size), lambda idx: split_batch(split, idx, pad_id),
+                   len(split.rows), probabilities_or_values(model.kind), autocast)
 
 
 def word_outputs(split: EncodedSplit, outs: list):
@@ -39,9 +33,9 @@ def word_outputs(split: EncodedSplit, outs: list):
 
 def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Example]) -> list:
     """Rows back to examples: label index + probabilities, a value, or one tag per word."""
-    if task.kind == "regression":
+    if task.kind == TaskKind.REGRESSION:
         return list(outs)  # one row per example, in order
-    if task.kind == "sequence":
+    if task.kind == TaskKind.CLASSIFICATION:
         return [(int(p.argmax()), p.tolist()) for p in outs]
     outside = task.labels.index("O") if "O" in task.labels else 0
     # a word with no sub-token at all (possible for odd characters) keeps "O"
@@ -60,9 +54,9 @@ def positive_index(cfg, labels: list[str]) -> int | None:
 
 
 def score(task, examples: list[Example], preds: list) -> dict:
-    if task.kind == "regression":
+    if task.kind == TaskKind.REGRESSION:
         return metrics.regression([e.label for e in examples], preds)
-    if task.kind == "sequence":
+    if task.kind == TaskKind.CLASSIFICATION:
         label_id = {name: i for i, name in enumerate(task.labels)}
         return metrics.classification([label_id[e.label] for e in examples], [p[0] for p in preds], task.labels,
                                       positive_index(getattr(task, "cfg", None), task.labels))
@@ -71,6 +65,12 @@ def score(task, examples: list[Example], preds: list) -> dict:
 
 def evaluate_split(task, source, split: EncodedSplit, examples: list[Example], batch_size: int, pad_id: int,
                    autocast=None) -> tuple[dict, list]:
-    outs = row_outputs(task, source, split, batch_size, pad_id, autocast)
-    preds = example_predictions(task, split, outs, examples)
-    return score(task, examples, preds), preds
+    return evaluate_model(Fed(task, source), split, examples, batch_size, pad_id, autocast)
+
+
+def evaluate_model(model, split: EncodedSplit, examples: list[Example], batch_size: int, pad_id: int,
+                   autocast=None) -> tuple[dict, list]:
+    """Metrics and predictions of a Trainable with `kind` and `labels` (a Fed side task or a strategy)."""
+    outs = model_outputs(model, split, batch_size, pad_id, autocast)
+    preds = example_predictions(model, split, outs, examples)
+    return score(model, examples, preds), preds

@@ -1,6 +1,7 @@
 """What the CLI commands do, as plain functions: train, evaluate, predict."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -16,7 +17,11 @@ from adalayers.sidetask import SideTask
 from adalayers.states import LiveStates
 from adalayers.tasks import load_task
 from adalayers.precision import autocast_for, precision_of
-from adalayers.train import fit, pick_device, seed_everything
+from adalayers.train import fit
+from adalayers.core import pick_device, seed_everything
+from adalayers.engine import distributed
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 100_000
 
@@ -27,10 +32,11 @@ def prepare(cfg, backbone: Backbone | None = None):
         torch.set_num_threads(cfg.train.num_threads)
     device = pick_device(cfg.train.device)
     precision_of(cfg.train.precision, device)  # fp16 on a CPU fails here, before any loading
+    distributed.start(device)  # under torchrun: join the process group
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
     if cfg.head.kind is None:
-        cfg.head.kind = data.kind  # the head follows the data unless the config names one
+        cfg.head.kind = str(data.kind)  # the head follows the data unless the config names one
     elif data.kind != cfg.head.kind:
         raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
                              f"set head.kind: {data.kind}")
@@ -88,7 +94,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     if resume and not unfinished:
         raise AdaLayersError(f"--resume: {out} holds no unfinished run")
     resume = unfinished if resume is None else resume
-    if not resume:
+    if not resume and distributed.is_main():
         for name in ("metrics.json", checkpoint.NAME):
             (out / name).unlink(missing_ok=True)
     seed_everything(cfg.train.seed)
@@ -97,9 +103,10 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
-    for note in data.notes:
+    # what the data is (part of the command's report, on stdout like its results)
+    for note in data.notes if distributed.is_main() else []:
         print(f"[{data.name}] {note}")
-    for name, split in encoded.items():
+    for name, split in encoded.items() if distributed.is_main() else []:
         if split.num_truncated:
             print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
                   f"max_length={cfg.model.max_length} and are truncated")
@@ -112,12 +119,14 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
         if split in encoded:
             results[split], _ = evaluate_split(task, source, encoded[split], data.splits[split],
                                                cfg.train.eval_batch_size, pad_id, autocast)
-    metrics = {**results, "trainable_params": task.trainable_parameters(), "base_params": backbone.num_parameters(),
+    metrics = {**results, "trainable_params": task.num_trainable(), "base_params": backbone.num_parameters(),
                "train_seconds": summary["train_seconds"], "best_epoch": summary["best_epoch"],
                "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
                "truncated": {k: v.num_truncated for k, v in encoded.items()}, "notes": data.notes}
-    runlib.write_json(out / "metrics.json", metrics)
-    (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume
+    if distributed.is_main():  # rank 0 alone writes the run folder
+        runlib.write_json(out / "metrics.json", metrics)
+        (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume
+    distributed.barrier()
     return metrics
 
 

@@ -146,7 +146,7 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
         plot_training_curves(log, main, f"{title}: training", run_dir / figures["training_curves"])
 
     # --- header and summary
-    n_params, base_params = metrics.get("trainable_params", task.trainable_parameters()), backbone.num_parameters()
+    n_params, base_params = metrics.get("trainable_params", task.num_trainable()), backbone.num_parameters()
     p_used = parameters_used({"layer_weights": weights, "trainable_params": n_params}, meta)
     md += [f"# Report: {title}", "",
            f"Run folder `{run_dir}`. A frozen `{base['name']}` ({base['num_layers'] - 1} transformer layers + "

@@ -12,17 +12,19 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from adalayers.config import Config
+from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
+from adalayers.engine.protocol import count, trainable
 from adalayers.heads import build_head
+from adalayers.kinds import TaskKind
 from adalayers.mixer import AdaLayersMixer
-
-IGNORE = -100  # label of sub-tokens and special tokens in token tasks
 
 
 class SideTask(nn.Module):
     def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str]):
         super().__init__()
         # head.kind None means "the task's kind"; recipes.prepare fills it in, a bare Config() means sequence
-        self.cfg, self.kind, self.labels = cfg, cfg.head.kind or "sequence", list(labels)
+        self.cfg, self.labels = cfg, list(labels)
+        self.kind = TaskKind.parse(cfg.head.kind or TaskKind.CLASSIFICATION, "head.kind")
         self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
         self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
         self._acc, self._w = None, None
@@ -57,7 +59,7 @@ class SideTask(nn.Module):
         F = self.mixer.finish(acc)
         self._acc = None
         out = self.head(F, mask)
-        return out.squeeze(-1) if self.kind == "regression" else out
+        return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
 
     def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         self.begin()
@@ -70,17 +72,16 @@ class SideTask(nn.Module):
         return self.mixer.used_layers()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.kind == "regression":
-            loss = nnf.mse_loss(logits.float(), labels.float())
-        else:
-            loss = nnf.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                     ignore_index=IGNORE)
+        loss = task_loss(self.kind, logits, labels)
         if self.cfg.mixer.entropy_lambda:
             loss = loss + self.cfg.mixer.entropy_lambda * self.mixer.entropy()
         return loss
 
-    def trainable_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable(self)
+
+    def num_trainable(self) -> int:
+        return count(self.trainable_parameters())
 
 
 def shared_tap(tasks: list[SideTask]):

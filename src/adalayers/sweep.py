@@ -110,7 +110,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     from adalayers import recipes
     from adalayers.backbone import Backbone
     from adalayers.tasks import load_task
-    from adalayers.train import pick_device
+    from adalayers.core import pick_device
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import yaml
-
-from adalayers.config import _build, _f, load_yaml
+from adalayers.config import _build, _f, apply_overrides, load_yaml
 from adalayers.errors import ConfigError
 
 HEADS = ("sentiment", "bilinear", "cosine", "linear")
@@ -55,6 +53,8 @@ class MultitaskConfig:
     epochs: int = _f(2, "Epochs; the epoch with the best mean validation metric over the tasks is kept.")
     grad_clip: float = _f(1.0, "Clip the gradient norm (0 = off).")
     seed: int = _f(0, "Seed for initialisation and batch order.")
+    precision: str = _f("fp32", "fp32, bf16 (CUDA or CPU) or fp16 (CUDA only): autocast of the training and "
+                                "evaluation passes.")
     max_train_examples: int | None = _f(None, "Use only the first N training rows of each task.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test rows of each task.")
     data_dir: str = _f("../shared/data", "Folder of the datasets; ADALAYERS_DATA wins.")
@@ -93,6 +93,8 @@ def validate(cfg: MultitaskConfig) -> list[str]:
     for name in ("max_length", "batch_size", "eval_batch_size", "epochs"):
         if getattr(cfg, name) < 1:
             p.append(f"{name}: must be at least 1, got {getattr(cfg, name)}")
+    if cfg.precision not in ("auto", "fp32", "bf16", "fp16"):
+        p.append(f"precision: must be auto, fp32, bf16 or fp16, got {cfg.precision!r}")
     if cfg.smart.eps <= 0 or cfg.smart.steps < 0 or not 0 <= cfg.smart.beta < 1:
         p.append("smart: eps must be positive, steps at least 0, beta in [0, 1)")
     if not p:
@@ -105,19 +107,8 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> MultitaskConfig
         raise ConfigError(f"multitask config: the top level must be a mapping, got {type(data).__name__}")
     data = dict(data)
     problems: list[str] = []
-    for item in overrides or []:
-        key, eq, value = item.partition("=")
-        if not eq:
-            problems.append(f"--set {item!r}: expected field=value, e.g. epochs=1 or smart.enabled=true")
-            continue
-        *path, name = key.strip().split(".")
-        node = data
-        for s in path:
-            node = node.setdefault(s, {}) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node[name] = yaml.safe_load(value) if value.strip() else ""
-        else:
-            problems.append(f"--set {item!r}: {'.'.join(path)} is not a section")
+    apply_overrides(data, overrides, problems, need_section=False,
+                    example="field=value, e.g. epochs=1 or smart.enabled=true")
     raw_tasks = data.pop("tasks", [])
     cfg = _build(MultitaskConfig, data, "", problems)
     if not isinstance(raw_tasks, list):

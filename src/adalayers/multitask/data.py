@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adalayers.encoding import collate as encoding_collate
 from adalayers.errors import ConfigError
 
 
@@ -51,19 +52,9 @@ def encode_rows(examples, tokenizer, max_length: int, form: str, kind: str, labe
 
 
 def _pad(rows: list[dict], pad_id: int) -> dict:
-    T = max(len(r["input_ids"]) for r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    types = torch.zeros((len(rows), T), dtype=torch.long) if "token_type_ids" in rows[0] else None
-    for i, r in enumerate(rows):
-        n = len(r["input_ids"])
-        ids[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), 1
-        if types is not None:
-            types[i, :n] = torch.tensor(r["token_type_ids"])
-    out = {"input_ids": ids, "attention_mask": mask}
-    if types is not None:
-        out["token_type_ids"] = types
-    return out
+    """input_ids / attention_mask / token_type_ids of one side, padded by the one collate (adalayers.encoding)."""
+    batch = encoding_collate(rows, list(range(len(rows))), pad_id)
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
 
 def collate(rows: TaskRows, idx: list[int], pad_id: int) -> dict:

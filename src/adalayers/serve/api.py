@@ -28,7 +28,7 @@ import torch
 
 from adalayers import run as runlib
 from adalayers.backbone import Backbone
-from adalayers.encoding import collate
+from adalayers.encoding import collate, word_windows
 from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
@@ -82,7 +82,7 @@ class SideTasks:
     @classmethod
     def load(cls, base: str, run_dirs: list, primary: bool = True, device: str = "auto", **kw) -> "SideTasks":
         """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN')."""
-        from adalayers.train import pick_device
+        from adalayers.core import pick_device
 
         states = {runlib.read_config(parse_head_arg(str(r))[1])["config"].get("model", {}).get("states", "encoder")
                   for r in run_dirs}
@@ -188,13 +188,7 @@ class SideTasks:
             for w in _word_ids(full["offset_mapping"][i], spans[i], 0):
                 if w is not None:
                     counts[w] += 1
-            start, used = 0, 0
-            for w, c in enumerate(counts):
-                if used + c > budget and w > start:
-                    cuts.append((i, spans[i][start][0], spans[i][w - 1][1]))
-                    start, used = w, 0
-                used += c
-            cuts.append((i, spans[i][start][0], spans[i][-1][1]))
+            cuts += [(i, spans[i][a][0], spans[i][b - 1][1]) for a, b in word_windows(counts, budget)]
         if cuts:
             wenc = tok([texts[i][a:b] for i, a, b in cuts], truncation=True, max_length=self.max_length,
                        return_offsets_mapping=True)

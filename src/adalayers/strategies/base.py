@@ -88,7 +88,7 @@ def load_run(run_dir: Path, backbone=None):
         raise RunError(f"{path}: not a valid strategy file ({e})") from None
     if backbone is None:
         from adalayers.backbone import Backbone
-        from adalayers.train import pick_device
+        from adalayers.core import pick_device
         backbone = Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
     if backbone.fingerprint() != meta["base"]["fingerprint"]:
         raise ModelError(f"{run_dir} was trained on base {meta['base']['name']!r}, not on {backbone.name!r}")

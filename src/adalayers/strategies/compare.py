@@ -22,7 +22,7 @@ import torch
 from adalayers import run as runlib
 from adalayers.encoding import EncodedSplit, batches
 from adalayers.errors import AdaLayersError, ConfigError
-from adalayers.strategies.harness import digest
+from adalayers.core import weights_digest as digest
 
 DEFAULT = "adalayers,last-layer,scalar-mix,concat,finetune,finetune-top:3,adapters,adapters-shared3"
 TASK_COUNTS = (1, 4)
@@ -96,7 +96,7 @@ def run_one(cfg, spec: str, overrides: list[str], out: Path, inference_rows: int
             ablate: bool = False, isolated: bool = False) -> dict:
     """Train and measure one strategy; writes out/result.json and returns it."""
     from adalayers import recipes, strategies
-    from adalayers.train import seed_everything
+    from adalayers.core import seed_everything
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +233,7 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
     out.mkdir(parents=True, exist_ok=True)
     if not isolate and backbone is None:
         from adalayers.backbone import Backbone
-        from adalayers.train import pick_device
+        from adalayers.core import pick_device
         backbone = Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
     from adalayers.seeds import seed_config
 

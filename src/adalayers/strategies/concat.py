@@ -16,7 +16,8 @@ from torch import nn
 
 from adalayers.heads import masked_mean
 from adalayers.strategies.base import HarnessStrategy, save_run
-from adalayers.strategies.harness import OptimConfig, SharedPassModel, Trained, _f, loss_for, train_and_score
+from adalayers.engine import task_loss
+from adalayers.strategies.harness import OptimConfig, SharedPassModel, Trained, _f, train_and_score
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ConcatSide(nn.Module):
         return self.linear.weight.norm(dim=0)
 
     def loss(self, logits, labels):
-        loss = loss_for(self.kind, logits, labels)
+        loss = task_loss(self.kind, logits, labels)
         if self.group_lasso:
             loss = loss + self.group_lasso * (self.group_norms() * self.keep).sum()
         return loss

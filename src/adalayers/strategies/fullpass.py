@@ -16,7 +16,7 @@ from torch import nn
 from adalayers.backbone import Backbone
 from adalayers.errors import ConfigError
 from adalayers.heads import masked_mean
-from adalayers.strategies.harness import loss_for
+from adalayers.engine import task_loss, trainable
 
 
 class StandardHead(nn.Module):
@@ -66,8 +66,11 @@ class FullPassModel(nn.Module):
         h = self.core()(**inputs).last_hidden_state
         return self.head(h, inputs["attention_mask"])
 
-    def loss(self, logits, labels):
-        return loss_for(self.kind, logits, labels)
+    def loss(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return task_loss(self.kind, out, batch["labels"].to(out.device))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable(self)
 
     @torch.no_grad()
     def infer(self, batch: dict, n: int) -> None:

@@ -1,37 +1,30 @@
-"""The generic trainer every non-AdaLayers strategy goes through.
+"""How every non-AdaLayers strategy is trained: through the one engine (adalayers.engine.fit).
 
-A strategy hands it a `StrategyModel`: an nn.Module whose trainable parameters are the ones
-with requires_grad, a `forward(batch) -> logits`, a `loss(logits, labels)` and `infer(batch, n)`
-(run n copies of the side task on one batch, for timing). The trainer knows nothing else about it.
+A strategy hands it a model implementing adalayers.engine.Trainable: an nn.Module whose trainable
+parameters are the ones with requires_grad, `forward(batch) -> logits`, `loss(out, batch)`, plus
+`infer(batch, n)` (run n copies of the side task on one batch, for timing).
 
 AdamW, a constant or linear-warmup-then-decay learning rate, selection of the best epoch on the
 task's main validation metric (its trainable tensors are kept in memory), early stopping after
-`train.early_stopping` epochs without improvement. Scoring reuses adalayers.evaluate.
+`train.early_stopping` epochs without improvement. Scoring is adalayers.evaluate's.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
-import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
-import torch.nn.functional as nnf
 from torch import nn
-from tqdm.auto import tqdm
 
-from adalayers import run as runlib
-from adalayers.encoding import EncodedSplit, batches
-from adalayers.evaluate import example_predictions, score
-from adalayers.sidetask import IGNORE
-from adalayers.states import LiveStates
+from adalayers.core import weights_digest
+from adalayers.encoding import EncodedSplit, SplitFeed
+from adalayers.engine import FitSettings, count, trainable, trainable_state  # noqa: F401  (trainable_state: for callers)
+from adalayers.engine import fit as engine_fit
+from adalayers.evaluate import evaluate_model
 from adalayers.precision import autocast_for
-from adalayers.train import TrainingError
+from adalayers.states import LiveStates
 
 
 def _f(default, help: str):
@@ -69,23 +62,11 @@ class Trained:
     extra: dict = field(default_factory=dict)
 
 
-def loss_for(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    if kind == "regression":
-        return nnf.mse_loss(logits.float(), labels.float())
-    return nnf.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
-
-
 def count_trainable(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return count(trainable(module))
 
 
-def digest(module: nn.Module) -> str:
-    """sha256 over every tensor of the state dict (not cached): equal digests = bit-identical weights."""
-    h = hashlib.sha256()
-    for key, tensor in sorted(module.state_dict().items()):
-        h.update(key.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+digest = weights_digest  # one weight hash for the whole project (adalayers.core)
 
 
 # --- frozen-base strategies share the base's pass -------------------------------------------------
@@ -114,8 +95,11 @@ class SharedPassModel(nn.Module):
         self._source[0].run(batch, [self.side])
         return self.side.end(batch["attention_mask"])
 
-    def loss(self, logits, labels):
-        return self.side.loss(logits, labels)
+    def loss(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        return self.side.loss(out, batch["labels"].to(out.device))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable(self)
 
     @torch.no_grad()
     def infer(self, batch: dict, n: int) -> None:
@@ -133,97 +117,29 @@ def run_shared(source, side: nn.Module, batch: dict, n: int, cache: list) -> Non
         t.end(batch["attention_mask"])
 
 
-# --- training ------------------------------------------------------------------------------------
-
-@torch.no_grad()
-def row_outputs(model, split: EncodedSplit, batch_size: int, pad_id: int, autocast=None) -> list:
-    model.eval()
-    outs: list = [None] * len(split.rows)
-    for batch in batches(split, batch_size, pad_id):
-        with autocast() if autocast else contextlib.nullcontext():
-            logits = model(batch).float()
-        values = logits.cpu().tolist() if model.kind == "regression" else torch.softmax(logits, -1).cpu()
-        for j, i in enumerate(batch["index"].tolist()):
-            outs[i] = values[j]
-    return outs
-
+# --- training: the engine ------------------------------------------------------------------------
 
 def evaluate(model, split: EncodedSplit, examples, batch_size: int, pad_id: int, autocast=None) -> dict:
-    outs = row_outputs(model, split, batch_size, pad_id, autocast)
-    return score(model, examples, example_predictions(model, split, outs, examples))
-
-
-def _scheduler(opt, oc: OptimConfig, total_steps: int):
-    if oc.schedule == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    warm = max(1, int(oc.warmup_fraction * total_steps))
-    return torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total_steps - s) / max(1, total_steps - warm)))
+    return evaluate_model(model, split, examples, batch_size, pad_id, autocast)[0]
 
 
 def fit(model: nn.Module, data, encoded: dict, cfg, oc: OptimConfig, out: Path | None = None,
         device: torch.device | None = None, desc: str = "") -> dict:
-    """Train `model`, keep its best epoch on validation, restore it; returns a summary."""
+    """Train `model` with adalayers.engine.fit, keep its best epoch on validation, restore it; returns a summary."""
     tc = cfg.train
     device = device or torch.device("cpu")
-    model.to(device)
     autocast = autocast_for(tc.precision, device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise TrainingError(f"{desc or 'strategy'}: nothing to train (no parameter requires grad)")
-    opt = torch.optim.AdamW(params, lr=oc.lr if oc.lr is not None else tc.lr, weight_decay=oc.weight_decay)
-    steps_per_epoch = math.ceil(len(encoded["train"].rows) / tc.batch_size)
-    sched = _scheduler(opt, oc, steps_per_epoch * tc.max_epochs)
-    gen = torch.Generator().manual_seed(tc.seed)
-    pad_id = model.pad_id
-    log_path = Path(out) / "log.jsonl" if out else None
-    if log_path:
-        log_path.unlink(missing_ok=True)
-    best, best_epoch, best_state, bad = -math.inf, 0, None, 0
-    t_start = time.perf_counter()
-    for epoch in range(1, tc.max_epochs + 1):
-        t0 = time.perf_counter()
-        model.train()
-        losses = []
-        bar = tqdm(batches(encoded["train"], tc.batch_size, pad_id, shuffle=True, generator=gen),
-                   total=steps_per_epoch, desc=f"{desc} epoch {epoch}", leave=False, dynamic_ncols=True)
-        for batch in bar:
-            with autocast() if autocast else contextlib.nullcontext():
-                loss = model.loss(model(batch), batch["labels"].to(device))
-            if not torch.isfinite(loss):
-                raise TrainingError(f"{desc}: the loss became {loss.item()} in epoch {epoch}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        val = evaluate(model, encoded["validation"], data.splits["validation"], tc.eval_batch_size, pad_id, autocast)
-        metric = val[data.main_metric]
-        improved = metric > best
-        if improved:
-            best, best_epoch, bad = metric, epoch, 0
-            best_state = {k: v.detach().clone() for k, v in trainable_state(model).items()}
-        else:
-            bad += 1
-        entry = {"epoch": epoch, "train_loss": float(np.mean(losses)), "validation": _flat(val),
-                 "lr": opt.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 3), "best": improved}
-        if log_path:
-            runlib.append_jsonl(log_path, entry)
-        tqdm.write(f"{desc} epoch {epoch:3d}  loss {entry['train_loss']:.4f}  val {data.main_metric} {metric:.4f}"
-                   f"{'  *' if improved else ''}  {entry['seconds']:.1f}s")
-        if bad >= tc.early_stopping:
-            break
-    train_seconds = round(time.perf_counter() - t_start, 2)
-    model.load_state_dict(best_state, strict=False)
-    return {"best_epoch": best_epoch, "best_validation": best, "epochs": epoch, "train_seconds": train_seconds}
 
+    def validate(epoch: int) -> tuple[float, dict]:
+        val = evaluate(model, encoded["validation"], data.splits["validation"], tc.eval_batch_size, model.pad_id,
+                       autocast)
+        return val[data.main_metric], {"validation": _flat(val)}
 
-def trainable_state(model: nn.Module) -> dict:
-    """The tensors a strategy trained (what its run folder keeps)."""
-    return {k: v for k, v in model.named_parameters() if v.requires_grad}
+    settings = FitSettings.of(tc, lr=oc.lr if oc.lr is not None else tc.lr, weight_decay=oc.weight_decay,
+                              schedule=oc.schedule, warmup_fraction=oc.warmup_fraction, max_minutes=None, desc=desc)
+    summary = engine_fit(model, SplitFeed(encoded["train"], tc.batch_size, model.pad_id, validate), settings,
+                         device, run_dir=out, keep_best=True)
+    return {k: v for k, v in summary.items() if k != "history"}
 
 
 def train_and_score(model, data, encoded, cfg, oc: OptimConfig, out: Path | None, device, desc: str) -> dict:

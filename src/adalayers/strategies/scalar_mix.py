@@ -13,7 +13,8 @@ from torch import nn
 from adalayers.errors import ConfigError
 from adalayers.heads import build_head
 from adalayers.strategies.base import HarnessStrategy
-from adalayers.strategies.harness import OptimConfig, SharedPassModel, loss_for
+from adalayers.engine import task_loss
+from adalayers.strategies.harness import OptimConfig, SharedPassModel
 
 
 @dataclass
@@ -50,7 +51,7 @@ class ScalarMixSide(nn.Module):
         return out.squeeze(-1) if self.kind == "regression" else out
 
     def loss(self, logits, labels):
-        return loss_for(self.kind, logits, labels)
+        return task_loss(self.kind, logits, labels)
 
 
 class ScalarMix(HarnessStrategy):

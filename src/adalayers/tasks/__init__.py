@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from adalayers.errors import ConfigError, DataError
+from adalayers.kinds import TaskKind
 
 
 @dataclass
@@ -25,12 +26,15 @@ class Example:
 @dataclass
 class TaskData:
     name: str
-    kind: str                       # sequence | regression | token
+    kind: TaskKind                  # what is predicted (a plain string is parsed into one)
     labels: list[str]               # label names; empty for regression
     splits: dict[str, list[Example]]
     main_metric: str                # the validation metric that selects the best epoch
     files: list[Path] = field(default_factory=list)  # the files read (hashed into cache keys)
     notes: list[str] = field(default_factory=list)   # facts a report should state (splits, truncation)
+
+    def __post_init__(self):
+        self.kind = TaskKind.parse(self.kind)
 
 
 TASKS: dict[str, Callable] = {}

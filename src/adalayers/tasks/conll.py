@@ -11,6 +11,7 @@ from pathlib import Path
 
 from adalayers.errors import DataError
 from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.tasks.tables import conll_sentences
 
 TYPES = ["LOC", "MISC", "ORG", "PER"]
 LABELS = ["O"] + [f"{p}-{t}" for t in TYPES for p in ("B", "I")]
@@ -31,36 +32,24 @@ def iob1_to_iob2(tags: list[str]) -> list[str]:
 
 def read_conll(path: Path) -> list[Example]:
     """Sentences of one CoNLL-2003 file as Examples with words and IOB2 tags."""
-    sentences, words, tags, broken = [], [], [], []
-
-    def flush():
+    sentences = []
+    for sentence in conll_sentences(read_lines(path)):
+        words, tags, broken = [], [], False
+        for n, cols in sentence:
+            if len(cols) != 4:
+                bad_row(f"{path}:{n}: expected 4 space-separated columns (token POS chunk NER), "
+                        f"got {len(cols)}: {' '.join(cols)[:80]!r}")
+                broken = True  # skipping: the whole sentence goes
+                continue
+            tag = cols[3]
+            if tag != "O" and not (tag[:2] in ("B-", "I-") and tag[2:] in TYPES):
+                bad_row(f"{path}:{n}: unknown NER tag {tag!r} (expected O or B-/I- with {', '.join(TYPES)})")
+                broken = True
+                continue
+            words.append(cols[0])
+            tags.append(tag)
         if words and not broken:
-            sentences.append(Example(words=list(words), tags=iob1_to_iob2(tags)))
-        words.clear()
-        tags.clear()
-        broken.clear()
-
-    for n, line in enumerate(read_lines(path), start=1):
-        cols = line.split()
-        if not cols:
-            flush()
-            continue
-        if cols[0] == "-DOCSTART-":
-            flush()
-            continue
-        if len(cols) != 4:
-            bad_row(f"{path}:{n}: expected 4 space-separated columns (token POS chunk NER), "
-                    f"got {len(cols)}: {line.strip()[:80]!r}")
-            broken.append(n)  # skipping: the whole sentence goes
-            continue
-        tag = cols[3]
-        if tag != "O" and not (tag[:2] in ("B-", "I-") and tag[2:] in TYPES):
-            bad_row(f"{path}:{n}: unknown NER tag {tag!r} (expected O or B-/I- with {', '.join(TYPES)})")
-            broken.append(n)
-            continue
-        words.append(cols[0])
-        tags.append(tag)
-    flush()
+            sentences.append(Example(words=words, tags=iob1_to_iob2(tags)))
     if not sentences:
         raise DataError(f"{path}: no sentences found")
     return sentences

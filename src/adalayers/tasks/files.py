@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adalayers.config import TASK_KINDS
+from adalayers.tasks.conll import iob1_to_iob2  # noqa: F401  (one converter; tests import it from here too)
 from adalayers.errors import DataError
 from adalayers.metrics import MAIN_METRICS
 from adalayers.tasks import Example, TaskData, register, stratified_split
@@ -84,17 +85,6 @@ def guess_kind(t, fmt: str, train: Table) -> tuple[str, str]:
         raise DataError(f"{bad[0]}: label {bad[1]!r} is not a number, but column {label!r} holds numbers (e.g. "
                         f"{decimal[1]!r} at {decimal[0]}); fix the row, or set task.kind: classification")
     return "regression", "the labels are numbers with decimals"
-
-
-def iob1_to_iob2(tags: list[str]) -> list[str]:
-    """IOB1 starts an entity with I- unless it touches one of the same type; IOB2 always starts with B-."""
-    out, prev = [], "O"
-    for tag in tags:
-        if tag.startswith("I-") and (prev == "O" or prev[2:] != tag[2:]):
-            tag = "B-" + tag[2:]
-        out.append(tag)
-        prev = tag
-    return out
 
 
 def _label_name(t, loc, v, names: list[str] | None) -> str:

@@ -11,6 +11,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from adalayers.errors import ConfigError, DataError
 from adalayers.tasks import bad_row, require_file
@@ -103,33 +104,42 @@ def read_jsonl(path: Path) -> Table:
     return Table(str(path), list(rows[0][1]), None, rows)
 
 
+def conll_sentences(lines: Iterable[str]) -> Iterator[list[tuple[int, list[str]]]]:
+    """The CoNLL layout: one word a line, columns split by whitespace; a blank line or a -DOCSTART-
+    line ends a sentence. Yields each sentence as [(line number, columns), ...]. Every CoNLL reader
+    (task 'files' with format conll, and CoNLL-2003) splits with this."""
+    sentence: list[tuple[int, list[str]]] = []
+    for n, line in enumerate(lines, start=1):
+        cols = line.split()
+        if not cols or cols[0] == "-DOCSTART-":
+            if sentence:
+                yield sentence
+            sentence = []
+            continue
+        sentence.append((n, cols))
+    if sentence:
+        yield sentence
+
+
 def read_conll(path: Path, word_col, tag_col) -> Table:
     """Sentences as rows {"tokens": [...], "tags": [...], "lines": [...]}; -DOCSTART- lines are skipped."""
     for name, spec in (("text", word_col), ("label", tag_col)):
         if not is_number(spec):
             raise ConfigError(f"task.{name}: CoNLL files have no header; give a column number, got {spec!r}")
     word_col, tag_col = int(word_col), int(tag_col)
-    rows, words, tags, lines, width, first = [], [], [], [], None, None
-
-    def flush():
-        if words:
-            rows.append((f"{path}:{lines[0]}", {"tokens": list(words), "tags": list(tags), "lines": list(lines)}))
-        words.clear(), tags.clear(), lines.clear()
-
-    for n, line in enumerate(_decode(path).splitlines(), start=1):
-        cols = line.split()
-        if not cols or cols[0] == "-DOCSTART-":
-            flush()
-            continue
-        if width is None:
-            width, first = len(cols), n
-            for spec in (word_col, tag_col):
-                if not -width <= spec < width:
-                    raise DataError(f"{path}:{n}: no column {spec} (lines have {width} columns, 0-{width - 1})")
-        elif len(cols) != width:
-            raise DataError(f"{path}:{n}: expected {width} columns like line {first}, got {len(cols)}")
-        words.append(cols[word_col]), tags.append(cols[tag_col]), lines.append(n)
-    flush()
+    rows, width, first = [], None, None
+    for sentence in conll_sentences(_decode(path).splitlines()):
+        for n, cols in sentence:
+            if width is None:
+                width, first = len(cols), n
+                for spec in (word_col, tag_col):
+                    if not -width <= spec < width:
+                        raise DataError(f"{path}:{n}: no column {spec} (lines have {width} columns, 0-{width - 1})")
+            elif len(cols) != width:
+                raise DataError(f"{path}:{n}: expected {width} columns like line {first}, got {len(cols)}")
+        rows.append((f"{path}:{sentence[0][0]}", {"tokens": [c[word_col] for _, c in sentence],
+                                                  "tags": [c[tag_col] for _, c in sentence],
+                                                  "lines": [n for n, _ in sentence]}))
     if not rows:
         raise DataError(f"{path}: no sentences (one word a line, blank lines between sentences)")
     return Table(str(path), ["tokens", "tags"], None, rows)

@@ -1,0 +1,44 @@
+"""Progress and messages, in one place for the engine.
+
+`bar` is the one tqdm bar (rank 0 of a torchrun job only); when stderr is not a terminal the CLI's
+adalayers.progress.configure turns its redraws into plain lines. Messages go through `logging`;
+`setup_logging` (called by the CLI) prints adalayers' INFO messages to stderr through tqdm.write,
+so they never tear a bar; under torchrun each line names its rank and ranks > 0 show warnings only.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Iterable, Iterator
+
+from tqdm.auto import tqdm
+
+
+def bar(items: Iterable, total: int | None = None, desc: str = "") -> Iterator:
+    from adalayers.engine import distributed
+
+    if not distributed.is_main():
+        return iter(items)
+    return iter(tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True))
+
+
+class _TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """adalayers' messages to stderr, one plain line each."""
+    from adalayers.engine import distributed
+
+    root = logging.getLogger("adalayers")
+    if any(isinstance(h, _TqdmHandler) for h in root.handlers):
+        return
+    handler = _TqdmHandler()
+    prefix = f"[rank {distributed.rank()}] " if distributed.launched() else ""
+    handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level if distributed.is_main() else logging.WARNING)

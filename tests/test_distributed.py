@@ -1,0 +1,112 @@
+"""Training across processes: real torchrun, 2 processes, gloo on the loopback interface.
+
+One process and two processes train the same global batches (dropout off, so the only difference
+is the order of float sums): the per-epoch training losses agree to 1e-4 and the validation and
+test metrics to 0.02. The 2-process run is killed (rank 1, SIGKILL) after its first epoch and
+resumed by the same command; the run folder is then complete and every file written once.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, tiny_model, tiny_tokenizer
+from test_resume import write_fake_cola
+
+LOSS_TOL, METRIC_TOL = 1e-4, 0.02
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(cfg: Path, out: Path, env: dict, nproc: int = 2) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
+           "-m", "adalayers", "train", str(cfg), "--out", str(out)]
+    log = open(f"{out}.out", "a+")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.output = lambda: (log.seek(0), log.read())[1]
+    return proc
+
+
+def rank_pid(parent: int, rank: int, timeout: float = 120) -> int:
+    """The pid of the worker torchrun started with RANK=rank."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == parent and f"RANK={rank}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                    return int(d.name)
+            except (OSError, IndexError, ValueError):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"torchrun {parent} started no rank {rank}")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    from adalayers import config
+
+    model_dir = tmp_path / "tiny-bert"
+    tiny_model("bert", len(tiny_tokenizer())).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    write_fake_cola(tmp_path / "data" / "glue" / "CoLA", 800, seed=1)
+    cfg = {"task": {"name": "cola", "data_dir": str(tmp_path / "data")},
+           "model": {"base": str(model_dir), "max_length": 16},
+           "mixer": {"k": 8, "dropout": 0.0}, "head": {"num_heads": 2, "dropout": 0.0},
+           "train": {"lr": 3e-3, "batch_size": 16, "max_epochs": 3, "early_stopping": 5, "seed": 3,
+                     "num_threads": 1, "device": "cpu"},
+           "cache": {"enabled": False}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ADALAYERS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src"),
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return tmp_path, path, config.load(path), env
+
+
+def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkeypatch):
+    from adalayers import recipes
+
+    tmp, cfg_path, cfg, env = setup
+    monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
+    one = recipes.train(cfg, tmp / "one")  # one process, in this one
+
+    victim = torchrun(cfg_path, tmp / "two", env)
+    log = tmp / "two" / "log.jsonl"
+    rank1 = rank_pid(victim.pid, 1)
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().strip()):
+        time.sleep(0.005)
+    os.kill(rank1, signal.SIGKILL)
+    assert victim.wait(timeout=120) != 0, victim.output()
+    assert not (tmp / "two" / "metrics.json").exists(), "the run finished before rank 1 could be killed"
+
+    resumed = torchrun(cfg_path, tmp / "two", env)  # the same command: an unfinished run folder resumes
+    assert resumed.wait(timeout=600) == 0, resumed.output()
+    out = resumed.output()
+    assert "resuming" in out and out.count('"trainable_params"') == 1  # rank 0 alone reports
+
+    files = sorted(p.name for p in (tmp / "two").iterdir())
+    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    two = json.loads((tmp / "two" / "metrics.json").read_text())
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    ref = [json.loads(line) for line in (tmp / "one" / "log.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in lines] == [1, 2, 3]  # each epoch logged once, by one process
+    for a, b in zip(ref, lines):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=LOSS_TOL), (a, b)
+    for split in ("validation", "test"):
+        for metric in ("accuracy", "mcc"):
+            assert abs(two[split][metric] - one[split][metric]) <= METRIC_TOL, (split, metric, one, two)

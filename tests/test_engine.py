@@ -1,0 +1,67 @@
+"""The one engine: every strategy and the multi-task model train through the same fit loop, here for
+one step under bf16 autocast; TaskKind parsing; the loss and the window of a resume."""
+import pytest
+import torch
+
+from adalayers import recipes, strategies
+from adalayers.engine import loop as fit_module
+from adalayers.errors import ConfigError
+from adalayers.kinds import TaskKind
+
+from conftest import tiny_tokenizer
+from test_multitask import mt_config, tiny_backbone as mt_backbone
+from test_strategies import ALL, tiny_bert, tiny_config
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """Every training step the engine takes: (the trained module's class, the autocast dtype or None)."""
+    seen = []
+    real = fit_module._Step.forward
+
+    def spy(self, batch):
+        on = torch.is_autocast_enabled("cpu")
+        seen.append((type(self.model).__name__, torch.get_autocast_dtype("cpu") if on else None))
+        return real(self, batch)
+
+    monkeypatch.setattr(fit_module._Step, "forward", spy)
+    return seen
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_every_strategy_takes_one_bf16_step_through_the_engine(spec, steps, tmp_path):
+    torch.set_num_threads(1)
+    backbone = tiny_bert(tiny_tokenizer())
+    cfg = tiny_config("tiny-seq")
+    cfg.train.precision, cfg.train.batch_size = "bf16", 48  # 48 training rows: one step
+    strategy = strategies.make(spec, ["size=8"] if spec.startswith("adapters") else [])
+    _, data, encoded = recipes.prepare(cfg, backbone)
+    trained = strategy.train(cfg, backbone, data, encoded, tmp_path / "run")
+    assert len(steps) == 1 and steps[0][1] == torch.bfloat16, steps
+    assert trained.epochs == 1 and "mcc" in trained.results["test"]
+
+
+def test_multitask_takes_bf16_steps_through_the_same_engine(steps):
+    from adalayers.multitask.config import from_dict
+    from adalayers.multitask.trainer import train
+
+    torch.set_num_threads(1)
+    cfg = from_dict(mt_config(precision="bf16", pcgrad=True))
+    result = train(cfg, mt_backbone(), log=lambda *a: None)
+    assert steps and {s for _, s in steps} == {torch.bfloat16} and {m for m, _ in steps} == {"Steps"}
+    assert set(result["results"]) == {"t-sent", "t-para", "t-sim"}
+    assert set(result["history"][0]["train_loss"]) == {"t-sent", "t-para", "t-sim"}
+
+
+def test_task_kind_takes_every_name_and_equals_the_stored_strings():
+    assert TaskKind.parse("classification") is TaskKind.CLASSIFICATION == "sequence"
+    assert TaskKind.parse("tokens") is TaskKind.parse("token") is TaskKind.TOKENS
+    assert {"regression": 1}[TaskKind.REGRESSION] == 1 and f"{TaskKind.TOKENS}" == "token"
+    with pytest.raises(ConfigError, match="classification, regression or tokens"):
+        TaskKind.parse("ranking")
+
+
+def test_unknown_schedule_is_a_config_error():
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    with pytest.raises(ConfigError, match="schedule"):
+        fit_module.schedule(opt, fit_module.FitSettings(lr=1.0, max_epochs=1, schedule="cosine"), 10)
