@@ -1,4 +1,4 @@
-"""`adalayers cache build CONFIG`, `adalayers cache ls`, `adalayers cache rm KEY|--all`."""
+"""`adalayers cache build CONFIG [--shard I/N]` (also under torchrun), `adalayers cache ls`, `adalayers cache rm KEY|--all`."""
 from __future__ import annotations
 
 import time
@@ -12,28 +12,60 @@ def _root(args) -> Path:
     return Path(args.dir).expanduser() / "states" if args.dir else cache_dir()
 
 
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'i/N' -> (i, N) with 0 <= i < N."""
+    if text is None:
+        return None
+    i, slash, n = text.partition("/")
+    if not (slash and i.strip().isdigit() and n.strip().isdigit() and 0 <= int(i) < int(n)):
+        raise CacheError(f"--shard {text!r}: expected i/N with 0 <= i < N, e.g. --shard 0/4")
+    return int(i), int(n)
+
+
 def cmd_build(args) -> int:
     from adalayers import config, recipes
+    from adalayers.engine import distributed
 
+    part = parse_shard(args.shard)
     cfg = config.load(args.config, args.overrides)
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = recipes.prepare(cfg)  # under torchrun: joins the process group
+    if part is None and distributed.active():
+        part = (distributed.rank(), distributed.world_size())
     source = cached_source(cfg, backbone, data, encoded)
     if source is None:
         raise CacheError("the cache was not built (see the message above)")
+    todo = []
     for split in encoded:
         t0 = time.perf_counter()
-        entry = source.entry(split)
-        try:  # check every file's checksum, so a later run never meets a damaged layer
-            for s in range(len(entry.layout.shards)):
-                for layer in range(entry.manifest["num_layers"]):
-                    entry.array(s, layer)
-        except CacheDamaged as e:
-            entry = source.rebuild(split, str(e), entry.manifest.get("build"))
-        size = sum(info["bytes"] for info in entry.manifest["files"].values())
-        print(f"{split:<10} {source.keys[split]}  {entry.manifest['rows']:>7,} rows  "
-              f"{entry.manifest['tokens']:>10,} tokens  {size / 1e6:>9.1f} MB  ({time.perf_counter() - t0:.1f}s)")
-    print(f"cache folder: {source.root}")
+        if part is None:
+            entry = source.entry(split)
+        else:
+            entry = source.build_part(split, *part)
+            if entry is None:
+                print(f"{split:<10} {source.keys[split]}  part {part[0]}/{part[1]} written "
+                      f"({time.perf_counter() - t0:.1f}s); the entry is complete once every part is")
+                todo.append(split)
+                continue
+        _report(source, split, entry, t0)
+    distributed.barrier()
+    if distributed.active() and distributed.is_main():  # the last rank to finish assembled each entry
+        for split in todo:
+            _report(source, split, source.entry_if_built(split), time.perf_counter())
+    if distributed.is_main():
+        print(f"cache folder: {source.root}")
     return 0
+
+
+def _report(source, split: str, entry, t0: float) -> None:
+    try:  # check every file's checksum, so a later run never meets a damaged layer
+        for s in range(len(entry.layout.shards)):
+            for layer in range(entry.manifest["num_layers"]):
+                entry.array(s, layer)
+    except CacheDamaged as e:
+        entry = source.rebuild(split, str(e), entry.manifest.get("build"))
+    size = sum(info["bytes"] for info in entry.manifest["files"].values())
+    print(f"{split:<10} {source.keys[split]}  {entry.manifest['rows']:>7,} rows  "
+          f"{entry.manifest['tokens']:>10,} tokens  {size / 1e6:>9.1f} MB  ({time.perf_counter() - t0:.1f}s)")
 
 
 def cmd_ls(args) -> int:
@@ -92,6 +124,10 @@ def add_commands(sub) -> None:
     p.set_defaults(fn=lambda args: _print_help(p))
     b = csub.add_parser("build", help="compute and store the base's hidden states for a config's dataset")
     _add_config_args(b)
+    b.add_argument("--shard", metavar="I/N",
+                   help="build only part I of N (0-based) of every split, e.g. one task of a job array; the last "
+                        "part to finish writes the entry's manifest (under torchrun the ranks split the work "
+                        "without this)")
     b.set_defaults(fn=cmd_build)
     for name, fn, help in [("ls", cmd_ls, "list cached entries"), ("rm", cmd_rm, "remove cached entries")]:
         c = csub.add_parser(name, help=help)

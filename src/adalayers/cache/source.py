@@ -3,29 +3,33 @@
 The key of a split's entry is everything its hidden states depend on: the base's fingerprint,
 the tokenizer, max_length, encoder/decoder states, the sha256 of the dataset files, the split
 name and a hash of the split's token ids. A split's entry is built the first time one of its
-batches arrives: one pass of the base over the split in length order (less padding than a
-shuffled epoch), every layer written. Later batches read only the layers some task uses.
+batches arrives: one pass of the base over the split, shard by shard, each shard in length order
+(less padding than a shuffled epoch), every layer written. Later batches read only the layers some
+task uses, streaming shard by shard from memory-mapped files, so a cache larger than RAM trains.
+`adalayers cache build` can split the pass across processes (build_part).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
-
 from adalayers import model_packages
-from adalayers.encoding import EncodedSplit, batches
+from adalayers.encoding import EncodedSplit, split_batch
+from adalayers.engine.progress import bar
 from adalayers.run import sha256
 from adalayers.states import LiveStates
 from adalayers.precision import autocast_for, precision_of
-from adalayers.cache.store import CacheDamaged, CacheError, Writer, key_of, locked, open_entry
+from adalayers.cache.store import (CacheDamaged, CacheError, Writer, assemble_parts, incomplete_build, key_of, locked,
+                                   open_entry)
 
 BYTES_PER_VALUE = 2  # float16
+log = logging.getLogger(__name__)
 
 
 def cache_dir(cfg=None) -> Path:
@@ -120,15 +124,25 @@ class CachedStates:
 
     # --- entries -------------------------------------------------------------------------------
     def entry(self, split: str):
-        """The opened entry of a split, built (under the key's lock) when missing or damaged."""
+        """The opened entry of a split, built (under the key's lock) when missing or damaged.
+
+        A sharded build that is missing parts is refused: its other processes may still be running,
+        or may have failed; either way this process does not guess (the message says what to run).
+        """
         if split not in self.entries:
             try:
                 self.entries[split] = open_entry(self.root, self.keys[split], self.fields[split])
             except FileNotFoundError:
+                self._refuse_incomplete(split)
                 self.entries[split] = self._build(split)
             except CacheDamaged as e:
                 self.rebuild(split, str(e))
         return self.entries[split]
+
+    def _refuse_incomplete(self, split: str) -> None:
+        problem = incomplete_build(self.root, self.keys[split])
+        if problem:
+            raise CacheError(f"{self.data.name}/{split}: {problem}")
 
     def rebuild(self, split: str, reason: str, bad_build: str | None = None):
         """Replace a damaged entry (unless another process already has: then use theirs)."""
@@ -136,6 +150,38 @@ class CachedStates:
               flush=True)
         self.entries[split] = self._build(split, bad_build)
         return self.entries[split]
+
+    def _writer(self, split: str, part: tuple[int, int] | None = None) -> Writer:
+        bb, enc = self.backbone, self.encoded[split]
+        info = {"task": self.data.name, "split": split, "base": bb.name, "max_length": self.cfg.model.max_length}
+        return Writer(self.root, self.keys[split], self.fields[split], info, _lengths(enc), bb.num_layers,
+                      bb.hidden_size, self.cfg.cache.shard_mb, part)
+
+    def _fill(self, split: str, writer: Writer) -> None:
+        """Run the base over the writer's shards, one shard at a time, each in length order (less padding).
+
+        A shard's batches are the same whichever process builds it, so a build split across
+        processes writes the very bytes one process would.
+        """
+        enc, bb = self.encoded[split], self.backbone
+        autocast = autocast_for(self.cfg.train.precision, bb.device)
+        bs = self.cfg.train.eval_batch_size
+        plan = []
+        for s in writer.own:
+            a, b = writer.layout.shards[s]
+            rows = sorted(range(a, b), key=lambda i: len(enc.rows[i]["input_ids"]))
+            plan += [rows[j: j + bs] for j in range(0, len(rows), bs)]
+        part = f" (part {writer.part[0]}/{writer.part[1]})" if writer.part else ""
+        for idx in bar(plan, len(plan), f"caching {self.data.name}/{split}{part}"):
+            batch = split_batch(enc, idx, self.pad_id)
+            rows_plan = writer.layout.plan(batch["index"].numpy())
+            keep = batch["attention_mask"].bool().to(bb.device)
+
+            def tap(i, h):
+                writer.write(rows_plan, i, h[keep].to("cpu", torch.float16).numpy())
+
+            with autocast() if autocast else contextlib.nullcontext():  # the precision in the key
+                bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
 
     def _build(self, split: str, bad_build: str | None = None):
         key, fields = self.keys[split], self.fields[split]
@@ -146,32 +192,44 @@ class CachedStates:
                     return entry
             except (FileNotFoundError, CacheDamaged):
                 pass
-            enc = self.encoded[split]
-            lengths = _lengths(enc)
-            bb = self.backbone
-            info = {"task": self.data.name, "split": split, "base": bb.name, "max_length": self.cfg.model.max_length}
-            writer = Writer(self.root, key, fields, info, lengths, bb.num_layers, bb.hidden_size,
-                            self.cfg.cache.shard_mb)
-            autocast = autocast_for(self.cfg.train.precision, bb.device)
+            writer = self._writer(split)
             try:
-                n = len(enc.rows)
-                bs = self.cfg.train.eval_batch_size
-                bar = tqdm(batches(enc, bs, self.pad_id), total=-(-n // bs), leave=False, dynamic_ncols=True,
-                           desc=f"caching {self.data.name}/{split}")
-                for batch in bar:
-                    plan = writer.layout.plan(batch["index"].numpy())
-                    keep = batch["attention_mask"].bool().to(bb.device)
-
-                    def tap(i, h):
-                        writer.write(plan, i, h[keep].to("cpu", torch.float16).numpy())
-
-                    with autocast() if autocast else contextlib.nullcontext():  # the precision in the key
-                        bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
+                self._fill(split, writer)
                 writer.commit()
             except BaseException:
                 writer.abort()
                 raise
             return open_entry(self.root, key, fields)
+
+    def build_part(self, split: str, part: int, parts: int):
+        """Process `part` of `parts` builds its shards of a split; returns the entry once every part is
+        in (this process or another wrote the manifest), else None."""
+        key, fields = self.keys[split], self.fields[split]
+        try:
+            return self.entry_if_built(split)
+        except FileNotFoundError:
+            pass
+        writer = self._writer(split, (part, parts))
+        try:
+            self._fill(split, writer)
+            writer.commit_part()
+        except BaseException:
+            writer.abort()
+            raise
+        with locked(self.root, key):
+            try:
+                return self.entry_if_built(split)
+            except FileNotFoundError:
+                pass
+            if assemble_parts(self.root, key, fields, parts) is None:
+                return None
+            return self.entry_if_built(split)
+
+    def entry_if_built(self, split: str):
+        """The finished entry of a split (FileNotFoundError when there is none yet)."""
+        if split not in self.entries:
+            self.entries[split] = open_entry(self.root, self.keys[split], self.fields[split])
+        return self.entries[split]
 
 
 def estimate_bytes(encoded: dict, num_layers: int, hidden: int) -> int:

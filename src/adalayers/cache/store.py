@@ -9,7 +9,9 @@
 Every layer of every shard is its own file, memory-mapped on read, so a run that uses layer 3
 only ever opens s*-l03.npy. A file's sha256 is checked the first time a process opens it.
 An entry is filled in a temporary folder and renamed into place while holding `<key>.lock`,
-so concurrent builders never see (or leave) half an entry.
+so concurrent builders never see (or leave) half an entry. A build split across processes
+(`cache build --shard i/N`, or under torchrun) fills `.parts-<key>-ofN/`, each process its shards
+and a part file checksumming them; the last one to finish writes the manifest over all of them.
 """
 from __future__ import annotations
 
@@ -192,57 +194,151 @@ def locked(root: Path, key: str):
         yield
 
 
+def parts_folder(root: Path, key: str, parts: int) -> Path:
+    """Where the processes of a sharded build (`cache build --shard i/N`, or torchrun) put their files."""
+    return root / f".parts-{key}-of{parts:03d}"
+
+
+def part_name(part: int, parts: int) -> str:
+    return f"part-{part:03d}-of-{parts:03d}.json"
+
+
+def _checksummed(folder: Path, names) -> dict:
+    files = {}
+    for name in sorted(names):
+        path = folder / name
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        files[name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+    return files
+
+
+def _finish(folder: Path, root: Path, key: str, manifest: dict) -> Path:
+    """Write the manifest (last) into a filled folder and rename the folder into place as the entry."""
+    manifest = {**manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "build": secrets.token_hex(8)}
+    manifest["checksum"] = _manifest_checksum(manifest)
+    write_json(folder / MANIFEST, manifest)  # last: an entry without a valid manifest is never read
+    final = root / key
+    if final.exists():  # a damaged entry: move it aside first (a folder cannot replace a full one)
+        trash = root / f".old-{key}-{secrets.token_hex(4)}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(folder, final)
+    return final
+
+
 class Writer:
-    """Fills a new entry in a temporary folder; `commit()` checksums it, writes the manifest, renames it in."""
+    """Fills a new entry; `commit()` checksums it, writes the manifest, renames it in.
+
+    With `part=(i, N)` it is process i of a build split across N processes: it fills only the
+    shards s with s % N == i, in a folder shared by the N processes, and `commit_part()` checksums
+    its files into part-i-of-N.json (written last). The process that finds every part present
+    assembles the entry (assemble_parts): one manifest listing and checksumming every shard's files.
+    """
 
     def __init__(self, root: Path, key: str, fields: dict, info: dict, lengths: np.ndarray,
-                 num_layers: int, hidden: int, shard_mb: float):
+                 num_layers: int, hidden: int, shard_mb: float, part: tuple[int, int] | None = None):
         self.root, self.key, self.fields, self.info = root, key, fields, info
-        self.num_layers, self.hidden = num_layers, hidden
-        for stale in root.glob(f".tmp-{key}-*"):  # left by a builder that died (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        self.tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
-        self.tmp.mkdir(parents=True)
+        self.num_layers, self.hidden, self.part = num_layers, hidden, part
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        np.save(self.tmp / OFFSETS, offsets)
         self.layout = Layout(offsets, plan_shards(lengths, hidden, shard_mb))
+        shards = range(len(self.layout.shards))
+        if part is None:
+            for stale in root.glob(f".tmp-{key}-*"):  # left by a builder that died (we hold the lock)
+                shutil.rmtree(stale, ignore_errors=True)
+            self.tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+            self.tmp.mkdir(parents=True)
+            self.own = list(shards)
+        else:
+            i, n = part
+            self.tmp = parts_folder(root, key, n)
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            self.own = [s for s in shards if s % n == i]
+            (self.tmp / part_name(i, n)).unlink(missing_ok=True)
+        tmp_offsets = self.tmp / f".{OFFSETS}.{os.getpid()}.tmp"  # every part writes the same offsets
+        with open(tmp_offsets, "wb") as f:
+            np.save(f, offsets)
+        os.replace(tmp_offsets, self.tmp / OFFSETS)
         self.arrays = {(s, l): np.lib.format.open_memmap(self.tmp / layer_file(s, l), mode="w+", dtype=np.float16,
                                                           shape=(self.layout.shard_tokens(s), hidden))
-                       for s in range(len(self.layout.shards)) for l in range(num_layers)}
+                       for s in self.own for l in range(num_layers)}
 
     def write(self, plan: Plan, layer: int, values: np.ndarray) -> None:
         """values: (tokens, d) for the planned rows, concatenated in batch order."""
         for shard, pos, _, _, k in plan.parts:
             self.arrays[(shard, layer)][pos] = values if len(plan.parts) == 1 else values[k]
 
-    def commit(self) -> Path:
-        files = {}
-        for (s, l), arr in self.arrays.items():
+    def _flush(self) -> list[str]:
+        names = [layer_file(s, l) for s, l in self.arrays]
+        for arr in self.arrays.values():
             arr.flush()
         self.arrays.clear()
-        for path in sorted(self.tmp.iterdir()):
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-            files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
-        manifest = {"format": FORMAT, "key": self.key, "fields": self.fields, **self.info,
-                    "rows": self.layout.num_rows, "tokens": int(self.layout.offsets[-1]),
-                    "num_layers": self.num_layers, "hidden_size": self.hidden, "dtype": "float16",
-                    "shards": [list(s) for s in self.layout.shards], "files": files,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "build": secrets.token_hex(8)}
-        manifest["checksum"] = _manifest_checksum(manifest)
-        write_json(self.tmp / MANIFEST, manifest)  # last: an entry without a valid manifest is never read
-        final = self.root / self.key
-        if final.exists():  # a damaged entry: move it aside first (a folder cannot replace a full one)
-            trash = self.root / f".old-{self.key}-{secrets.token_hex(4)}"
-            os.replace(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(self.tmp, final)
-        return final
+        return names
+
+    def _manifest(self, files: dict) -> dict:
+        return {"format": FORMAT, "key": self.key, "fields": self.fields, **self.info,
+                "rows": self.layout.num_rows, "tokens": int(self.layout.offsets[-1]),
+                "num_layers": self.num_layers, "hidden_size": self.hidden, "dtype": "float16",
+                "shards": [list(s) for s in self.layout.shards], "files": files}
+
+    def commit(self) -> Path:
+        files = _checksummed(self.tmp, self._flush() + [OFFSETS])
+        return _finish(self.tmp, self.root, self.key, self._manifest(files))
+
+    def commit_part(self) -> None:
+        """This process's shards are written: checksum them into its part file (written last)."""
+        i, n = self.part
+        files = _checksummed(self.tmp, self._flush())
+        write_json(self.tmp / part_name(i, n), {**self._manifest(files), "part": i, "parts": n, "own": self.own})
 
     def abort(self) -> None:
         self.arrays.clear()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.part is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def missing_parts(root: Path, key: str, parts: int) -> list[int]:
+    folder = parts_folder(root, key, parts)
+    return [i for i in range(parts) if not (folder / part_name(i, parts)).is_file()]
+
+
+def assemble_parts(root: Path, key: str, fields: dict, parts: int) -> Path | None:
+    """Once every part of a sharded build is written: one entry whose manifest lists and checksums
+    every shard's files (and the offsets), written last. None while parts are missing. Call it
+    holding the key's lock."""
+    folder = parts_folder(root, key, parts)
+    if missing_parts(root, key, parts):
+        return None
+    metas = [json.loads((folder / part_name(i, parts)).read_text(encoding="utf-8")) for i in range(parts)]
+    files: dict = {}
+    for m in metas:
+        if m["fields"] != fields or m["shards"] != metas[0]["shards"]:
+            raise CacheError(f"{folder}: part {m['part']} of {parts} was built from other data or settings; "
+                             f"remove the folder ('adalayers cache rm --all') and build again")
+        files.update(m["files"])
+    expected = {layer_file(s, l) for s in range(len(metas[0]["shards"])) for l in range(metas[0]["num_layers"])}
+    if set(files) != expected:
+        raise CacheError(f"{folder}: the parts do not cover every shard; remove the folder and build again")
+    files.update(_checksummed(folder, [OFFSETS]))
+    manifest = {k: v for k, v in metas[0].items() if k not in ("part", "own", "files")}
+    manifest["files"] = dict(sorted(files.items()))
+    for i in range(parts):
+        (folder / part_name(i, parts)).unlink()
+    return _finish(folder, root, key, manifest)
+
+
+def incomplete_build(root: Path, key: str) -> str | None:
+    """A sharded build of `key` that is missing parts: a message saying which, else None."""
+    for folder in sorted(root.glob(f".parts-{key}-of*")):
+        parts = int(folder.name.rsplit("-of", 1)[1])
+        missing = missing_parts(root, key, parts)
+        if missing:
+            todo = ", ".join(f"--shard {i}/{parts}" for i in missing)
+            return (f"cache entry {key} is incomplete: {len(missing)} of {parts} shard parts are missing "
+                    f"({todo}); finish them with 'adalayers cache build CONFIG {todo.split(', ')[0]}' (one "
+                    f"per missing part), or remove the parts with 'adalayers cache rm --all'")
+    return None
 
 
 def list_entries(root: Path) -> list[dict]:
@@ -277,7 +373,7 @@ def remove(root: Path, key: str) -> None:
 def remove_unfinished(root: Path) -> list[str]:
     """Temporary folders left by builders that died (skipping any whose key is being built right now)."""
     removed = []
-    for folder in sorted(root.glob(".tmp-*")) + sorted(root.glob(".old-*")):
+    for folder in sorted(root.glob(".tmp-*")) + sorted(root.glob(".old-*")) + sorted(root.glob(".parts-*")):
         key = folder.name.split("-")[1]
         with open(root / f"{key}.lock", "a+") as f:
             try:
