@@ -65,3 +65,76 @@ def test_unknown_schedule_is_a_config_error():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     with pytest.raises(ConfigError, match="schedule"):
         fit_module.schedule(opt, fit_module.FitSettings(lr=1.0, max_epochs=1, schedule="cosine"), 10)
+
+
+class Line(torch.nn.Module):
+    """A Trainable in a few lines: y = w x + b, MSE."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+
+    def forward(self, batch):
+        return self.lin(batch["x"]).squeeze(-1)
+
+    def loss(self, out, batch):
+        return torch.nn.functional.mse_loss(out, batch["y"])
+
+    def trainable_parameters(self):
+        return list(self.parameters())
+
+
+class LineFeed:
+    """y = 3x - 1 in batches of 8; validation metric: -MSE on fixed points."""
+
+    def __init__(self, model):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.rand(64, 1, generator=g)
+        self.model, self.steps = model, 8
+
+    def epoch(self, epoch, generator):
+        order = torch.randperm(64, generator=generator)
+        for s in range(0, 64, 8):
+            x = self.x[order[s:s + 8]]
+            yield {"x": x, "y": 3 * x[:, 0] - 1}
+
+    def validate(self, epoch):
+        with torch.no_grad():
+            mse = torch.nn.functional.mse_loss(self.model({"x": self.x}), 3 * self.x[:, 0] - 1).item()
+        return -mse, {"validation": {"neg_mse": -mse}}
+
+
+def test_fit_learns_a_line_logs_each_epoch_and_writes_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from adalayers.engine import FitSettings, fit
+
+    torch.manual_seed(0)
+    model = Line()
+    feed = LineFeed(model)
+    start = feed.validate(0)[0]
+    s = FitSettings(lr=0.5, max_epochs=6, schedule="linear", warmup_fraction=0.2, tensorboard=True)
+    summary = fit(model, feed, s, torch.device("cpu"), run_dir=tmp_path, keep_best=True)
+    assert summary["epochs"] == 6 and summary["best_validation"] > start / 4, (start, summary["best_validation"])
+    assert feed.validate(0)[0] == summary["best_validation"]  # the best epoch's weights are back
+    log = [line for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 6
+    assert summary["history"][-1]["lr"] == pytest.approx(0.0, abs=1e-9)  # linear decay reaches 0 at the end
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"train_loss", "lr", "validation/neg_mse"} <= set(events.Tags()["scalars"])
+    assert len(events.Scalars("train_loss")) == 6
+
+
+def test_fit_stops_early_and_keeps_the_best_epoch():
+    from adalayers.engine import FitSettings, fit
+
+    torch.manual_seed(0)
+    model = Line()
+
+    class Worse(LineFeed):  # the metric only gets worse after epoch 1
+        def validate(self, epoch):
+            return -float(epoch), {"validation": {}}
+
+    summary = fit(model, Worse(model), FitSettings(lr=0.1, max_epochs=10, early_stopping=2), torch.device("cpu"))
+    assert summary["epochs"] == 3 and summary["best_epoch"] == 1

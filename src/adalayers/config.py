@@ -120,6 +120,8 @@ class TrainConfig:
                                 "or fp16 (CUDA only).")
     device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+    tensorboard: bool = _f(False, "Also write TensorBoard scalars per epoch to <run>/tensorboard (loss, metrics, "
+                                  "learning rate, layer weights); needs pip install 'adalayers[tensorboard]'.")
 
 
 @dataclass

@@ -69,7 +69,7 @@ class FitSettings:
         base = dict(lr=tc.lr, max_epochs=tc.max_epochs, weight_decay=tc.weight_decay,
                     early_stopping=tc.early_stopping, grad_clip=tc.grad_clip, precision=tc.precision,
                     seed=tc.seed, lr_patience=tc.lr_patience, max_minutes=tc.max_minutes,
-                    tensorboard=getattr(tc, "tensorboard", False))
+                    tensorboard=tc.tensorboard)
         return cls(**{**base, **changes})
 
 
