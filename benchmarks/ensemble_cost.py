@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         ratios = [t / b for t, b in zip(times[n], times[ref])]
         rows.append({"config": n, "median_seconds_per_1000": round(statistics.median(times[n]) / len(part.rows) * 1000, 3),
                      "ratio_to_one_head": round(statistics.median(ratios), 3),
-                     "trainable_params": sum(t.trainable_parameters() for t in configs[n])})
+                     "trainable_params": sum(t.num_trainable() for t in configs[n])})
     settings = {"config": args.config, "overrides": args.overrides, "base": cfg.model.base, "rows": len(part.rows),
                 "max_length": cfg.model.max_length, "batch_size": bs, "repeats": args.repeats,
                 "threads": args.threads, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),

@@ -70,5 +70,8 @@ class EnsembleTask(nn.Module):
             self.tap(i, z)
         return self.end(mask)
 
-    def trainable_parameters(self) -> int:
-        return sum(m.trainable_parameters() for m in self.members)
+    def trainable_parameters(self) -> list:
+        return [p for m in self.members for p in m.trainable_parameters()]
+
+    def num_trainable(self) -> int:
+        return sum(m.num_trainable() for m in self.members)

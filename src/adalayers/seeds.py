@@ -109,7 +109,7 @@ def build_ensemble(ens_dir: Path, member_dirs: list[Path], cfg, prepared) -> dic
     task, run_cfg, _ = runlib.load_head(ens_dir, backbone)
     task.to(backbone.device)
     source = recipes.make_source(run_cfg, backbone, data, encoded)
-    result = {"members": [d.name for d in member_dirs], "trainable_params": task.trainable_parameters()}
+    result = {"members": [d.name for d in member_dirs], "trainable_params": task.num_trainable()}
     for split in ("validation", "test"):
         if split in encoded:
             result[split], _ = evaluate_split(task, source, encoded[split], data.splits[split],
