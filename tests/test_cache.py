@@ -6,6 +6,7 @@ one slow test trains the real MiniLM on a few CoLA rows through the CLI.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 from pathlib import Path
@@ -147,7 +148,7 @@ def test_same_config_hits_and_changed_max_length_or_data_file_misses(setup, monk
     assert len(built) == 2
 
 
-def _damage_then_check_rebuilt(setup, monkeypatch, capsys, damage):
+def _damage_then_check_rebuilt(setup, monkeypatch, capsys, damage, caplog):
     cfg, data, encoded = setup()
     source = cached_source(cfg, setup.backbone, data, encoded)
     folder = source.entry("train").folder
@@ -156,31 +157,31 @@ def _damage_then_check_rebuilt(setup, monkeypatch, capsys, damage):
     fresh = cached_source(cfg, setup.backbone, data, encoded)
     _assert_matches_live(fresh, setup.backbone, encoded, "train")
     assert built == [fresh.keys["train"]]
-    assert "damaged" in capsys.readouterr().out
+    assert "damaged" in capsys.readouterr().out + caplog.text  # a warning through logging
 
 
-def test_truncated_layer_file_is_rebuilt(setup, monkeypatch, capsys):
+def test_truncated_layer_file_is_rebuilt(setup, monkeypatch, capsys, caplog):
     def truncate(folder):
         path = folder / layer_file(0, 1)
         path.write_bytes(path.read_bytes()[:-100])
-    _damage_then_check_rebuilt(setup, monkeypatch, capsys, truncate)
+    _damage_then_check_rebuilt(setup, monkeypatch, capsys, truncate, caplog)
 
 
-def test_same_size_corruption_is_caught_by_checksum(setup, monkeypatch, capsys):
+def test_same_size_corruption_is_caught_by_checksum(setup, monkeypatch, capsys, caplog):
     def flip(folder):
         path = folder / layer_file(0, 2)
         raw = bytearray(path.read_bytes())
         raw[-7] ^= 0xFF
         path.write_bytes(bytes(raw))
-    _damage_then_check_rebuilt(setup, monkeypatch, capsys, flip)
+    _damage_then_check_rebuilt(setup, monkeypatch, capsys, flip, caplog)
 
 
-def test_edited_manifest_is_rebuilt(setup, monkeypatch, capsys):
+def test_edited_manifest_is_rebuilt(setup, monkeypatch, capsys, caplog):
     def edit(folder):
         m = json.loads((folder / "manifest.json").read_text())
         m["tokens"] += 1
         (folder / "manifest.json").write_text(json.dumps(m))
-    _damage_then_check_rebuilt(setup, monkeypatch, capsys, edit)
+    _damage_then_check_rebuilt(setup, monkeypatch, capsys, edit, caplog)
 
 
 def test_entry_without_manifest_is_never_read(setup, monkeypatch):
@@ -218,10 +219,11 @@ def test_two_builders_at_once_leave_one_good_entry(setup, monkeypatch):
     _assert_matches_live(sources[1], setup.backbone, encoded, "train")
 
 
-def test_over_budget_falls_back_to_the_live_base(setup, capsys):
+def test_over_budget_falls_back_to_the_live_base(setup, caplog):
+    caplog.set_level(logging.INFO, logger="adalayers")
     cfg, data, encoded = setup("cache.max_gb=0.00001")
     assert cached_source(cfg, setup.backbone, data, encoded) is None
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "GB" in out and "over cache.max_gb" in out
     assert isinstance(recipes.make_source(cfg, setup.backbone, data, encoded), LiveStates)
     assert not setup.root.exists() or not any(setup.root.iterdir())
@@ -304,8 +306,8 @@ def test_cli_build_then_train_reuses_it(setup, tmp_path, capsys, monkeypatch):
                         f"mixer: {{k: 8}}\nhead: {{num_heads: 2}}\ncache: {{dir: {tmp_path / 'cache'}}}\n"
                         f"train: {{max_epochs: 1, batch_size: 8}}\n")
     assert main(["cache", "build", str(cfg_file)]) == 0
-    out = capsys.readouterr().out
-    assert "GB still to build" in out and all(s in out for s in ("train", "validation", "test"))
+    cap = capsys.readouterr()  # messages on stderr (logging), the command's table on stdout
+    assert "GB still to build" in cap.err and all(s in cap.out for s in ("train", "validation", "test"))
     built = _count_builds(monkeypatch)
     assert main(["train", str(cfg_file), "--out", str(tmp_path / "run")]) == 0
     assert built == []  # training found every split already cached

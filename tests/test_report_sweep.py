@@ -1,5 +1,6 @@
 """`adalayers report` and `adalayers sweep-layers` on tiny runs of a random 2-layer BERT."""
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,8 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
                         layers="1", adalayers_run=ada)
 
 
-def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys):
+def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="adalayers")  # the engine says why it stopped through logging
     model, data = world
     # 0.6 ms: the first epoch always runs, and any epoch takes longer than what is left after it
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 4, "max_minutes": 1e-5})
@@ -132,4 +134,4 @@ def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys
     log = (tmp_path / "run" / "log.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(log) == 1 and metrics["epochs"] == 1 and "accuracy" in metrics["test"]
     out = capsys.readouterr()
-    assert "another epoch would end past train.max_minutes" in out.out + out.err
+    assert "another epoch would end past train.max_minutes" in out.out + out.err + caplog.text

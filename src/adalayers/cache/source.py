@@ -146,8 +146,8 @@ class CachedStates:
 
     def rebuild(self, split: str, reason: str, bad_build: str | None = None):
         """Replace a damaged entry (unless another process already has: then use theirs)."""
-        print(f"cache: entry {self.keys[split]} ({self.data.name}/{split}) is damaged: {reason}; rebuilding",
-              flush=True)
+        log.warning("cache: entry %s (%s/%s) is damaged: %s; rebuilding", self.keys[split], self.data.name, split,
+                    reason)
         self.entries[split] = self._build(split, bad_build)
         return self.entries[split]
 
@@ -257,7 +257,7 @@ def cached_source(cfg, backbone, data, encoded: dict) -> CachedStates | None:
     """A CachedStates for these splits, or None (after saying why) when the cache does not fit."""
     root = cache_dir(cfg)
     if not data.files:
-        print(f"cache: task {data.name} names no data files to key the cache on; running the base on the fly")
+        log.info("cache: task %s names no data files to key the cache on; running the base on the fly", data.name)
         return None
     fh = files_hash(data.files)
     fields = {name: split_fields(cfg, backbone, data, split, fh) for name, split in encoded.items()}
@@ -266,17 +266,16 @@ def cached_source(cfg, backbone, data, encoded: dict) -> CachedStates | None:
     missing = sum(estimate_bytes({n: s}, backbone.num_layers, backbone.hidden_size)
                   for n, s in encoded.items() if not (root / keys[n] / "manifest.json").is_file())
     tokens = sum(int(_lengths(s).sum()) for s in encoded.values())
-    print(f"cache: {data.name} hidden states: {tokens:,} tokens x {backbone.num_layers} layers x "
-          f"{backbone.hidden_size} fp16 = {size / 1e9:.3f} GB ({missing / 1e9:.3f} GB still to build) in {root}",
-          flush=True)
+    log.info(f"cache: {data.name} hidden states: {tokens:,} tokens x {backbone.num_layers} layers x "
+             f"{backbone.hidden_size} fp16 = {size / 1e9:.3f} GB ({missing / 1e9:.3f} GB still to build) in {root}")
     if size > cfg.cache.max_gb * 1e9:
-        print(f"cache: {size / 1e9:.3f} GB is over cache.max_gb={cfg.cache.max_gb:g}; running the base on the fly "
-              f"every epoch instead (raise cache.max_gb to cache it)", flush=True)
+        log.warning(f"cache: {size / 1e9:.3f} GB is over cache.max_gb={cfg.cache.max_gb:g}; running the base on the "
+                    f"fly every epoch instead (raise cache.max_gb to cache it)")
         return None
     root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free
     if missing > free:
-        print(f"cache: {missing / 1e9:.3f} GB to build but only {free / 1e9:.3f} GB free in {root}; running the "
-              f"base on the fly every epoch instead", flush=True)
+        log.warning(f"cache: {missing / 1e9:.3f} GB to build but only {free / 1e9:.3f} GB free in {root}; running "
+                    f"the base on the fly every epoch instead")
         return None
     return CachedStates(cfg, backbone, data, encoded, root, keys, fields)

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -32,6 +33,7 @@ import torch
 from adalayers.errors import AdaLayersError
 from adalayers.run import sha256, write_json
 
+log = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 OFFSETS = "offsets.npy"
@@ -189,7 +191,7 @@ def locked(root: Path, key: str):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"cache: waiting for another process that is building {key} ...", flush=True)
+            log.info("cache: waiting for another process that is building %s ...", key)
             fcntl.flock(f, fcntl.LOCK_EX)
         yield
 

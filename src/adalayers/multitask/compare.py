@@ -13,6 +13,7 @@ Writes compare_multitask.json, compare_multitask.md and compare_multitask.png in
 from __future__ import annotations
 
 import copy
+import logging
 import shlex
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import torch
 
 from adalayers import run as runlib
 from adalayers.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 VARIANTS = ("baseline", "progressive", "pcgrad", "smart", "freeze-top3", "adalayers")
 
@@ -57,7 +60,7 @@ def run_adalayers(mcfg, backbone, out: Path, epochs: int) -> dict:
 
     results, params, seconds = {}, 0, 0.0
     for spec in mcfg.tasks:
-        print(f"[adalayers] {spec.name}")
+        log.info("[adalayers] %s", spec.name)
         m = recipes.train(adalayers_config(mcfg, spec.name, epochs), out / "adalayers" / spec.name,
                           backbone=backbone)
         results[spec.name] = {s: m[s] for s in ("validation", "test") if s in m}
@@ -82,7 +85,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     main = {t: d.main_metric for t, d in datas.items()}
     rows = []
     for name in variants:
-        print(f"[{name}]")
+        log.info("[%s]", name)
         if name == "adalayers":
             r = run_adalayers(mcfg, backbone, out, adalayers_epochs or mcfg.epochs)
         else:

@@ -10,6 +10,7 @@ The base's weights are hashed before and after: `base_bit_identical`.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import statistics
 import sys
@@ -23,6 +24,8 @@ from adalayers import run as runlib
 from adalayers.encoding import EncodedSplit, batches
 from adalayers.errors import AdaLayersError, ConfigError
 from adalayers.core import weights_digest as digest
+
+log = logging.getLogger(__name__)
 
 DEFAULT = "adalayers,last-layer,scalar-mix,concat,finetune,finetune-top:3,adapters,adapters-shared3"
 TASK_COUNTS = (1, 4)
@@ -240,9 +243,9 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
     def one(s: str, cfg, folder: Path) -> dict:
         old = _reusable(folder, cfg, made[s], inference_rows) if resume else None
         if old is not None:
-            print(f"== {s}: reusing {folder / 'result.json'} (same settings)", flush=True)
+            log.info("== %s: reusing %s (same settings)", s, folder / "result.json")
             return old
-        print(f"== {s} -> {folder}", flush=True)
+        log.info("== %s -> %s", s, folder)
         (folder / "error.json").unlink(missing_ok=True)
         if isolate:
             ctx = mp.get_context("spawn")
