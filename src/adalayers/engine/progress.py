@@ -8,6 +8,7 @@ so they never tear a bar; under torchrun each line names its rank and ranks > 0 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Iterable, Iterator
 
@@ -19,7 +20,9 @@ def bar(items: Iterable, total: int | None = None, desc: str = "") -> Iterator:
 
     if not distributed.is_main():
         return iter(items)
-    return iter(tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True))
+    # tqdm reads TQDM_MININTERVAL when it is imported; the CLI sets it later, for a log file (not a terminal)
+    every = float(os.environ.get("TQDM_MININTERVAL", 0.1)) if not sys.stderr.isatty() else 0.1
+    return iter(tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=every))
 
 
 class _TqdmHandler(logging.Handler):
