@@ -166,9 +166,13 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
               "best_layer": best["pin_layer"] if best else None,
               "best_layer_on_test": best_test["pin_layer"] if best_test else None,
               "last_layer": num_layers - 1 if last else None}
-    runlib.write_json(out / "sweep.json", result)
-    runlib.atomic_write(out / "sweep.md", _table(result))
-    plot_sweep(result, out / "sweep.png")
+    from adalayers.engine import distributed
+
+    if distributed.is_main():  # under torchrun: every rank trained, rank 0 writes
+        runlib.write_json(out / "sweep.json", result)
+        runlib.atomic_write(out / "sweep.md", _table(result))
+        plot_sweep(result, out / "sweep.png")
+    distributed.barrier()
     return result
 
 
@@ -269,6 +273,10 @@ def _cmd_sweep(args) -> int:
     if args.seeds < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {args.seeds}")
     r = run_sweep(cfg, Path(args.out), args.layers, Path(args.adalayers) if args.adalayers else None, args.seeds)
+    from adalayers.engine import distributed
+
+    if not distributed.is_main():
+        return 0
     print(Path(args.out, "sweep.md").read_text(encoding="utf-8"))
     print(json.dumps({"best_layer": r["best_layer"], "adalayers": r["adalayers"]["test_main"]}))
     return 0

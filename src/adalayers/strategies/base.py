@@ -52,7 +52,11 @@ class HarnessStrategy(Strategy):
 
             model.use_source(make_source(cfg, backbone, data, encoded))
         s = train_and_score(model, data, encoded, cfg, self.conf, out, backbone.device, self.spec)
-        save_run(out, self, model, cfg, data, backbone)
+        from adalayers.engine import distributed
+
+        if distributed.is_main():  # under torchrun: rank 0 writes
+            save_run(out, self, model, cfg, data, backbone)
+        distributed.barrier()
         return Trained(s["results"], self.effective_params(model), s["train_seconds"], s["epochs"],
                        s["best_epoch"], model.infer, self.extra(model))
 
