@@ -46,6 +46,11 @@ class Fed(nn.Module):
     def labels(self) -> list[str]:
         return self.task.labels
 
+    @property
+    def cfg(self):
+        """The side task's run config (scoring reads task.positive_label from it)."""
+        return self.task.cfg
+
     def forward(self, batch: dict) -> torch.Tensor:
         self._source[0].run(batch, [self.task])
         return self.task.end(batch["attention_mask"])
