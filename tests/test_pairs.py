@@ -100,6 +100,12 @@ def test_cli_predict_pair_and_pair_file(runs, base, tmp_path, capsys, monkeypatc
     f.write_text("".join(f"{x}\t{y}\n" for x, y in PAIRS), encoding="utf-8")
     assert cli.main(["predict", str(runs["para"]), "--file", str(f), "--json"]) == 0
     assert capsys.readouterr().out.count('"text_pair"') == 3
+    f.write_text("john sees the dog\tthe dog sees john\na good movie\n", encoding="utf-8")
+    assert cli.main(["predict", str(runs["para"]), "--file", str(f)]) == 2
+    assert "line 2 has no TAB" in capsys.readouterr().err
+    f.write_text("a good movie\twith a tab inside\n", encoding="utf-8")  # a single-text head: the line is one text
+    assert cli.main(["predict", str(runs["acc"]), "--file", str(f), "--json"]) == 0
+    assert '"text": "a good movie\\twith a tab inside"' in capsys.readouterr().out
     assert cli.main(["predict", str(runs["para"]), "john sees the dog"]) == 2
     assert "trained on sentence pairs" in capsys.readouterr().err
     assert cli.main(["predict", str(runs["acc"]), "--pair", "a", "b"]) == 2

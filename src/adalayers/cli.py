@@ -83,8 +83,15 @@ def cmd_predict(args) -> int:
 
     texts, pairs = list(args.texts), [list(p) for p in args.pair or []]
     if args.file:
+        from adalayers import run as runlib
+        from adalayers.tasks import takes_pairs
+
         lines = [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if any("\t" in line for line in lines):  # a pair per line: text TAB second text
+        if takes_pairs(runlib.run_config(Path(args.run))):  # a pair per line: text TAB second text
+            bad = [n for n, line in enumerate(lines, 1) if "\t" not in line]
+            if bad:
+                raise AdaLayersError(f"{args.file}: line {bad[0]} has no TAB; {args.run} was trained on sentence "
+                                     f"pairs: give one pair a line, text TAB second text")
             pairs += [line.split("\t", 1) for line in lines]
         else:
             texts += lines
@@ -166,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="*", help="texts to label")
     p.add_argument("--pair", nargs=2, action="append", metavar=("TEXT", "SECOND"),
                    help="a sentence pair, for heads trained on pairs (repeatable)")
-    p.add_argument("--file", help="a file of texts, one per line (for pairs: text TAB second text)")
+    p.add_argument("--file", help="a file of texts, one per line (a head trained on pairs: text TAB second text)")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     p.set_defaults(fn=cmd_predict)
 
