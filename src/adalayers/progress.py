@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 import time
@@ -102,13 +103,19 @@ def _hf_progress(on: bool) -> bool:
 def configure(verbose: bool = False) -> Callable[[], None]:
     """Set up progress output for one command; returns a function that undoes it (for in-process callers)."""
     hf_was_on = _hf_progress(verbose)
-    stderr = sys.stderr
+    stderr, interval = sys.stderr, os.environ.get("TQDM_MININTERVAL")
     if not sys.stderr.isatty() and not isinstance(sys.stderr, PlainLines):
         sys.stderr = PlainLines(sys.stderr)
+        # bars created with it in mind (engine.progress) redraw no more often than their lines are kept
+        os.environ.setdefault("TQDM_MININTERVAL", str(PLAIN_INTERVAL_S))
 
     def restore() -> None:
         _hf_progress(hf_was_on)
         if isinstance(sys.stderr, PlainLines) and sys.stderr.stream is stderr:
             sys.stderr = stderr
+        if interval is None:
+            os.environ.pop("TQDM_MININTERVAL", None)
+        else:
+            os.environ["TQDM_MININTERVAL"] = interval
 
     return restore
