@@ -67,7 +67,8 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base), a local Hugging Face folder, or a hub id.")
+    base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base, gemma3-270m), a local Hugging Face "
+                                "folder, a .gguf file (llama.cpp / Ollama; converted once), or a hub id.")
     max_length: int | None = _f(None, "Tokens per input; longer inputs are truncated (token tasks are split into "
                                       "windows). None = chosen from the training data: the length that holds 99% "
                                       "of its examples whole, at most the base's limit (printed, with the share "
@@ -97,7 +98,11 @@ class HeadConfig:
     dim_feedforward: int = _f(2048, "Token head: feed-forward width of those encoder layers.")
     dropout: float = _f(0.03, "Dropout inside the head.")
     pooling: str = _f("mean", "Sequence / regression head: how the attended tokens become one vector: mean (over "
-                              "the real tokens), max, or first (the first token, e.g. [CLS]).")
+                              "the real tokens), max, first (the first token, e.g. [CLS]) or last (the last real "
+                              "token: what probes of decoder LLMs use, only it has read the whole text).")
+    skip_bos: bool | None = _f(None, "Leave the BOS token a decoder's tokenizer puts before every text out of the "
+                                     "head's attention and pooling (its state is the same for every text, and huge "
+                                     "in Gemma). None = yes for decoder bases whose tokenizer prepends one.")
     attention_dropout: float | None = _f(None, "Dropout on the head's attention weights (None = head.dropout, as "
                                                 "nn.MultiheadAttention does). On a CPU it draws B*heads*T*T random "
                                                 "numbers a step: at T=256 most of a cached IMDB step; 0 skips it.")
@@ -338,7 +343,7 @@ def validate(cfg: Config) -> list[str]:
     return p
 
 
-POOLINGS = ("mean", "max", "first")
+POOLINGS = ("mean", "max", "first", "last")
 FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
 
 

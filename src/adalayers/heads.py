@@ -1,7 +1,7 @@
 """Task heads on the mixed features F (B, T, k).
 
 sequence / regression: self-attention (padding masked) -> GELU -> dropout -> pooling (masked mean, masked max
-                       or the first token; head.pooling) -> linear
+                       the first or the last real token; head.pooling) -> linear
 token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token (the feed-forward
                        over the real tokens only)
 """
@@ -40,12 +40,21 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    """(B, T, k) -> (B, k) over the real tokens: their mean, their elementwise max, or the first token."""
+    """(B, T, k) -> (B, k) over the real tokens: their mean, their elementwise max, the first token, or the last real one."""
     if how == "max":
         return x.masked_fill(~mask.bool().unsqueeze(-1), torch.finfo(x.dtype).min).amax(1)
-    if how == "first":
-        return x[:, 0]
+    if how == "first":  # the first real token (left padding alike)
+        return x[torch.arange(x.shape[0], device=x.device), mask.int().argmax(1)]
+    if how == "last":
+        return last_token(x, mask)
     return masked_mean(x, mask)
+
+
+def last_token(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x at each row's last real position (left or right padding alike), (B, k)."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    last = (mask.bool() * (pos + 1)).argmax(1)
+    return x[torch.arange(x.shape[0], device=x.device), last]
 
 
 class SequenceHead(nn.Module):

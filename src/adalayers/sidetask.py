@@ -56,9 +56,28 @@ class SideTask(nn.Module):
         acc, mask = self._acc, mask.to(self._acc.device).bool()
         if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
             acc = acc.new_zeros(*mask.shape, acc.shape[-1]).masked_scatter(mask.unsqueeze(-1), acc)
-        F = self.mixer.finish(acc)
         self._acc = None
-        out = self.head(F, mask)
+        return self.read(acc, mask)
+
+    def take(self) -> torch.Tensor | None:
+        """The accumulator of the pass just tapped, (B, T, k), handed over and cleared (generation
+        appends each decode step's positions to the prompt's)."""
+        acc, self._acc = self._acc, None
+        return acc
+
+    def read(self, acc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Accumulated F (B, T, k) + attention mask -> head output.
+
+        The head sees the real tokens only, less the BOS token with head.skip_bos: padding and BOS
+        rows of F are zeroed (a decoder's left padding may hold any value) and masked. Positions
+        count the tokens the head sees, so a text's output does not depend on its batch's padding.
+        """
+        mask = mask.to(acc.device).bool()
+        if self.cfg.head.skip_bos:
+            mask = mask & (mask.long().cumsum(1) > 1)  # drop each row's first real token
+        acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
+        out = self.head(self.mixer.finish(acc, positions), mask)
         return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
 
     def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,81 @@
+"""GGUF files (llama.cpp / Ollama) as frozen bases: converted once to a Hugging Face folder.
+
+    folder = converted(Path("gemma-3-270m-q4_k_m.gguf"))   # $ADALAYERS_CACHE/models/gguf-<sha256[:16]>/
+
+transformers reads a GGUF file and dequantizes it to fp32 (about a minute for 270M parameters on
+two cores). The result is saved once as safetensors + tokenizer, keyed by the file's sha256, so
+every later load takes seconds and a changed file never reuses a stale conversion. The loaded
+model still carries the GGUF "quantizer" although its weights are plain fp32; transformers then
+refuses save_pretrained, so the quantizer and its quantization_config are dropped first (the
+reload matches bit for bit). The folder appears by one rename: a crash leaves no half model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from adalayers.errors import ModelError
+
+log = logging.getLogger(__name__)
+MAGIC = b"GGUF"
+
+
+def check_header(path: Path) -> None:
+    """A GGUF file starts with the 4 bytes 'GGUF' and a little-endian version number (2 or 3)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror}") from None
+    if len(head) < 8 or head[:4] != MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+
+
+def converted(path: Path, sha256: str | None = None) -> Path:
+    """The Hugging Face folder holding `path`'s weights (fp32 safetensors) and tokenizer; made once."""
+    from adalayers.model_packages import cache_root
+    from adalayers.run import sha256 as file_sha256
+
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise ModelError(f"GGUF file not found: {path}")
+    check_header(path)
+    digest = sha256 or file_sha256(path)
+    target = cache_root() / "models" / f"gguf-{digest[:16]}"
+    if (target / ".complete").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to safetensors in %s (once; about a minute per 300M parameters)", path.name, target)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".gguf-") as tmp:
+        _convert(path, Path(tmp) / "model")
+        out = Path(tmp) / "model"
+        (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
+        (out / ".complete").touch()
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def _convert(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except ImportError as e:
+        raise ModelError(f"reading GGUF files needs the gguf package: pip install 'adalayers[llm]' ({e})") from None
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ModelError(f"transformers cannot read {path}: {str(e).splitlines()[0]}") from None
+    model.hf_quantizer = None  # weights are dequantized fp32 already; see the module docstring
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
