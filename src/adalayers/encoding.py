@@ -178,7 +178,9 @@ def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSpli
     return EncodedSplit(name, rows, len(examples), 0, {"windows": len(windows), "split_examples": split_up})
 
 
-def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "") -> dict:
+def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "", left: bool = False) -> dict:
+    """Rows -> padded tensors; padding on the right, or with `left` on the left (a decoder's next-token
+    output then sits in the last column of every row)."""
     T = max(len(r["input_ids"]) for r in rows)
     B = len(rows)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -192,12 +194,13 @@ def collate(rows: list[dict], indices: list[int], pad_id: int, split: str = "") 
         batch["labels"] = torch.tensor([r["label"] for r in rows])
     for b, r in enumerate(rows):
         n = len(r["input_ids"])
-        input_ids[b, :n] = torch.tensor(r["input_ids"])
-        mask[b, :n] = 1
+        at = slice(T - n, T) if left else slice(0, n)
+        input_ids[b, at] = torch.tensor(r["input_ids"])
+        mask[b, at] = 1
         if "token_type_ids" in batch:
-            batch["token_type_ids"][b, :n] = torch.tensor(r["token_type_ids"])
+            batch["token_type_ids"][b, at] = torch.tensor(r["token_type_ids"])
         if "labels" in r:
-            batch["labels"][b, :n] = torch.tensor(r["labels"])
+            batch["labels"][b, at] = torch.tensor(r["labels"])
     return batch
 
 

@@ -100,7 +100,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     seed_everything(cfg.train.seed)
     backbone, data, encoded = prepared or prepare(cfg, backbone)
     seed_everything(cfg.train.seed)
-    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels)
+    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels, bos=backbone.adds_bos)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
     # what the data is (part of the command's report, on stdout like its results)

@@ -76,7 +76,8 @@ def save_config(run_dir: Path, cfg, labels: list[str], backbone, head_sha256: st
     write_json(Path(run_dir) / "config.json", {
         "config": cfg.to_dict(), "labels": labels,
         "base": {"name": backbone.name, "fingerprint": backbone.fingerprint(),
-                 "num_layers": backbone.num_layers, "hidden_size": backbone.hidden_size},
+                 "num_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
+                 "adds_bos": bool(getattr(backbone, "adds_bos", False))},
         "checksums": {HEAD: head_sha256} if head_sha256 else {}, **extra})
 
 
@@ -133,7 +134,7 @@ def load_head(run_dir: Path, backbone=None):
         state = load_file(head_path)
     except (SafetensorError, OSError) as e:
         raise RunError(f"{head_path}: not a readable safetensors file ({e})") from None
-    task = SideTask(cfg, base["num_layers"], base["hidden_size"], meta["labels"])
+    task = SideTask(cfg, base["num_layers"], base["hidden_size"], meta["labels"], bos=base.get("adds_bos", False))
     try:
         missing, unexpected = task.load_state_dict(state, strict=False)
     except RuntimeError as e:

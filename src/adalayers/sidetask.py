@@ -20,8 +20,10 @@ from adalayers.mixer import AdaLayersMixer
 
 
 class SideTask(nn.Module):
-    def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str]):
+    def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str], bos: bool = False):
+        """`bos`: the base's tokenizer puts a BOS token before every text (head.skip_bos=None follows it)."""
         super().__init__()
+        self.skip_bos = bos if cfg.head.skip_bos is None else bool(cfg.head.skip_bos)
         # head.kind None means "the task's kind"; recipes.prepare fills it in, a bare Config() means sequence
         self.cfg, self.labels = cfg, list(labels)
         self.kind = TaskKind.parse(cfg.head.kind or TaskKind.CLASSIFICATION, "head.kind")
@@ -65,15 +67,16 @@ class SideTask(nn.Module):
         acc, self._acc = self._acc, None
         return acc
 
-    def read(self, acc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def read(self, acc: torch.Tensor, mask: torch.Tensor, skip_bos: bool | None = None) -> torch.Tensor:
         """Accumulated F (B, T, k) + attention mask -> head output.
 
         The head sees the real tokens only, less the BOS token with head.skip_bos: padding and BOS
         rows of F are zeroed (a decoder's left padding may hold any value) and masked. Positions
         count the tokens the head sees, so a text's output does not depend on its batch's padding.
+        skip_bos=None follows the config (False: the mask holds no BOS, e.g. a generated answer alone).
         """
         mask = mask.to(acc.device).bool()
-        if self.cfg.head.skip_bos:
+        if self.skip_bos if skip_bos is None else skip_bos:
             mask = mask & (mask.long().cumsum(1) > 1)  # drop each row's first real token
         acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None

@@ -168,6 +168,13 @@ class SideTasks:
             rows.append(row)
         return rows
 
+    def generate(self, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
+                 **kw) -> list[dict]:
+        """Generated text plus every side task on the prompt and on prompt + answer, from the generation
+        pass itself (a decoder LLM base; see adalayers.serve.generate for the options)."""
+        from adalayers.serve.generate import generate
+        return generate(self, prompts, max_new_tokens, tasks, **kw)
+
     def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
         """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
         tok = self.backbone.tokenizer
@@ -215,7 +222,8 @@ class SideTasks:
         base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
         for s in range(0, len(rows), self.batch_size):
             idx = list(range(s, min(s + self.batch_size, len(rows))))
-            batch = collate([rows[i] for i in idx], idx, pad_id)
+            left = self.backbone.is_causal  # a decoder's next token: read from the last column
+            batch = collate([rows[i] for i in idx], idx, pad_id, left=left)
             for t in tasks:
                 t.begin()
             base = self.backbone(batch, taps=[shared_tap(tasks)], stop_after=stop)
@@ -224,12 +232,14 @@ class SideTasks:
                 logits = h.task.end(mask).float().cpu()
                 vals = logits if h.kind == "regression" else torch.softmax(logits, -1)
                 for j, i in enumerate(idx):
-                    head_rows[h.name][i] = vals[j, : len(rows[i]["input_ids"])] if h.kind == "token" else vals[j]
+                    head_rows[h.name][i] = _real(vals[j], len(rows[i]["input_ids"]), left) if h.kind == "token" \
+                        else vals[j]
             if stop is None:
                 own = base.logits if base.logits is not None else base.pooled
                 for j, i in enumerate(idx):
                     if own is not None and not rows[i]["window"]:
-                        base_rows[i] = own[j, : len(rows[i]["input_ids"])] if own.dim() == 3 else own[j]
+                        base_rows[i] = _real(own[j], len(rows[i]["input_ids"]), left) if own.dim() == 3 \
+                            else own[j]
                         base_rows[i] = base_rows[i].float().cpu()
         return {"base": base_rows, "heads": head_rows}
 
@@ -253,6 +263,10 @@ class SideTasks:
         if out is None:
             return None
         model = self.backbone.model
+        if self.backbone.is_causal:  # a decoder LLM: its next token after the text
+            probs = torch.softmax(out[-1], -1)
+            best = int(probs.argmax())
+            return {"next_token": self.backbone.tokenizer.decode([best]), "probability": float(probs[best])}
         if not type(model).__name__.endswith(("ForSequenceClassification", "ForTokenClassification")):
             return {"embedding": out.tolist()}
         labels = [model.config.id2label.get(j, str(j)) for j in range(out.shape[-1])]
@@ -265,6 +279,11 @@ class SideTasks:
 
 def _input(head: Head) -> str:
     return "sentence pairs" if head.pairs else "single texts"
+
+
+def _real(values: torch.Tensor, n: int, left: bool) -> torch.Tensor:
+    """A row's n real positions out of its padded values (padding on the left or the right)."""
+    return values[values.shape[0] - n:] if left else values[:n]
 
 
 def _word_ids(offsets, spans, shift: int) -> list[int | None]:

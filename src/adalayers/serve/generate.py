@@ -1,0 +1,224 @@
+"""Side tasks read during text generation: one pass of a decoder LLM serves its text and every head.
+
+    side = SideTasks.load("gemma3-270m", ["runs/cola_gemma"])
+    side.generate(["Write one sentence about cats."], max_new_tokens=32)
+    # [{"prompt", "text", "finish": "length"|"eos"|"guard", "tokens",
+    #   "prompt_tasks": {name: prediction on the prompt},          <- from the prefill's hooks
+    #   "tasks": {name: prediction on prompt + answer (or on the answer alone, per head)},
+    #   "steps": {name: [one value per generated token]}}]         <- sequence heads, with steps=True
+
+How. The prompts are left-padded (every row's last token sits in the last column) and run once
+(prefill) with the layer hooks on: each head's accumulator F (B, T, k) is filled exactly as in
+SideTasks.predict, and the prompt predictions are read from it, with no extra forward. Each decode
+step then feeds one token per row with the KV cache on; the hooks see Z_i of that one position and
+each head's accumulator grows by one column. Mixer and projections act per token and a decoder
+token never sees later ones, so after the last step F equals what one pass over the whole text
+gives, and so does every head's prediction (tests/test_generate.py checks 1e-5). The last
+generated token is fed once more (one extra decode step) so that the heads also read it.
+
+Rows that end (end-of-text token, or a guard) keep being fed padding so the batch stays
+rectangular; those positions are left out of every head's mask. With `steps` (or a `guard`),
+sequence heads are read after every step: the head (small next to the base) runs on the F so far.
+A guard {head: (label, threshold)} stops a row once that head gives the label at least that
+probability (a streaming guard, e.g. a policy head).
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import torch
+
+from adalayers.backbone import positions
+from adalayers.errors import DataError, ModelError
+from adalayers.sidetask import shared_tap
+
+
+def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
+            generator: torch.Generator | None) -> torch.Tensor:
+    """Greedy argmax, or a draw from softmax(logits / temperature) restricted to the top_k (0 = all)."""
+    if not do_sample:
+        return logits.argmax(-1)
+    logits = logits.float() / max(temperature, 1e-6)
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+
+
+def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
+           do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
+           steps: bool = False, answer_only: list[str] | tuple = (),
+           guard: dict[str, tuple[str, float]] | None = None) -> Iterator[dict]:
+    """Generate, yielding {"event": "prompt"}, then one {"event": "step"} per token, then {"event": "done"}.
+
+    The "done" event's "results" is what `generate` returns. Holds the SideTasks lock throughout.
+    """
+    backbone = side.backbone
+    if not backbone.is_causal or backbone.model.get_output_embeddings() is None:
+        raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
+    names = side.check_tasks(tasks)
+    for n in list(answer_only) + list(guard or {}):
+        if n not in names:
+            raise DataError(f"unknown task {n!r} in answer_only/guard; asked: {', '.join(names)}")
+    if not prompts:
+        raise DataError("no prompts")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p.strip():
+            raise DataError(f"prompt {i + 1} is empty")
+    if not 1 <= int(max_new_tokens) <= 4096:
+        raise DataError(f"max_new_tokens must be 1..4096, got {max_new_tokens}")
+    heads = [side.heads[n] for n in names]
+    guard = {n: (lab, float(th)) for n, (lab, th) in (guard or {}).items()}
+    for n, (lab, _) in guard.items():
+        if side.heads[n].kind == "token" or lab not in side.heads[n].task.labels:
+            raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
+                            f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
+    tok, model = backbone.tokenizer, backbone.model
+    eos = {t for t in ([tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)))
+           if t is not None}
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    with side._lock, torch.inference_mode():
+        enc = tok(prompts, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+                  return_offsets_mapping=tok.is_fast)
+        ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
+        real = attn.bool().clone()        # positions the heads read: the prompt, then live answer tokens
+        prompt_len = attn.shape[1]
+        B = ids.shape[0]
+        accs = {h.name: None for h in heads}
+        tap = shared_tap([h.task for h in heads])
+        cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
+
+        def forward(input_ids, attention, cache):
+            for h in heads:
+                h.task.begin()
+            out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
+                        position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+            for h in heads:
+                step = h.task.take()
+                accs[h.name] = step if accs[h.name] is None else torch.cat([accs[h.name], step], 1)
+            return out
+
+        def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
+            task = side.heads[name].task
+            if only_answer:
+                mask = mask.clone()
+                mask[:, :prompt_len] = False
+            out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
+            return out if task.kind == "regression" else torch.softmax(out, -1)
+
+        with backbone.hooked(tap if heads else None):
+            out = forward(ids, attn, None)
+            prompt_out = {h.name: read(h.name, real) for h in heads}
+            yield {"event": "prompt", "tasks": prompt_out}
+            generated = [[] for _ in range(B)]
+            finish = [None] * B
+            done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+            step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != "token"
+                           and (steps or n in guard)}
+            for s in range(max_new_tokens):
+                nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
+                nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
+                live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), device=nxt.device))
+                for b in range(B):
+                    if done[b]:
+                        continue
+                    if live[b]:
+                        generated[b].append(int(nxt[b]))
+                    else:
+                        finish[b] = "eos"
+                done = done | ~live
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+                real = torch.cat([real, live.unsqueeze(1)], 1)
+                last = s == max_new_tokens - 1 or bool(done.all())
+                if last and not heads:
+                    yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": {}}
+                    break
+                out = forward(nxt.unsqueeze(1), attn, _cache_of(out))  # the last one: for the heads only
+                values = {}
+                for n in step_values:
+                    v = read(n, real, n in answer_only)
+                    values[n] = v.tolist()
+                    for b in range(B):
+                        if live[b]:
+                            step_values[n][b].append(v[b].tolist())
+                for n, (lab, th) in guard.items():
+                    fired = live & (torch.as_tensor([row[side.heads[n].task.labels.index(lab)]
+                                                     for row in values[n]]) >= th).to(live.device)
+                    for b in torch.nonzero(fired).flatten().tolist():
+                        finish[b] = "guard"
+                    done = done | fired
+                yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": values}
+                if last or bool(done.all()):
+                    break
+        final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
+        results = []
+        for b, prompt in enumerate(prompts):
+            prompt_ids = ids[b][attn[b, :prompt_len].bool()].tolist()
+            answer, answer_offsets = _answer(tok, prompt_ids, generated[b])
+            r = {"prompt": prompt, "text": answer, "tokens": len(generated[b]), "token_ids": generated[b],
+                 "finish": finish[b] or "length", "prompt_tasks": {}, "tasks": {}}
+            for h in heads:
+                r["prompt_tasks"][h.name] = _output(h, prompt_out[h.name][b], enc, b, prompt)
+                r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, prompt + answer,
+                                             [(len(prompt) + a, len(prompt) + e) for a, e in answer_offsets])
+            if step_values:
+                r["steps"] = {n: v[b] for n, v in step_values.items()}
+            results.append(r)
+        yield {"event": "done", "results": results}
+
+
+def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
+             **kw) -> list[dict]:
+    """Text plus every side task's prediction, from the generation pass itself (see the module doc)."""
+    for event in stream(side, prompts, max_new_tokens, tasks, **kw):
+        if event["event"] == "done":
+            return event["results"]
+    raise RuntimeError("generation ended without a result")  # unreachable: stream always ends with done
+
+
+def _cache_of(out):
+    """The KV cache a forward returned (`cache` in transformers >= 5.2x, `past_key_values` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _pieces(tok, nxt: torch.Tensor, live: torch.Tensor) -> list[str | None]:
+    return [tok.decode([int(t)]) if ok else None for t, ok in zip(nxt.tolist(), live.tolist())]
+
+
+def _answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The answer as it continues the prompt's text, and each generated token's character span in it.
+
+    Decoded after the prompt's tokens, so the space a token puts before its word is kept (decoded
+    alone, a tokenizer strips it); a leading space belongs to no word.
+    """
+    head = tok.decode(prompt_ids, skip_special_tokens=True)
+    spans, prev, text = [], 0, ""
+    for j in range(len(generated)):
+        full = tok.decode(prompt_ids + generated[: j + 1], skip_special_tokens=True)
+        text = full[len(head):] if full.startswith(head) else tok.decode(generated[: j + 1], skip_special_tokens=True)
+        piece = text[prev:]
+        spans.append((prev + len(piece) - len(piece.lstrip()), len(text)))
+        prev = len(text)
+    return text, spans
+
+
+def _output(head, values: torch.Tensor, enc, b: int, text: str,
+            answer_offsets: list[tuple[int, int]] | None = None) -> dict:
+    """A head's values -> the same JSON as /predict gives (labels + probabilities, a value, or word tags).
+
+    Token heads: the row's columns are the (left-padded) prompt, then the generated tokens.
+    """
+    from adalayers.serve.api import _sequence_output, _tag_words, _word_ids
+
+    if head.kind != "token":
+        return _sequence_output(head.kind, head.task.labels, values)
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    offsets = [tuple(o) for o in enc["offset_mapping"][b].tolist()] + list(answer_offsets or [])
+    values = values[: len(offsets)]  # columns after the answer's end are padding
+    return _tag_words(head.task.labels, text, spans, [({"word_ids": _word_ids(offsets, spans, 0)}, values)])
