@@ -95,7 +95,7 @@ def test_bos_is_masked_out():
             out, out_loud = task.read(acc, mask), task.read(loud, mask)
         real = (mask.bool() & ~first) if kind == "token" else slice(None)
         torch.testing.assert_close(out[real], out_loud[real])
-        task.cfg.head.skip_bos = False
+        task.skip_bos = False
         with torch.no_grad():
             assert not torch.allclose(task.read(acc, mask)[real], task.read(loud, mask)[real])
 

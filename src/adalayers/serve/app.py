@@ -186,6 +186,9 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None) -> FastAPI:
                 r.pop("base", None)
         return {"results": results}
 
+    from adalayers.serve.generate_routes import add_generate_routes
+    add_generate_routes(app, side, cfg)  # POST /generate, /generate/stream (decoder LLM bases)
+
     @app.get("/tasks")
     async def tasks():
         return {"base": side.backbone.name, "fingerprint": side.backbone.fingerprint(), "primary": side.primary,

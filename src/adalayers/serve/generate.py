@@ -50,7 +50,9 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
            do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
            steps: bool = False, answer_only: list[str] | tuple = (),
            guard: dict[str, tuple[str, float]] | None = None) -> Iterator[dict]:
-    """Generate, yielding {"event": "prompt"}, then one {"event": "step"} per token, then {"event": "done"}.
+    """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}]} after the prefill,
+    {"event": "step", "step", "tokens": [text piece per prompt, None once ended], "values": {task: [per prompt]}}
+    per token, then {"event": "done", "results": [...]}.
 
     The "done" event's "results" is what `generate` returns. Holds the SideTasks lock throughout.
     """
@@ -78,18 +80,22 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     eos = {t for t in ([tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)))
            if t is not None}
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    with side._lock, torch.inference_mode():
-        enc = tok(prompts, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
-                  return_offsets_mapping=tok.is_fast)
-        ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
-        real = attn.bool().clone()        # positions the heads read: the prompt, then live answer tokens
-        prompt_len = attn.shape[1]
-        B = ids.shape[0]
-        accs = {h.name: None for h in heads}
-        tap = shared_tap([h.task for h in heads])
-        cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
+    # The lock and the hooks are held for one forward at a time, never across a yield: a server
+    # resumes this generator on any thread (or drops it when the client leaves), and requests of
+    # others run between two steps. Grad modes are per thread, so each step sets its own.
+    enc = tok(prompts, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+              return_offsets_mapping=tok.is_fast)
+    ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
+    real = attn.bool().clone()        # positions the heads read: the prompt, then live answer tokens
+    prompt_len = attn.shape[1]
+    B = ids.shape[0]
+    accs = {h.name: None for h in heads}
+    tap = shared_tap([h.task for h in heads])
+    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
 
-        def forward(input_ids, attention, cache):
+    @torch.no_grad()
+    def forward(input_ids, attention, cache):
+        with side._lock, backbone.hooked(tap if heads else None):  # the heads' per-pass state is shared
             for h in heads:
                 h.task.begin()
             out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
@@ -97,75 +103,76 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             for h in heads:
                 step = h.task.take()
                 accs[h.name] = step if accs[h.name] is None else torch.cat([accs[h.name], step], 1)
-            return out
+        return out
 
-        def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
-            task = side.heads[name].task
-            if only_answer:
-                mask = mask.clone()
-                mask[:, :prompt_len] = False
-            out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
-            return out if task.kind == "regression" else torch.softmax(out, -1)
+    @torch.no_grad()
+    def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
+        task = side.heads[name].task
+        if only_answer:
+            mask = mask.clone()
+            mask[:, :prompt_len] = False
+        out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
+        return out if task.kind == "regression" else torch.softmax(out, -1)
 
-        with backbone.hooked(tap if heads else None):
-            out = forward(ids, attn, None)
-            prompt_out = {h.name: read(h.name, real) for h in heads}
-            yield {"event": "prompt", "tasks": prompt_out}
-            generated = [[] for _ in range(B)]
-            finish = [None] * B
-            done = torch.zeros(B, dtype=torch.bool, device=ids.device)
-            step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != "token"
-                           and (steps or n in guard)}
-            for s in range(max_new_tokens):
-                nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
-                nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-                live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), device=nxt.device))
-                for b in range(B):
-                    if done[b]:
-                        continue
-                    if live[b]:
-                        generated[b].append(int(nxt[b]))
-                    else:
-                        finish[b] = "eos"
-                done = done | ~live
-                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-                real = torch.cat([real, live.unsqueeze(1)], 1)
-                last = s == max_new_tokens - 1 or bool(done.all())
-                if last and not heads:
-                    yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": {}}
-                    break
-                out = forward(nxt.unsqueeze(1), attn, _cache_of(out))  # the last one: for the heads only
-                values = {}
-                for n in step_values:
-                    v = read(n, real, n in answer_only)
-                    values[n] = v.tolist()
-                    for b in range(B):
-                        if live[b]:
-                            step_values[n][b].append(v[b].tolist())
-                for n, (lab, th) in guard.items():
-                    fired = live & (torch.as_tensor([row[side.heads[n].task.labels.index(lab)]
-                                                     for row in values[n]]) >= th).to(live.device)
-                    for b in torch.nonzero(fired).flatten().tolist():
-                        finish[b] = "guard"
-                    done = done | fired
-                yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": values}
-                if last or bool(done.all()):
-                    break
-        final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
-        results = []
-        for b, prompt in enumerate(prompts):
-            prompt_ids = ids[b][attn[b, :prompt_len].bool()].tolist()
-            answer, answer_offsets = _answer(tok, prompt_ids, generated[b])
-            r = {"prompt": prompt, "text": answer, "tokens": len(generated[b]), "token_ids": generated[b],
-                 "finish": finish[b] or "length", "prompt_tasks": {}, "tasks": {}}
-            for h in heads:
-                r["prompt_tasks"][h.name] = _output(h, prompt_out[h.name][b], enc, b, prompt)
-                r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, prompt + answer,
-                                             [(len(prompt) + a, len(prompt) + e) for a, e in answer_offsets])
-            if step_values:
-                r["steps"] = {n: v[b] for n, v in step_values.items()}
-            results.append(r)
-        yield {"event": "done", "results": results}
+    out = forward(ids, attn, None)
+    prompt_out = {h.name: read(h.name, real) for h in heads}
+    prompt_json = [{h.name: _output(h, prompt_out[h.name][b], enc, b, p) for h in heads}
+                   for b, p in enumerate(prompts)]
+    yield {"event": "prompt", "results": prompt_json}
+    generated = [[] for _ in range(B)]
+    finish = [None] * B
+    done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+    step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != "token"
+                   and (steps or n in guard)}
+    for s in range(max_new_tokens):
+        nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
+        nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
+        live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), device=nxt.device))
+        for b in range(B):
+            if done[b]:
+                continue
+            if live[b]:
+                generated[b].append(int(nxt[b]))
+            else:
+                finish[b] = "eos"
+        done = done | ~live
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        real = torch.cat([real, live.unsqueeze(1)], 1)
+        last = s == max_new_tokens - 1 or bool(done.all())
+        if last and not heads:
+            yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": {}}
+            break
+        out = forward(nxt.unsqueeze(1), attn, _cache_of(out))  # the last one: for the heads only
+        values = {}
+        for n in step_values:
+            v = read(n, real, n in answer_only)
+            values[n] = v.tolist()
+            for b in range(B):
+                if live[b]:
+                    step_values[n][b].append(v[b].tolist())
+        for n, (lab, th) in guard.items():
+            fired = live & (torch.as_tensor([row[side.heads[n].task.labels.index(lab)]
+                                             for row in values[n]]) >= th).to(live.device)
+            for b in torch.nonzero(fired).flatten().tolist():
+                finish[b] = "guard"
+            done = done | fired
+        yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": values}
+        if last or bool(done.all()):
+            break
+    final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
+    results = []
+    for b, prompt in enumerate(prompts):
+        prompt_ids = ids[b][attn[b, :prompt_len].bool()].tolist()
+        answer, answer_offsets = _answer(tok, prompt_ids, generated[b])
+        r = {"prompt": prompt, "text": answer, "tokens": len(generated[b]), "token_ids": generated[b],
+             "finish": finish[b] or "length", "prompt_tasks": prompt_json[b], "tasks": {}}
+        for h in heads:
+            r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, prompt + answer,
+                                         [(len(prompt) + a, len(prompt) + e) for a, e in answer_offsets])
+        if step_values:
+            r["steps"] = {n: v[b] for n, v in step_values.items()}
+        results.append(r)
+    yield {"event": "done", "results": results}
 
 
 def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,

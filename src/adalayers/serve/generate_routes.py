@@ -1,0 +1,106 @@
+"""HTTP routes for generation with side tasks (a decoder LLM base):
+
+    POST /generate         {"prompts": [...], "max_new_tokens": 32, "tasks": [...], ...}
+                           -> {"results": [one object per prompt, as SideTasks.generate returns]}
+    POST /generate/stream  the same body; server-sent events: "prompt" (the prompt's side outputs,
+                           from the prefill), one "step" per generated token (its text per prompt and
+                           the per-step values of sequence heads), then "done" (the full results).
+
+Same limits as /predict (--max-texts prompts of at most --max-chars characters), max_new_tokens at
+most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
+token is generated. A client that leaves a stream stops its generation at the next token.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from adalayers.errors import AdaLayersError, ModelError
+from adalayers.serve.generate import stream
+
+MAX_NEW_TOKENS = 256
+
+
+class GuardRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str = Field(description="Stop a prompt's generation once its head gives this label ...")
+    threshold: float = Field(ge=0.0, le=1.0, description="... at least this probability.")
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts: list[str] = Field(description="Prompts, generated as one left-padded batch.")
+    max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Tokens to generate per prompt at most.")
+    tasks: list[str] | None = Field(None, description="Side tasks to answer (default: all).")
+    do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = all).")
+    seed: int | None = Field(None, description="Seed of the sampling (same seed, same text).")
+    steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
+    answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
+    guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
+
+
+def _check(req: GenerateRequest, side, cfg) -> None:
+    if not req.prompts:
+        raise HTTPException(422, "prompts is empty: give at least one prompt")
+    if len(req.prompts) > cfg.max_texts:
+        raise HTTPException(413, f"{len(req.prompts)} prompts in one request; the limit is {cfg.max_texts} "
+                                 f"(--max-texts)")
+    for i, p in enumerate(req.prompts):
+        if len(p) > cfg.max_chars:
+            raise HTTPException(413, f"prompt {i + 1} has {len(p)} characters; the limit is {cfg.max_chars} "
+                                     f"(--max-chars)")
+        if not p.strip():
+            raise HTTPException(422, f"prompt {i + 1} is empty")
+    unknown = [t for t in (req.tasks or []) + req.answer_only + list(req.guard or {}) if t not in side.heads]
+    if unknown:
+        raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
+    if not side.backbone.is_causal:
+        raise HTTPException(400, f"the base {side.backbone.name} is not a decoder LLM: it cannot generate")
+
+
+def _kwargs(req: GenerateRequest) -> dict:
+    return dict(max_new_tokens=req.max_new_tokens, tasks=req.tasks, do_sample=req.do_sample,
+                temperature=req.temperature, top_k=req.top_k, seed=req.seed, steps=req.steps,
+                answer_only=req.answer_only, guard={n: (g.label, g.threshold) for n, g in (req.guard or {}).items()})
+
+
+def add_generate_routes(app: FastAPI, side, cfg) -> None:
+    @app.post("/generate")
+    async def generate(req: GenerateRequest):
+        _check(req, side, cfg)
+        try:
+            results = await asyncio.to_thread(side.generate, req.prompts, **_kwargs(req))
+        except (ModelError, AdaLayersError) as e:
+            raise HTTPException(400, str(e)) from None
+        return {"results": results}
+
+    @app.post("/generate/stream")
+    async def generate_stream(req: GenerateRequest):
+        _check(req, side, cfg)
+        events = stream(side, req.prompts, **_kwargs(req))
+        try:  # the prefill runs here: a bad request is still answered 4xx, not inside the stream
+            first = await asyncio.to_thread(next, events)
+        except (ModelError, AdaLayersError) as e:
+            events.close()
+            raise HTTPException(400, str(e)) from None
+
+        def sse():  # iterated in a worker thread by Starlette; closing it ends the generation
+            try:
+                yield _sse(first)
+                for event in events:
+                    yield _sse(event)
+            finally:
+                events.close()
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _sse(event: dict) -> str:
+    body = {k: v for k, v in event.items() if k != "event"}
+    return f"event: {event['event']}\ndata: {json.dumps(body)}\n\n"

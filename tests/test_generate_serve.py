@@ -1,0 +1,114 @@
+"""POST /generate and its server-sent-event stream, on a tiny random decoder LLM."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from adalayers.config import ServeConfig
+from adalayers.serve.api import SideTasks
+from adalayers.serve.app import create_app
+from runs_util import NER, make_run
+from test_serve import _free_port
+from tinydecoders import decoder_backbone
+
+PROMPTS = ["the dog runs quickly and", "a book"]
+
+
+@pytest.fixture(scope="module")
+def side(tmp_path_factory):
+    base = decoder_backbone("llama")
+    root = tmp_path_factory.mktemp("runs")
+    return SideTasks.from_backbone(base, [make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+                                          make_run(root / "ner", base, "token", NER, seed=4)])
+
+
+@pytest.fixture(scope="module")
+def client(side):
+    with TestClient(create_app(side, ServeConfig(max_texts=3, max_chars=50, max_wait_ms=1))) as c:
+        yield c
+
+
+def test_generate_returns_text_and_side_outputs(client, side):
+    r = client.post("/generate", json={"prompts": PROMPTS, "max_new_tokens": 4, "steps": True})
+    assert r.status_code == 200, r.text
+    got = r.json()["results"]
+    direct = side.generate(PROMPTS, max_new_tokens=4, steps=True)
+    for a, b in zip(got, direct):
+        assert a["text"] == b["text"] and a["finish"] == b["finish"]
+        assert a["tasks"]["acc"]["probabilities"]["good"] == pytest.approx(
+            b["tasks"]["acc"]["probabilities"]["good"], abs=1e-6)
+        assert a["tasks"]["ner"]["words"] == (a["prompt"] + a["text"]).split()
+        assert len(a["steps"]["acc"]) == a["tokens"]
+    # the prompt's side outputs are what /predict answers for the prompt
+    pred = client.post("/predict", json={"texts": PROMPTS}).json()["results"]
+    for a, p in zip(got, pred):
+        assert a["prompt_tasks"]["acc"]["probabilities"]["good"] == pytest.approx(
+            p["tasks"]["acc"]["probabilities"]["good"], abs=1e-5)
+        assert a["prompt_tasks"]["ner"]["tags"] == p["tasks"]["ner"]["tags"]
+        assert "next_token" in p["base"]
+
+
+@pytest.mark.parametrize("body,status,says", [
+    ({"prompts": []}, 422, "prompts is empty"),
+    ({"prompts": ["a"] * 4}, 413, "limit is 3"),
+    ({"prompts": ["a" * 51]}, 413, "prompt 1 has 51 characters"),
+    ({"prompts": [" "]}, 422, "prompt 1 is empty"),
+    ({"prompts": ["a"], "tasks": ["nope"]}, 400, "unknown task(s): nope"),
+    ({"prompts": ["a"], "guard": {"acc": {"label": "meh", "threshold": 0.5}}}, 400, "one of its labels"),
+    ({"prompts": ["a"], "max_new_tokens": 100000}, 422, "max_new_tokens"),
+    ({"prompts": ["a"], "temperature": 0}, 422, "temperature"),
+])
+def test_bad_generate_requests_say_what_is_wrong(client, body, status, says):
+    for path in ("/generate", "/generate/stream"):
+        r = client.post(path, json=body)
+        assert r.status_code == status, (path, r.text)
+        assert says in r.text
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_stream_over_real_http_and_a_client_that_leaves(side):
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(side, ServeConfig()), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        url = f"http://127.0.0.1:{port}"
+        body = {"prompts": PROMPTS, "max_new_tokens": 5, "tasks": ["acc"]}
+        with httpx.Client(base_url=url, timeout=30) as c:
+            r = c.post("/generate/stream", json=body)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            events = _events(r.text)
+            kinds = [k for k, _ in events]
+            assert kinds[0] == "prompt" and kinds[-1] == "done" and 1 <= kinds.count("step") <= 5
+            done = events[-1][1]["results"]
+            assert done == c.post("/generate", json=body).json()["results"]
+            steps = [e for k, e in events if k == "step"]
+            pieces = ["".join(p or "" for p in col) for col in zip(*[s["tokens"] for s in steps])]
+            assert [len(p) > 0 for p in pieces] == [d["tokens"] > 0 for d in done]
+            # a client that leaves after the first event: the generation stops and frees the base
+            with c.stream("POST", "/generate/stream", json={**body, "max_new_tokens": 200}) as s:
+                next(s.iter_lines())
+            t0 = time.time()
+            again = c.post("/generate", json={"prompts": ["a book"], "max_new_tokens": 2})
+            assert again.status_code == 200 and time.time() - t0 < 25
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
