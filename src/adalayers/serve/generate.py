@@ -49,7 +49,7 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
            do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
            steps: bool = False, answer_only: list[str] | tuple = (),
-           guard: dict[str, tuple[str, float]] | None = None) -> Iterator[dict]:
+           guard: dict[str, tuple[str, float]] | None = None, ignore_eos: bool = False) -> Iterator[dict]:
     """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}]} after the prefill,
     {"event": "step", "step", "tokens": [text piece per prompt, None once ended], "values": {task: [per prompt]}}
     per token, then {"event": "done", "results": [...]}.
@@ -77,8 +77,8 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
                             f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
     tok, model = backbone.tokenizer, backbone.model
-    eos = {t for t in ([tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)))
-           if t is not None}
+    eos = set() if ignore_eos else {  # ignore_eos: always max_new_tokens (benchmarks)
+        t for t in [tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)) if t is not None}
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     # The lock and the hooks are held for one forward at a time, never across a yield: a server
     # resumes this generator on any thread (or drops it when the client leaves), and requests of
@@ -90,16 +90,16 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     prompt_len = attn.shape[1]
     B = ids.shape[0]
     accs = {h.name: None for h in heads}
-    tap = shared_tap([h.task for h in heads])
     cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
 
     @torch.no_grad()
     def forward(input_ids, attention, cache):
-        with side._lock, backbone.hooked(tap if heads else None):  # the heads' per-pass state is shared
+        with side._lock:  # the heads' per-pass state is shared with other requests
             for h in heads:
                 h.task.begin()
-            out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                        position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+            with backbone.hooked(shared_tap([h.task for h in heads]) if heads else None):
+                out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
+                            position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
             for h in heads:
                 step = h.task.take()
                 accs[h.name] = step if accs[h.name] is None else torch.cat([accs[h.name], step], 1)
@@ -127,7 +127,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     for s in range(max_new_tokens):
         nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
         nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-        live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), device=nxt.device))
+        live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), dtype=nxt.dtype, device=nxt.device))
         for b in range(B):
             if done[b]:
                 continue
