@@ -16,6 +16,7 @@ from adalayers.errors import AdaLayersError
 COMMAND_MODULES: list[str] = [
     "adalayers.cache.cli",
     "adalayers.serve.command",
+    "adalayers.bulk.command",
     "adalayers.report",
     "adalayers.sweep",
     "adalayers.strategies.compare",

@@ -5,6 +5,7 @@ task's kind (sequence / regression / token) and the metric that picks the best e
 """
 from __future__ import annotations
 
+import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,16 @@ def bad_row(message: str) -> None:
     skipped.append(message)
 
 
+@contextlib.contextmanager
+def skipping_bad_rows(skip: bool):
+    """Within: bad_row raises (skip=False) or appends its message to the yielded list (skip=True)."""
+    token = _skipped.set([] if skip else None)
+    try:
+        yield _skipped.get()
+    finally:
+        _skipped.reset(token)
+
+
 PAIR_TASKS: set[str] = set()  # built-in tasks whose examples are sentence pairs (text, text_pair)
 
 
@@ -85,12 +96,8 @@ def load_task(cfg) -> TaskData:
 
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name: unknown task {cfg.task.name!r} (known: {', '.join(sorted(TASKS))})")
-    token = _skipped.set([] if cfg.task.skip_bad_rows else None)
-    try:
+    with skipping_bad_rows(cfg.task.skip_bad_rows) as skipped:
         data = TASKS[cfg.task.name](cfg)
-    finally:
-        skipped = _skipped.get()
-        _skipped.reset(token)
     if skipped:
         data.notes.append(f"skipped {len(skipped)} bad rows (task.skip_bad_rows); the first: {skipped[0]}")
     if cfg.task.metric:

@@ -7,7 +7,6 @@ quoting), tsv (tab-separated, no quoting, as the GLUE files), jsonl, conll (one 
 from __future__ import annotations
 
 import csv
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +60,34 @@ def is_number(spec) -> bool:
     return isinstance(spec, int) or (isinstance(spec, str) and spec.lstrip("-").isdigit())
 
 
-def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
+def iter_lines(path: Path):
+    """The file's lines, decoded one at a time (bounded memory); a line that is not UTF-8 names its number."""
+    with open(require_file(path), "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:  # a BOM (Excel's CSV) is not part of the first column name
+                yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from None
+
+
+def _nonblank(path: Path, lines):
+    """Pass lines through; at the end, an all-blank file is an error."""
+    seen = False
+    for line in lines:
+        seen = seen or bool(line.strip())
+        yield line
+    if not seen:
+        raise DataError(f"{path}: empty file")
+
+
+def iter_delimited(path: Path, delimiter: str, header: bool):
+    """Stream a CSV/TSV file: ("file:line", {column: value}) per data row, the line where the row starts.
+
+    Columns are the header's names (header=True) or 0..n-1; a row with another number of cells is a bad row.
+    """
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(_decode(path), newline=""), delimiter=delimiter, quoting=quoting)
-    columns, rows, end = None, [], 0
+    reader = csv.reader(_nonblank(path, iter_lines(path)), delimiter=delimiter, quoting=quoting)
+    columns, end = None, 0
     try:
         for cells in reader:
             line, end = end + 1, reader.line_num  # a quoted field may span lines: report where the row starts
@@ -78,17 +101,21 @@ def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
                 shown = ", ".join(map(str, columns)) if header else f"the first row's {len(columns)}"
                 bad_row(f"{path}:{line}: expected {len(columns)} columns ({shown}), got {len(cells)}")
                 continue
-            rows.append((f"{path}:{line}", dict(zip(columns, cells))))
+            yield f"{path}:{line}", dict(zip(columns, cells))
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})") from None
+
+
+def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
+    rows = list(iter_delimited(path, delimiter, header))
     if not rows:
         raise DataError(f"{path}: no data rows" + (" after the header" if header else ""))
-    return Table(str(path), columns, f"{path}:1" if header else str(path), rows)
+    return Table(str(path), list(rows[0][1]), f"{path}:1" if header else str(path), rows)
 
 
-def read_jsonl(path: Path) -> Table:
-    rows = []
-    for n, line in enumerate(_decode(path).splitlines(), start=1):
+def iter_jsonl(path: Path):
+    """Stream a JSON Lines file: ("file:line", object) per non-blank line; a line that is not an object is bad."""
+    for n, line in enumerate(_nonblank(path, iter_lines(path)), start=1):
         if not line.strip():
             continue
         try:
@@ -100,7 +127,13 @@ def read_jsonl(path: Path) -> Table:
             bad_row(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}; JSON Lines needs one "
                     f"object per line")
             continue
-        rows.append((f"{path}:{n}", obj))
+        yield f"{path}:{n}", obj
+
+
+def read_jsonl(path: Path) -> Table:
+    rows = list(iter_jsonl(path))
+    if not rows:
+        raise DataError(f"{path}: no JSON objects")
     return Table(str(path), list(rows[0][1]), None, rows)
 
 

@@ -1,0 +1,106 @@
+"""Input files for predict-files: which files a PATH names, and their rows streamed in bounded memory.
+
+PATH is a file, a folder (every file in it with a known extension, sorted by name) or a glob pattern.
+Formats by extension: .csv, .tsv/.tab, .jsonl/.ndjson/.json (one object a line), .parquet/.pq.
+CSV/TSV/JSON Lines are read line by line (tasks/tables.py's readers, exact "file:line" locations);
+Parquet by record batch (pyarrow's iter_batches, location "file: row N"). A row whose text is missing
+or empty, or that the reader finds malformed, is a bad row: an error naming file and line, or skipped
+and counted under `skipping_bad_rows(True)`.
+"""
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from adalayers.errors import DataError
+from adalayers.tasks import bad_row
+from adalayers.tasks.tables import iter_delimited, iter_jsonl
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+           ".parquet": "parquet", ".pq": "parquet"}
+
+
+@dataclass(frozen=True)
+class Record:
+    where: str   # "file:line" (or "file: row N" for Parquet)
+    id: str      # the id column's value, as text
+    text: str
+
+
+def input_files(spec: str) -> list[Path]:
+    """A file, a folder's files with known extensions, or a glob's matches; sorted, never empty."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FORMATS)
+        if not files:
+            raise DataError(f"{spec}: no input files in the folder (extensions: {', '.join(FORMATS)})")
+        return files
+    if path.is_file():
+        file_format(path)
+        return [path]
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+        if not files:
+            raise DataError(f"{spec}: the pattern matches no files")
+        for f in files:
+            file_format(f)
+        return files
+    raise DataError(f"input not found: {spec}")
+
+
+def file_format(path: Path) -> str:
+    try:
+        return FORMATS[path.suffix.lower()]
+    except KeyError:
+        raise DataError(f"{path}: cannot tell the format from the extension; use one of {', '.join(FORMATS)}") from None
+
+
+def _missing(path: Path, column: str, columns) -> DataError:
+    return DataError(f"{path}: no column {column!r} (columns: {', '.join(map(str, columns))}); "
+                     f"name the columns with --id-column / --text-column")
+
+
+def _rows(path: Path, fmt: str, columns: tuple[str, str]) -> Iterator[tuple[str, dict]]:
+    """(location, {column: value}) for every row of one file, in file order."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            f = pq.ParquetFile(path)
+        except Exception as e:  # noqa: BLE001  (pyarrow raises several types for a damaged file)
+            raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        for c in columns:
+            if c not in f.schema_arrow.names:
+                raise _missing(path, c, f.schema_arrow.names)
+        n = 0
+        for batch in f.iter_batches(batch_size=1024, columns=list(dict.fromkeys(columns))):
+            for row in batch.to_pylist():
+                n += 1
+                yield f"{path}: row {n}", row
+        return
+    rows = iter_jsonl(path) if fmt == "jsonl" else iter_delimited(path, "," if fmt == "csv" else "\t", True)
+    checked = fmt == "jsonl"  # JSON objects may each have other keys: checked row by row below
+    for where, row in rows:
+        if not checked:
+            for c in columns:
+                if c not in row:
+                    raise _missing(path, c, list(row))
+            checked = True
+        yield where, row
+
+
+def records(files: list[Path], id_column: str, text_column: str) -> Iterator[Record]:
+    """Every good row of every file, in order; bad rows go to tasks.bad_row (raise, or skip and count)."""
+    for path in files:
+        for where, row in _rows(path, file_format(path), (id_column, text_column)):
+            if id_column not in row or row[id_column] is None:
+                bad_row(f"{where}: no value in the id column {id_column!r}")
+                continue
+            text = row.get(text_column)
+            if not isinstance(text, str) or not text.strip():
+                what = "missing" if text_column not in row else "empty" if text in ("", None) else f"not text: {text!r}"
+                bad_row(f"{where}: the text column {text_column!r} is {what}")
+                continue
+            yield Record(where, str(row[id_column]), text)

@@ -1,0 +1,41 @@
+"""Ray for adalayers' optional engines: import it (or say how to install it), start a loopback-only local Ray.
+
+A local Ray binds to 127.0.0.1 only: ray.init(_node_ip_address="127.0.0.1") alone is not enough (Ray
+swaps a loopback node address for the machine's routable one), so RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+is set before Ray is imported, which makes Ray's own node-address lookup answer 127.0.0.1 (the mode
+Ray uses on laptops). No dashboard, no usage stats. With an address, Ray joins that cluster instead.
+"""
+from __future__ import annotations
+
+import os
+
+from adalayers.errors import ConfigError
+
+INSTALL = "--engine ray needs Ray: pip install 'adalayers[ray]'"
+
+
+def import_ray(local: bool = True):
+    """ray (with ray.data and ray.serve), or a one-line ConfigError saying how to install it."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if local:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+        import ray.data  # noqa: F401
+        import ray.serve  # noqa: F401
+    except ImportError:
+        raise ConfigError(INSTALL) from None
+    return ray
+
+
+def init_ray(address: str | None = None, num_cpus: int = 2) -> bool:
+    """Join `address`, or start a loopback-only local Ray with num_cpus logical CPUs; True when this call started it."""
+    ray = import_ray(local=not address)
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 configure_logging=False)
+    return True
