@@ -235,7 +235,11 @@ def _yaml_float(value, tp):
 
 
 def _parse_scalar(text: str):
-    return yaml.safe_load(text) if text.strip() else ""
+    """An override's value as YAML reads it; text YAML refuses (e.g. control characters) stays a string."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
 
 
 def apply_overrides(data: dict, overrides: list[str] | None, problems: list[str], need_section: bool = True,
