@@ -35,7 +35,14 @@ def init_ray(address: str | None = None, num_cpus: int = 2) -> bool:
         return False
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                 configure_logging=False)
+        return True
+    for attempt in (1, 2):  # Ray gives its raylet a fixed 30 s to register: a busy machine may need a second try
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                     configure_logging=False)
+            return True
+        except Exception as e:  # noqa: BLE001  (Ray raises a bare Exception for this)
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
     return True
