@@ -103,7 +103,7 @@ async def load(url: str, clients: int, texts: list[str], seconds: float, max_req
             "p99_ms": 1000 * q[98] if lat else None, "batches_run": health["batches_run"] - before}
 
 
-def start_server(base: str, heads: list[str], threads: int, flags: list[str], log) -> tuple:
+def start_server(base: str, heads: list[str], threads: int, flags: list[str], log, timeout: float = 120) -> tuple:
     """Start `adalayers serve` on a free loopback port and wait for /health; returns (process, url)."""
     port = free_port()
     cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", base, "--heads", *heads,
@@ -111,7 +111,7 @@ def start_server(base: str, heads: list[str], threads: int, flags: list[str], lo
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if server.poll() is not None:
             sys.exit(f"server exited with code {server.returncode}")
@@ -121,7 +121,7 @@ def start_server(base: str, heads: list[str], threads: int, flags: list[str], lo
         except httpx.HTTPError:
             time.sleep(0.3)
     server.kill()
-    sys.exit("server did not answer /health within 120 s")
+    sys.exit(f"server did not answer /health within {timeout:.0f} s")
 
 
 def main() -> None:

@@ -4,9 +4,11 @@ Each client loops over a fixed mix: valid requests, too many texts (413), a too-
 malformed JSON (422), an empty text (422) and an unknown task (400). Bounded by --seconds and
 --max-requests; it starts and stops its own server. Pass criteria (printed, exit code 1 if not met):
 no 5xx answer, every bad request gets its expected 4xx, and the server's resident memory at the end
-is within 10% of its memory after warm-up.
+is within 10% of its memory after warm-up (the whole process tree: with --engine ray, the driver, Ray's
+daemons and the replicas).
 
     python benchmarks/soak.py --clients 50 --seconds 60
+    python benchmarks/soak.py --engine ray --replicas 2 --out benchmarks/results/soak_ray2   # Ray Serve
 """
 from __future__ import annotations
 
@@ -45,10 +47,16 @@ def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, int]]:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Resident memory of the server's process tree (one process for uvicorn; Ray's processes for Ray Serve)."""
+    import psutil
+
+    total, root = 0, psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
 
 
 async def soak(url: str, clients: int, seconds: float, max_requests: int, mix) -> dict:
@@ -96,6 +104,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--max-requests", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"], help="serve --engine")
+    ap.add_argument("--replicas", type=int, default=1, help="serve --replicas (--engine ray)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak"))
     args = ap.parse_args()
@@ -103,10 +113,11 @@ def main() -> int:
     settings.update(max_texts=MAX_TEXTS, max_chars=MAX_CHARS)
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))
-    flags = ["--max-batch", "32", "--max-wait-ms", "5", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS)]
+    flags = ["--max-batch", "32", "--max-wait-ms", "5", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS),
+             "--engine", args.engine] + (["--replicas", str(args.replicas)] if args.engine == "ray" else [])
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "server.log", "w") as log:
         heads = args.heads or untrained_heads(args.base, Path(tmp))
-        server, url = start_server(args.base, heads, args.threads, flags, log)
+        server, url = start_server(args.base, heads, args.threads, flags, log, timeout=600)
         try:
             mix = requests_mix(texts, httpx.get(f"{url}/tasks").json()["tasks"][0]["name"])
             asyncio.run(soak(url, args.clients, 10.0, 500, mix))  # warm-up: same traffic, 10 s
@@ -115,15 +126,17 @@ def main() -> int:
             rss_end = rss_mb(server.pid)
         finally:
             server.terminate()
-            server.wait(timeout=30)
+            server.wait(timeout=180)  # Ray Serve drains its replicas and stops Ray first
     result.update(rss_after_warmup_mb=round(rss_warm, 1), rss_end_mb=round(rss_end, 1),
                   rss_growth_pct=round(100 * (rss_end - rss_warm) / rss_warm, 2))
     fivexx = sum(n for code, n in result["codes"].items() if code >= 500)
     result["passed"] = fivexx == 0 and result["n_wrong"] == 0 and abs(result["rss_growth_pct"]) <= 10
-    lines = [f"### Soak: {args.clients} clients, {result['seconds']} s, {args.base}, CPU {args.threads} thread(s)", "",
-             "| requests | answers by code | wrong code | p50 / p99 ms (all) | p50 / p99 ms (valid) | RSS after warm-up → end |",
-             "|---:|---|---:|---|---|---|",
-             f"| {result['requests']} | {', '.join(f'{k}: {v}' for k, v in result['codes'].items())} | "
+    engine = "uvicorn" if args.engine == "uvicorn" else f"Ray Serve, {args.replicas} replica(s)"
+    lines = [f"### Soak ({engine}): {args.clients} clients, {result['seconds']} s, {args.base}, CPU {args.threads} "
+             f"thread(s)", "",
+             "| requests | req/s | answers by code | wrong code | p50 / p99 ms (all) | p50 / p99 ms (valid) | RSS after warm-up → end |",
+             "|---:|---:|---|---:|---|---|---|",
+             f"| {result['requests']} | {result['requests'] / result['seconds']:.1f} | {', '.join(f'{k}: {v}' for k, v in result['codes'].items())} | "
              f"{result['n_wrong']} | {result['p50_ms']:.0f} / {result['p99_ms']:.0f} | "
              f"{result['valid_p50_ms']:.0f} / {result['valid_p99_ms']:.0f} | {result['rss_after_warmup_mb']:.0f} → "
              f"{result['rss_end_mb']:.0f} MB ({result['rss_growth_pct']:+.1f}%) |"]
