@@ -67,7 +67,8 @@ class BatchPredictor:
         self.id_column, self.text_column, self.skip_bad_rows = id_column, text_column, skip_bad_rows
 
     def predict(self, ids: list[str], texts: list[str]) -> pa.Table:
-        return to_table(ids, self.side.predict(texts) if texts else [], self.heads)
+        # every loaded head by name: a head trained on sentence pairs is refused in one line (it needs two texts)
+        return to_table(ids, self.side.predict(texts, list(self.heads)) if texts else [], self.heads)
 
     def __call__(self, batch) -> pa.Table:
         """Ray Data's entry: rows without an id or text are errors (or dropped with skip_bad_rows)."""
