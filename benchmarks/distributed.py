@@ -60,6 +60,9 @@ def main() -> None:
     ap.add_argument("--train-rows", type=int, default=None, help="task.max_train_examples for training")
     ap.add_argument("--cache-rows", type=int, default=2000, help="task.max_train_examples for the cache build")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--two-first", action="store_true", help="run the 2-process runs before the 1-process ones "
+                                                             "(to see how much the order, i.e. the machine's load, moves the ratio)")
+    ap.add_argument("--name", default="distributed_cola", help="results file name (without extension)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     sets = ["--set", "train.num_threads=1", "--set", f"train.max_epochs={a.epochs}",
@@ -68,8 +71,9 @@ def main() -> None:
         sets += ["--set", f"task.max_train_examples={a.train_rows}"]
     run(1, ["cache", "build", a.config, *sets], a.out / "cache-train.log")  # outside the timings
 
+    order = (2, 1) if a.two_first else (1, 2)
     train = {}
-    for n in (1, 2):
+    for n in order:
         out = a.out / f"train-{n}proc"
         run(n, ["train", a.config, "--out", str(out), *sets], a.out / f"train-{n}proc.log")
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -82,12 +86,12 @@ def main() -> None:
     cache = {}
     csets = ["--set", "train.num_threads=1", "--set", "train.device=cpu",
              "--set", f"task.max_train_examples={a.cache_rows}"]
-    for n in (1, 2):
+    for n in order:
         cache[n] = round(run(n, ["cache", "build", a.config, *csets, "--set", f"cache.dir={a.out / f'cache-{n}proc'}"],
                              a.out / f"cache-{n}proc.log"), 2)
 
     result = {
-        "settings": {"config": a.config, "epochs": a.epochs, "train_rows": a.train_rows or "all",
+        "settings": {"config": os.path.relpath(a.config, ROOT), "epochs": a.epochs, "order": list(order), "train_rows": a.train_rows or "all",
                      "cache_rows": a.cache_rows, "threads_per_process": 1, "nice": 10, "backend": "gloo (CPU)",
                      "cpu_count": os.cpu_count(), "machine": platform.platform(),
                      "note": "shared machine (7 other engineers' jobs ran at the same time); ratios only"},
@@ -98,16 +102,17 @@ def main() -> None:
         "cache_build_ratio_1proc_over_2proc": round(cache[1] / cache[2], 3),
     }
     a.results.mkdir(parents=True, exist_ok=True)
-    (a.results / "distributed_cola.json").write_text(json.dumps(result, indent=2) + "\n")
+    (a.results / f"{a.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     t1, t2 = train[1], train[2]
-    md = [f"CoLA, {a.epochs} epochs from the hidden-state cache, 1 thread per process, nice 10, shared machine",
+    md = [f"CoLA, {a.epochs} epochs from the hidden-state cache ({a.train_rows or 'all'} training rows), 1 thread per "
+          f"process, nice 10, shared machine; run order {order}",
           "", "| | 1 process | torchrun, 2 processes | ratio 1/2 |", "|---|---|---|---|",
           f"| median epoch (s) | {t1['median_epoch_seconds']:.1f} | {t2['median_epoch_seconds']:.1f} | "
           f"{result['epoch_time_ratio_1proc_over_2proc']:.2f} |",
           f"| test MCC | {t1['test']['mcc']:.3f} | {t2['test']['mcc']:.3f} | |",
           f"| cache build, {a.cache_rows} training rows + dev (s) | {cache[1]:.1f} | {cache[2]:.1f} | "
           f"{result['cache_build_ratio_1proc_over_2proc']:.2f} |", ""]
-    (a.results / "distributed_cola.md").write_text("\n".join(md))
+    (a.results / f"{a.name}.md").write_text("\n".join(md))
     print("\n".join(md))
 
 
