@@ -134,3 +134,26 @@ def test_gguf_errors(tmp_path):
         Backbone.load(str(bad))
     with pytest.raises(ModelError, match="GGUF file not found"):
         Backbone.load(str(tmp_path / "missing.gguf"))
+
+
+def test_cache_keeps_a_huge_bos_state_finite():
+    """Gemma's BOS state leaves float16's range; stored as inf it made every head's gradient NaN."""
+    from adalayers.cache.source import to_fp16
+
+    h = torch.tensor([[1.5e5, -2e5, 3.0], [0.5, 70000.0, -1.0]])
+    stored = to_fp16(h)
+    assert stored.dtype == torch.float16 and torch.isfinite(stored).all()
+    assert stored[0, 2] == 3.0 and stored[1, 0] == 0.5 and stored[0, 0] == 65504.0 and stored[0, 1] == -65504.0
+    # a head fed the stored (clamped) BOS row, masked out, trains with finite gradients
+    bb = decoder_backbone("gemma3")
+    task = _task(bb, "mean")
+    task.train()
+    batch = bb.tokenize(TEXTS)
+    z = {}
+    bb(batch, taps=[lambda i, s: z.__setitem__(i, s.clone())])
+    first = (batch["attention_mask"].cumsum(1) == 1) & batch["attention_mask"].bool()
+    task.begin()
+    for i in range(bb.num_layers):
+        task.tap(i, to_fp16(z[i].masked_fill(first.unsqueeze(-1), 1e6)).float())
+    task.loss(task.end(batch["attention_mask"]), torch.tensor([0, 1, 2])).backward()
+    assert all(torch.isfinite(p.grad).all() for p in task.parameters() if p.grad is not None)

@@ -29,6 +29,16 @@ from adalayers.cache.store import (CacheDamaged, CacheError, Writer, assemble_pa
                                    open_entry)
 
 BYTES_PER_VALUE = 2  # float16
+FP16_MAX = 65504.0
+
+
+def to_fp16(h: torch.Tensor) -> torch.Tensor:
+    """Hidden states as stored: float16 on the CPU, clamped to its range (+-65504).
+
+    Real tokens stay far inside it, but a decoder's BOS state can leave it (Gemma 3: norm ~1e5):
+    stored as inf, it would turn into NaN gradients for every head even where the BOS is masked.
+    """
+    return h.to("cpu").clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
 log = logging.getLogger(__name__)
 
 
@@ -178,7 +188,7 @@ class CachedStates:
             keep = batch["attention_mask"].bool().to(bb.device)
 
             def tap(i, h):
-                writer.write(rows_plan, i, h[keep].to("cpu", torch.float16).numpy())
+                writer.write(rows_plan, i, to_fp16(h[keep]).numpy())
 
             with autocast() if autocast else contextlib.nullcontext():  # the precision in the key
                 bb(batch, taps=[tap], stop_after=bb.num_layers - 1)
