@@ -1,5 +1,6 @@
-"""The HTTP service: good and bad requests (test client), and micro-batching over real HTTP."""
+"""The HTTP service: good and bad requests (test client, and the same app on Ray Serve), micro-batching over real HTTP."""
 import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -13,23 +14,56 @@ from adalayers.config import ServeConfig
 from adalayers.serve.api import SideTasks
 from adalayers.serve.app import create_app
 
-from conftest import tiny_backbone
+from conftest import tiny_backbone, tiny_tokenizer
 from runs_util import NER, make_run
 
 
 @pytest.fixture(scope="module")
-def side(tokenizer, tmp_path_factory):
-    base = tiny_backbone("bert", tokenizer)
+def runs(tmp_path_factory):
+    """The tiny base saved as a model folder (Ray Serve replicas load it) and two heads trained on it."""
+    base = tiny_backbone("bert", tiny_tokenizer())
     root = tmp_path_factory.mktemp("runs")
-    return SideTasks.from_backbone(base, [make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
-                                          make_run(root / "ner", base, "token", NER, seed=4)])
+    base.model.save_pretrained(root / "base")
+    base.tokenizer.save_pretrained(root / "base")
+    heads = [make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+             make_run(root / "ner", base, "token", NER, seed=4)]
+    return base, str(root / "base"), [str(h) for h in heads]
 
 
 @pytest.fixture(scope="module")
-def client(side):
-    app = create_app(side, ServeConfig(max_texts=3, max_chars=50, max_wait_ms=1))
-    with TestClient(app) as c:
-        yield c
+def side(runs):
+    return SideTasks.from_backbone(runs[0], runs[2])
+
+
+LIMITS = ServeConfig(max_texts=3, max_chars=50, max_wait_ms=1)
+
+
+@pytest.fixture(scope="module", params=["app", "ray-serve"])
+def client(request, side, runs):
+    """The app in-process (FastAPI's test client), and the same app as a Ray Serve deployment over HTTP."""
+    if request.param == "app":
+        with TestClient(create_app(side, LIMITS)) as c:
+            yield c
+        return
+    pytest.importorskip("ray")
+    from adalayers.raylocal import import_ray
+
+    ray = import_ray()
+    from adalayers.serve import ray_serve
+
+    port = _free_port()
+    cfg = dataclasses.replace(LIMITS, port=port, device="cpu", num_threads=1)
+    started = not ray.is_initialized()
+    url = ray_serve.start(runs[1], runs[2], cfg, replicas=2)
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            yield c
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        if started:
+            ray.shutdown()
 
 
 def test_predict_answers_every_text_from_one_pass(client, side):

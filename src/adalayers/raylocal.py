@@ -12,6 +12,9 @@ import os
 from adalayers.errors import ConfigError
 
 INSTALL = "--engine ray needs Ray: pip install 'adalayers[ray]'"
+# Ray Serve kills a proxy that is not ready within 5 s (health check: 10 s); a local Ray on a small, busy
+# machine can take longer, so a local Ray waits longer (a cluster keeps its own settings).
+BUSY_MACHINE_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
 
 
 def import_ray(local: bool = True):
@@ -19,6 +22,8 @@ def import_ray(local: bool = True):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if local:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        for name, seconds in BUSY_MACHINE_TIMEOUTS.items():  # inherited by the local Ray's processes
+            os.environ.setdefault(name, seconds)
     try:
         import ray
         import ray.data  # noqa: F401

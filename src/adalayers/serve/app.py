@@ -91,11 +91,9 @@ class Batcher:
                 await self._run_part(part, pairs)
 
     async def _run_part(self, group: list[_Job], pairs: bool) -> None:
-        texts = [t for job in group for t in job.texts]
-        second = [t for job in group for t in job.text_pairs] if pairs else None
-        names = list(dict.fromkeys(name for job in group for name in job.tasks))
         try:
-            results = await asyncio.to_thread(self.side.predict, texts, names, second)
+            answers = await asyncio.to_thread(predict_group, self.side,
+                                              [(job.texts, job.tasks, job.text_pairs) for job in group])
         except Exception as e:  # noqa: BLE001  (handed to the waiting requests, answered 500)
             for job in group:
                 if not job.future.done():
@@ -103,14 +101,26 @@ class Batcher:
             return
         self.passes += 1
         self.requests += len(group)
-        start = 0
-        for job in group:
-            mine = results[start: start + len(job.texts)]
-            start += len(job.texts)
-            for r in mine:
-                r["tasks"] = {name: r["tasks"][name] for name in job.tasks}
+        for job, mine in zip(group, answers):
             if not job.future.done():
                 job.future.set_result(mine)
+
+
+def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]]) -> list[list[dict]]:
+    """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
+    SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
+    The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
+    texts = [t for texts, _, _ in group for t in texts]
+    second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
+    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second)
+    answers, start = [], 0
+    for texts, tasks, _ in group:
+        mine = results[start: start + len(texts)]
+        start += len(texts)
+        for r in mine:
+            r["tasks"] = {name: r["tasks"][name] for name in tasks}
+        answers.append(mine)
+    return answers
 
 
 def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
@@ -131,9 +141,10 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
-def create_app(side: SideTasks, cfg: ServeConfig | None = None) -> FastAPI:
+def create_app(side: SideTasks, cfg: ServeConfig | None = None, batcher=None) -> FastAPI:
+    """The app; `batcher` (submit, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
     cfg = cfg or ServeConfig()
-    batcher = Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000)
+    batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000)
     # a body bigger than the largest valid request (JSON may escape a character as 6 bytes) is refused unread
     max_body = cfg.max_texts * (cfg.max_chars * 6 + 16) + 4096
 

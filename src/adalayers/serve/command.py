@@ -29,11 +29,39 @@ def cmd_serve(args) -> int:
         raise ConfigError(f"--max-wait-ms: must be >= 0, got {cfg.max_wait_ms}")
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
+    if args.engine == "ray":
+        return _serve_on_ray(args, cfg)
     side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
                           max_length=cfg.max_length, batch_size=cfg.max_batch)
     print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
           f"at http://{cfg.host}:{cfg.port}  (docs: /docs)", flush=True)
     uvicorn.run(create_app(side, cfg), host=cfg.host, port=cfg.port, log_level=args.log_level)
+    return 0
+
+
+def _serve_on_ray(args, cfg: ServeConfig) -> int:
+    """The same app on Ray Serve (serve/ray_serve.py); runs until SIGINT/SIGTERM, then shuts Serve down."""
+    import signal
+    import threading
+
+    from adalayers.errors import ConfigError
+    from adalayers.raylocal import import_ray
+
+    import_ray(local=not args.address)  # before Ray Serve's import: a local Ray on 127.0.0.1 only
+    from adalayers.serve import ray_serve
+
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas: must be at least 1, got {args.replicas}")
+    stop = threading.Event()
+    try:
+        url = ray_serve.start(args.base, args.heads, cfg, args.replicas, args.min_replicas, args.max_replicas,
+                              args.address)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after Ray's start, which may install handlers of its own
+            signal.signal(sig, lambda *_: stop.set())
+        print(f"serving on Ray Serve at {url}  (docs: /docs; Ctrl-C or SIGTERM stops it)", flush=True)
+        stop.wait()
+    finally:
+        ray_serve.stop()
     return 0
 
 
@@ -57,4 +85,10 @@ def add_commands(sub) -> None:
     p.add_argument("--device", default=ServeConfig.device, help=_help("device"))
     p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
+    p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
+                   help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")
+    p.add_argument("--replicas", type=int, default=1, help="--engine ray: replicas, each with its own base and heads")
+    p.add_argument("--min-replicas", type=int, default=None, help="--engine ray: autoscale from this many ...")
+    p.add_argument("--max-replicas", type=int, default=None, help="... to this many replicas")
+    p.add_argument("--address", default=None, help="--engine ray: join this Ray cluster (default: a local Ray)")
     p.set_defaults(fn=cmd_serve)

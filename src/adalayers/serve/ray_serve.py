@@ -1,0 +1,130 @@
+"""`adalayers serve --engine ray`: the same FastAPI app (serve/app.py) as a Ray Serve deployment.
+
+Each replica loads the base and heads once and builds the app with create_app, so endpoints, limits and
+error answers are the uvicorn path's own. Only the batcher differs: Ray Serve's @serve.batch gathers
+up to max_batch concurrent requests (waiting at most max_wait_ms), and predict_group runs them as one
+SideTasks.predict call (one base pass per max_batch texts; sentence pairs in a call of their own). Ray Serve's proxy receives HTTP on
+host:port (127.0.0.1 by default) and spreads requests over `num_replicas` replicas, or between
+autoscaling bounds. Health: Ray Serve calls check_health on every replica and replaces a failing one;
+shutdown (SIGINT/SIGTERM to `adalayers serve`) is serve.shutdown(): replicas finish their requests
+within graceful_shutdown_timeout_s.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from ray import serve
+
+from adalayers.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+class _Pending:
+    """The waiting requests, read by /health as `queued` (the uvicorn Batcher's queue.qsize())."""
+
+    def __init__(self):
+        self.n = 0
+
+    def qsize(self) -> int:
+        return self.n
+
+
+class ServeBatcher:
+    """What create_app needs from a batcher, backed by a @serve.batch method instead of an asyncio queue."""
+
+    def __init__(self, batched, max_batch: int, max_wait_s: float):
+        self.batched, self.max_batch, self.max_wait_s = batched, max_batch, max_wait_s
+        self.queue, self.passes, self.requests = _Pending(), 0, 0
+
+    async def submit(self, texts: list[str], tasks: list[str], text_pairs: list[str] | None = None) -> list[dict]:
+        self.queue.n += 1
+        try:
+            answer = await self.batched((texts, tasks, text_pairs))
+        finally:
+            self.queue.n -= 1
+        self.requests += 1
+        return answer
+
+    async def run(self) -> None:  # the app's lifespan starts it; Ray Serve does the batching
+        return None
+
+
+@serve.ingress()
+class SideTasksIngress:
+    """One replica: SideTasks + the app. Constructed by Ray Serve with (base, heads, ServeConfig as a dict)."""
+
+    def __init__(self, base: str, heads: list[str], cfg: dict):
+        import torch
+
+        from adalayers.serve.api import SideTasks
+
+        self.cfg = ServeConfig(**cfg)
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        self.side = SideTasks.load(base, heads, primary=self.cfg.primary, device=self.cfg.device,
+                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch)
+        self.predict_many.set_max_batch_size(self.cfg.max_batch)
+        self.predict_many.set_batch_wait_timeout_s(self.cfg.max_wait_ms / 1000)
+        self.batcher = ServeBatcher(self.predict_many, self.cfg.max_batch, self.cfg.max_wait_ms / 1000)
+
+    def __serve_build_asgi_app__(self):
+        from adalayers.serve.app import create_app
+
+        return create_app(self.side, self.cfg, batcher=self.batcher)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def predict_many(self, group: list[tuple]) -> list[list[dict]]:
+        """A batch of requests (texts, tasks, text_pairs): single texts and sentence pairs, one predict call each."""
+        from adalayers.serve.app import predict_group
+
+        answers: list = [None] * len(group)
+        for pairs in (False, True):
+            idx = [i for i, job in enumerate(group) if (job[2] is not None) == pairs]
+            if idx:
+                for i, answer in zip(idx, await asyncio.to_thread(predict_group, self.side, [group[i] for i in idx])):
+                    answers[i] = answer
+                self.batcher.passes += 1
+        return answers
+
+    def check_health(self) -> None:
+        """Ray Serve's health probe: the model answers."""
+        self.side.check_tasks(None)
+
+
+def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1,
+                min_replicas: int | None = None, max_replicas: int | None = None):
+    """The bound deployment: `replicas` fixed, or autoscaling between min_replicas and max_replicas."""
+    if min_replicas is not None or max_replicas is not None:
+        lo, hi = min_replicas or 1, max_replicas or max(min_replicas or 1, replicas)
+        scale = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi,
+                                        "target_ongoing_requests": max(1, cfg.max_batch // 2)}}
+    else:
+        scale = {"num_replicas": replicas}
+    # half a logical CPU each: a local Ray of 2 CPUs holds up to 4 replicas (torch threads: --threads)
+    deployment = serve.deployment(SideTasksIngress, name="adalayers", ray_actor_options={"num_cpus": 0.5},
+                                  max_ongoing_requests=max(100, 4 * cfg.max_batch), graceful_shutdown_timeout_s=30,
+                                  health_check_period_s=10, **scale)
+    return deployment.bind(base, [str(h) for h in heads], dataclasses.asdict(cfg))
+
+
+def start(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1, min_replicas: int | None = None,
+          max_replicas: int | None = None, address: str | None = None, num_cpus: int | None = None) -> str:
+    """Start (or join) Ray, put Serve's HTTP proxy on cfg.host:cfg.port, deploy; returns the URL."""
+    from adalayers.raylocal import init_ray
+
+    init_ray(address, num_cpus or 2)
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.run(application(base, heads, cfg, replicas, min_replicas, max_replicas), name="adalayers",
+              route_prefix="/", blocking=False)
+    return f"http://{cfg.host}:{cfg.port}"
+
+
+def stop() -> None:
+    """Graceful: Serve drains its replicas, then the Ray this process started goes down."""
+    import ray
+
+    serve.shutdown()
+    ray.shutdown()
