@@ -72,7 +72,8 @@ def run(cmd: list[str], log: Path) -> dict:
         sampler.join()
     wall = time.perf_counter() - t0
     if code:
-        sys.exit(f"{' '.join(cmd)} failed ({code}); see {log}")
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        sys.exit(f"{' '.join(cmd)} failed ({code}); the end of its output:\n{tail}")
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     return {"rows": summary["rows"], "job_seconds": summary["seconds"], "wall_seconds": round(wall, 1),
             "rows_per_s_job": round(summary["rows"] / summary["seconds"], 2),
