@@ -206,7 +206,7 @@ def test_compare_multitask_tiny_run(tmp_path):
                  "--eval-rows", "8"]) == 0
     s = json.loads((out / "compare_multitask.json").read_text())
     assert [r["variant"] for r in s["variants"]] == ["baseline", "progressive", "pcgrad", "smart", "freeze-top3",
-                                                    "adalayers"]
+                                                    "adalayers", "adalayers-progressive"]
     by = {r["variant"]: r for r in s["variants"]}
     for r in s["variants"]:
         assert set(r["results"]) == {"t-sent", "t-para", "t-sim"}
@@ -214,6 +214,10 @@ def test_compare_multitask_tiny_run(tmp_path):
     # the progressive heads read upstream outputs (wider inputs); top:3 of 3 layers leaves the embeddings frozen
     assert by["progressive"]["trainable_params"] > by["baseline"]["trainable_params"]
     assert by["freeze-top3"]["trainable_params"] < by["baseline"]["trainable_params"]
+    # AdaLayers with progressive sharing: the same heads plus one linear map per upstream output
+    # (t-para reads t-sent's 3 probabilities: 3x2 + 2; t-sim reads t-para's 2: 2x1 + 1)
+    assert by["adalayers-progressive"]["trainable_params"] == by["adalayers"]["trainable_params"] + 8 + 3
+    assert by["adalayers-progressive"]["results"]["t-sent"] == by["adalayers"]["results"]["t-sent"]
     md = (out / "compare_multitask.md").read_text()
     assert "| smart |" in md and "t-sim dev pearson" in md
     assert (out / "compare_multitask.png").stat().st_size > 1000
@@ -245,3 +249,58 @@ def test_head_must_fit_the_task(task, head):
             t["head"] = head
     with pytest.raises(ConfigError, match=f"task {task}"):
         _model(from_dict(cfg))
+
+
+def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
+    """Finished variants are kept and skipped; a missing one is run; other settings are refused."""
+    from adalayers.multitask.compare import RESULTS, compare
+
+    cfg = from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=1))
+    bb, out = tiny_backbone(), tmp_path / "cmp"
+    caplog.set_level("INFO")
+    compare(cfg, out, variants=["baseline", "freeze-top3"], backbone=bb)
+    assert "estimate for the 2 variant(s) still to run" in caplog.text
+    files = {n: out / RESULTS / f"{n}.json" for n in ("baseline", "freeze-top3")}
+    first = {n: (f.stat().st_mtime_ns, json.loads(f.read_text())) for n, f in files.items()}
+    files["freeze-top3"].unlink()  # as if the run had been killed during freeze-top3
+    caplog.clear()
+    s = compare(cfg, out, variants=["baseline", "freeze-top3"], backbone=bb, estimate=False)
+    assert "finished earlier (kept from" in caplog.text and "[baseline] starting" not in caplog.text
+    assert "[freeze-top3] starting" in caplog.text
+    assert files["baseline"].stat().st_mtime_ns == first["baseline"][0]  # kept, not rewritten
+    assert [r["variant"] for r in s["variants"]] == ["baseline", "freeze-top3"]
+    assert s["variants"][0]["results"] == first["baseline"][1]["results"]
+    assert json.loads(files["freeze-top3"].read_text())["results"] == first["freeze-top3"][1]["results"]
+    with pytest.raises(ConfigError, match="other settings"):
+        compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=2)), out,
+                variants=["baseline"], backbone=bb)
+
+
+def test_progressive_adalayers_head_reads_frozen_upstream_outputs():
+    from adalayers.config import Config
+    from adalayers.multitask.adalayers import ProgressiveTask
+    from adalayers.sidetask import SideTask
+
+    torch.manual_seed(0)
+    cfg = Config()
+    cfg.mixer.k, cfg.head.num_heads = 8, 2
+    up_cfg = Config()
+    up_cfg.mixer.k, up_cfg.head.num_heads = 8, 2
+    up = SideTask(up_cfg, 3, 16, ["a", "b", "c"])
+    cfg.head.kind, cfg.head.target_mean, cfg.head.target_std = "regression", 2.5, 1.5
+    task = ProgressiveTask(cfg, 3, 16, [], {"up": up})
+    states, mask = [torch.randn(4, 5, 16) for _ in range(3)], torch.ones(4, 5, dtype=torch.long)
+    plain = SideTask(cfg, 3, 16, [])
+    plain.load_state_dict({k: v for k, v in task.state_dict().items() if not k.startswith(("upstream", "extra"))})
+    task.eval(), plain.eval()
+    assert torch.allclose(task(states, mask), plain(states, mask))  # W_u starts at 0: the plain head
+    with torch.no_grad():
+        task.extra.weight.fill_(1.0)
+    # sum of the upstream's probabilities is 1, so W_u = 1 adds exactly target_std * 1 to every prediction
+    assert torch.allclose(task(states, mask), plain(states, mask) + 1.5, atol=1e-5)
+    task.train()
+    assert not task.upstream.training  # frozen upstream: no dropout
+    task.loss(task(states, mask), torch.full((4,), 2.0)).backward()
+    assert all(p.grad is None for p in task.upstream.parameters())
+    assert task.extra.weight.grad is not None and task.mixer.p.grad is not None
+    assert task.trainable_parameters() == plain.trainable_parameters() + 3 + 1

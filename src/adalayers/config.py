@@ -106,6 +106,11 @@ class HeadConfig:
     attention_dropout: float | None = _f(None, "Dropout on the head's attention weights (None = head.dropout, as "
                                                 "nn.MultiheadAttention does). On a CPU it draws B*heads*T*T random "
                                                 "numbers a step: at T=256 most of a cached IMDB step; 0 skips it.")
+    target_mean: float | None = _f(None, "Regression: the training targets' mean. The head predicts target_mean + "
+                                         "target_std * output and its MSE is taken in those standard units, so an "
+                                         "output layer that starts near 0 starts at the mean. None = filled in from "
+                                         "the training data (a run saved without it uses 0 and 1).")
+    target_std: float | None = _f(None, "Regression: the training targets' standard deviation (see target_mean).")
 
 
 @dataclass
@@ -326,6 +331,8 @@ def validate(cfg: Config) -> list[str]:
                         ("head.attention_dropout", cfg.head.attention_dropout or 0.0), ("mixer.cutoff", cfg.mixer.cutoff)]:
         if not 0 <= value < 1:
             p.append(f"{name}: must be in [0, 1), got {value}")
+    if cfg.head.target_std is not None and not cfg.head.target_std > 0:
+        p.append(f"head.target_std: must be positive, got {cfg.head.target_std}")
     if not 0 < cfg.task.validation_fraction < 1:
         p.append(f"task.validation_fraction: must be in (0, 1), got {cfg.task.validation_fraction}")
     p += _validate_files_task(cfg.task)

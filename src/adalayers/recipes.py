@@ -35,16 +35,33 @@ def prepare(cfg, backbone: Backbone | None = None):
     distributed.start(device)  # under torchrun: join the process group
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
-    if cfg.head.kind is None:
-        cfg.head.kind = str(data.kind)  # the head follows the data unless the config names one
-    elif data.kind != cfg.head.kind:
-        raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
-                             f"set head.kind: {data.kind}")
+    resolve_head(cfg, data)
     if cfg.model.max_length is None:
         choose_max_length_from_data(cfg, backbone, data)
     encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name)
                for name, ex in data.splits.items()}
     return backbone, data, encoded
+
+
+def resolve_head(cfg, data) -> None:
+    """Fill in what the head takes from the data: its kind and, for regression, the targets' scale."""
+    if cfg.head.kind is None:
+        cfg.head.kind = str(data.kind)  # the head follows the data unless the config names one
+    elif data.kind != cfg.head.kind:
+        raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
+                             f"set head.kind: {data.kind}")
+    if cfg.head.kind == "regression" and cfg.head.target_mean is None:
+        cfg.head.target_mean, cfg.head.target_std = target_scale([e.label for e in data.splits["train"]])
+
+
+def target_scale(values) -> tuple[float, float]:
+    """Mean and standard deviation of regression targets (std 1 when they are all equal)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size == 0 or not np.isfinite(v).all():
+        raise DataError("regression targets: the training split is empty or holds a value that is not a number")
+    return float(v.mean()), float(v.std()) or 1.0
 
 
 def base_token_limit(backbone: Backbone) -> int:
@@ -78,7 +95,7 @@ def make_source(cfg, backbone, data, encoded):
 
 
 def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None,
-          backbone: Backbone | None = None, on_epoch=None) -> dict:
+          backbone: Backbone | None = None, on_epoch=None, build_task=None) -> dict:
     """Train a head into run folder `out`.
 
     resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
@@ -87,6 +104,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     `backbone` shares one loaded base across runs (e.g. `compare`);
     `on_epoch(epoch, validation_metric)` is called after every epoch (see train.fit). Every split in
     the encoded data is scored at the end: leave "test" out of `prepared` to keep it unseen.
+    `build_task(cfg, backbone, data)` builds a SideTask subclass instead of a plain SideTask.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,8 +117,10 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
             (out / name).unlink(missing_ok=True)
     seed_everything(cfg.train.seed)
     backbone, data, encoded = prepared or prepare(cfg, backbone)
+    resolve_head(cfg, data)  # a shared `prepared` was resolved on another config
     seed_everything(cfg.train.seed)
-    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels, bos=backbone.adds_bos)
+    build = build_task or (lambda c, b, d: SideTask(c, b.num_layers, b.hidden_size, d.labels, bos=b.adds_bos))
+    task = build(cfg, backbone, data)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
     # what the data is (part of the command's report, on stdout like its results)
@@ -111,7 +131,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
             print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
                   f"max_length={cfg.model.max_length} and are truncated")
     summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume, on_epoch=on_epoch)
-    task, _, _ = runlib.load_head(out, backbone)
+    task, _, _ = runlib.load_head(out, backbone, build_task and build(cfg, backbone, data))
     task.to(backbone.device)
     autocast = autocast_for(cfg.train.precision, backbone.device)
     results = {}

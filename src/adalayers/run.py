@@ -106,8 +106,11 @@ def run_config(run_dir: Path, meta: dict | None = None):
         raise RunError(f"{Path(run_dir) / 'config.json'}: {e}") from None
 
 
-def load_head(run_dir: Path, backbone=None):
-    """Rebuild a trained SideTask from its run folder (checked against the base when one is given)."""
+def load_head(run_dir: Path, backbone=None, task=None):
+    """Rebuild a trained SideTask from its run folder (checked against the base when one is given).
+
+    `task`: a task built by the caller (e.g. one that also holds upstream heads) to load the weights into.
+    """
     from adalayers.sidetask import SideTask
 
     run_dir = Path(run_dir)
@@ -134,7 +137,8 @@ def load_head(run_dir: Path, backbone=None):
         state = load_file(head_path)
     except (SafetensorError, OSError) as e:
         raise RunError(f"{head_path}: not a readable safetensors file ({e})") from None
-    task = SideTask(cfg, base["num_layers"], base["hidden_size"], meta["labels"], bos=base.get("adds_bos", False))
+    task = task if task is not None else SideTask(cfg, base["num_layers"], base["hidden_size"], meta["labels"],
+                                                  bos=base.get("adds_bos", False))
     try:
         missing, unexpected = task.load_state_dict(state, strict=False)
     except RuntimeError as e:

@@ -81,7 +81,16 @@ class SideTask(nn.Module):
         acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
         out = self.head(self.mixer.finish(acc, positions), mask)
-        return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
+        if self.kind != TaskKind.REGRESSION:
+            return out
+        mean, std = self.target_scale
+        return mean + std * out.squeeze(-1)
+
+    @property
+    def target_scale(self) -> tuple[float, float]:
+        """Regression: (mean, std) of the training targets; the head's own output is in those units."""
+        h = self.cfg.head
+        return (h.target_mean or 0.0, h.target_std or 1.0)
 
     def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         self.begin()
@@ -95,6 +104,8 @@ class SideTask(nn.Module):
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = task_loss(self.kind, logits, labels)
+        if self.kind == TaskKind.REGRESSION:  # MSE in standard units: (pred - y)^2 / std^2
+            loss = loss / self.target_scale[1] ** 2
         if self.cfg.mixer.entropy_lambda:
             loss = loss + self.cfg.mixer.entropy_lambda * self.mixer.entropy()
         return loss

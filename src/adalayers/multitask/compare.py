@@ -6,13 +6,21 @@ Variants (each one change against the baseline, so each number says what that ch
   pcgrad        + gradient surgery on the shared base
   smart         + SMART (smoothness + Bregman proximal term)
   freeze-top3   + all but the last 3 layers frozen
-  adalayers     frozen base, one mixer + head per task (adalayers.recipes.train), trained separately:
-                independent heads that cannot hurt each other. Pair tasks read the cross-encoder input.
+  adalayers     frozen base, one mixer + head per task (adalayers.recipes.train, hidden-state cache,
+                early stopping), trained separately: independent heads that cannot hurt each other.
+                Pair tasks read the cross-encoder input.
+  adalayers-progressive
+                adalayers + the config's depends_on graph: a head also reads its upstream heads'
+                outputs (multitask/adalayers.py)
+Resumable per variant: each finished variant is written to DIR/variants/<name>.json (atomically) and a
+later run with the same settings skips it; AdaLayers heads also keep finished tasks (DIR/<variant>/<task>).
+Before training, a few measured steps of every variant still to run give a time estimate.
 Writes compare_multitask.json, compare_multitask.md and compare_multitask.png into DIR.
 """
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import shlex
 from pathlib import Path
@@ -24,7 +32,9 @@ from adalayers.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("baseline", "progressive", "pcgrad", "smart", "freeze-top3", "adalayers")
+VARIANTS = ("baseline", "progressive", "pcgrad", "smart", "freeze-top3", "adalayers", "adalayers-progressive")
+FROZEN = ("adalayers", "adalayers-progressive")  # frozen base: cheap once the hidden-state cache is built
+RESULTS = "variants"  # out/variants/<name>.json: one finished variant each, written atomically
 
 
 def variant_config(mcfg, name: str):
@@ -42,57 +52,89 @@ def variant_config(mcfg, name: str):
     return v
 
 
-def adalayers_config(mcfg, task: str, epochs: int):
-    from adalayers.config import Config
-
-    cfg = Config()
-    cfg.task.name, cfg.task.data_dir = task, mcfg.data_dir
-    cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.max_train_examples, mcfg.max_eval_examples
-    cfg.model.base, cfg.model.max_length = mcfg.base, mcfg.max_length
-    cfg.train.max_epochs, cfg.train.batch_size, cfg.train.seed = epochs, mcfg.batch_size, mcfg.seed
-    cfg.train.early_stopping = max(epochs, 1)
-    cfg.cache.enabled = False
-    return cfg
+def settings(mcfg, adalayers_epochs: int, patience: int) -> dict:
+    """What a finished variant's result depends on; a result with other settings is not reused."""
+    return {"config": mcfg.to_dict(), "adalayers_max_epochs": adalayers_epochs, "adalayers_early_stopping": patience}
 
 
-def run_adalayers(mcfg, backbone, out: Path, epochs: int) -> dict:
-    from adalayers import recipes
+def finished(out: Path, name: str, want: dict) -> dict | None:
+    """The stored row of a finished variant, or None; a row of other settings raises ConfigError."""
+    path = out / RESULTS / f"{name}.json"
+    if not path.is_file():
+        return None
+    try:
+        row = json.loads(path.read_text(encoding="utf-8"))
+        stored = row.pop("settings")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a result of compare-multitask ({e}); remove it to run {name} again") from None
+    if stored != want:
+        raise ConfigError(f"{path} was run with other settings than this command's; use another --out, or remove "
+                          f"{out / RESULTS} to start over")
+    return row
 
-    results, params, seconds = {}, 0, 0.0
-    for spec in mcfg.tasks:
-        log.info("[adalayers] %s", spec.name)
-        m = recipes.train(adalayers_config(mcfg, spec.name, epochs), out / "adalayers" / spec.name,
-                          backbone=backbone)
-        results[spec.name] = {s: m[s] for s in ("validation", "test") if s in m}
-        params += m["trainable_params"]
-        seconds += m["train_seconds"]
-    return {"results": results, "trainable_params": params, "train_seconds": round(seconds, 2),
-            "epochs": epochs}
+
+def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int, probe_steps: int = 2) -> float:
+    """Measure a few steps of every variant still to run and print the scaled-up time (an estimate)."""
+    from adalayers.multitask import estimate
+
+    sizes = estimate.rows(datas)
+    total, lines = 0.0, []
+    for name in todo:
+        if name in FROZEN:
+            continue
+        secs = estimate.finetune_seconds(estimate.finetune_costs(variant_config(mcfg, name), backbone, datas,
+                                                                 probe_steps), sizes, mcfg.epochs)
+        lines.append(f"  {name:22s} ~{secs / 60:7.1f} min ({mcfg.epochs} epochs)")
+        total += secs
+    frozen = [n for n in todo if n in FROZEN]
+    if frozen:
+        costs = estimate.adalayers_costs(mcfg, backbone, datas, probe_steps)
+        for i, name in enumerate(frozen):
+            secs = estimate.adalayers_seconds(costs, sizes, adalayers_epochs, cache_built=i > 0)
+            lines.append(f"  {name:22s} <{secs / 60:7.1f} min (at most {adalayers_epochs} epochs"
+                         f"{', the first builds the hidden-state cache unless it exists' if i == 0 else ''})")
+            total += secs
+    log.info("estimate for the %d variant(s) still to run, scaled from %d measured steps per task "
+             "(an estimate: the machine's load changes it):\n%s\n  total ~%.1f h",
+             len(todo), probe_steps, "\n".join(lines), total / 3600)
+    return total
 
 
 def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = None, backbone=None,
-            command: str = "") -> dict:
+            command: str = "", patience: int = 3, estimate: bool = True) -> dict:
+    """Run every variant not finished in `out` yet; a killed run continues with the next unfinished one."""
     from adalayers.backbone import Backbone
-    from adalayers.multitask import trainer
+    from adalayers.multitask import adalayers, trainer
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    ada_epochs = adalayers_epochs or mcfg.epochs
+    want = settings(mcfg, ada_epochs, patience)
+    done = {n: r for n in variants if (r := finished(out, n, want)) is not None}
+    todo = [n for n in variants if n not in done]
+    if done:
+        log.info("finished earlier (kept from %s): %s", out / RESULTS, ", ".join(done))
     backbone = backbone or Backbone.load(mcfg.base)
     datas = trainer.load_tasks(mcfg)
     main = {t: d.main_metric for t, d in datas.items()}
-    rows = []
-    for name in variants:
-        log.info("[%s]", name)
-        if name == "adalayers":
-            r = run_adalayers(mcfg, backbone, out, adalayers_epochs or mcfg.epochs)
+    if todo and estimate:
+        print_estimate(mcfg, backbone, datas, todo, ada_epochs)
+    for name in todo:
+        log.info("[%s] starting", name)
+        if name in FROZEN:
+            r = adalayers.train_heads(mcfg, backbone, out / name, ada_epochs, patience,
+                                      progressive=name == "adalayers-progressive", log=log.info)
         else:
-            r = trainer.train(variant_config(mcfg, name), backbone, datas)
-        rows.append({"variant": name, **r})
-        runlib.write_json(out / "compare_multitask.json", _summary(mcfg, rows, main, command, backbone))
+            r = trainer.train(variant_config(mcfg, name), backbone, datas, log=log.info)
+        done[name] = {"variant": name, **r}
+        runlib.write_json(out / RESULTS / f"{name}.json", {**done[name], "settings": want})
+        log.info("[%s] finished in %.0f s of training", name, r["train_seconds"])
+    rows = [done[n] for n in variants]
     summary = _summary(mcfg, rows, main, command, backbone)
+    summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience}
     runlib.write_json(out / "compare_multitask.json", summary)
     runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
     chart(summary, out / "compare_multitask.png")
@@ -131,7 +173,10 @@ def markdown(s: dict) -> str:
               "the shared base (a step = one batch of every task); smart = SMART (eps "
               f"{c['smart']['eps']}, {c['smart']['steps']} ascent step(s), lambda_s {c['smart']['lambda_s']}, "
               f"mu {c['smart']['mu']}); freeze-top3 = only the last 3 layers of the base train; adalayers = "
-              "frozen base, one mixer + head per task trained on its own (pair tasks as cross-encoder input).",
+              "frozen base, one mixer + head per task trained on its own (pair tasks as cross-encoder input; "
+              f"at most {s.get('adalayers', {}).get('max_epochs', '?')} epochs, early stopping after "
+              f"{s.get('adalayers', {}).get('early_stopping', '?')} without improvement); adalayers-progressive = "
+              "the same, but each head also reads the outputs of the frozen heads it depends_on.",
               "Dev = the task's validation split (SST: dev.txt; QQP: 10% of the subset; STS-B: 10% of train); "
               "test = SST test.txt, QQP's other 10%, STS-B GLUE dev. The best epoch is picked on the mean dev "
               "metric (adalayers: per task)."]
@@ -174,8 +219,8 @@ def cmd_compare_multitask(args) -> int:
             overrides.append(f"{field}={value}")
     mcfg = load(args.config, overrides)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    s = compare(mcfg, Path(args.out), variants, args.adalayers_epochs,
-                command=_command(args))
+    s = compare(mcfg, Path(args.out), variants, args.adalayers_epochs, command=_command(args),
+                patience=args.adalayers_patience, estimate=not args.no_estimate)
     print(markdown(s))
     print(f"written: {Path(args.out) / 'compare_multitask.md'} (.json, .png)")
     return 0
@@ -187,6 +232,8 @@ def _command(args) -> str:
                         ("--adalayers-epochs", args.adalayers_epochs), ("--threads", args.threads)):
         if value is not None:
             parts += [flag, str(value)]
+    if args.adalayers_patience != 3:
+        parts += ["--adalayers-patience", str(args.adalayers_patience)]
     if args.variants != ",".join(VARIANTS):
         parts += ["--variants", args.variants]
     for o in args.overrides:
@@ -204,7 +251,11 @@ def add_commands(sub) -> None:
     p.add_argument("--train-rows", type=int, help="training rows per task (default: the config's)")
     p.add_argument("--eval-rows", type=int, help="validation and test rows per task (default: the config's)")
     p.add_argument("--epochs", type=int, help="epochs of the multi-task variants (default: the config's)")
-    p.add_argument("--adalayers-epochs", type=int, help="epochs of the AdaLayers heads (default: --epochs)")
+    p.add_argument("--adalayers-epochs", type=int, help="at most this many epochs of the AdaLayers heads "
+                                                         "(default: --epochs)")
+    p.add_argument("--adalayers-patience", type=int, default=3,
+                   help="AdaLayers heads stop after this many epochs without validation improvement (default 3)")
+    p.add_argument("--no-estimate", action="store_true", help="skip the measured time estimate at the start")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(fn=cmd_compare_multitask)

@@ -79,9 +79,14 @@ def out_dim(head: nn.Module, n: int) -> int:
 
 def as_feature(head: nn.Module, y: torch.Tensor) -> torch.Tensor:
     """A head's output as a downstream input: class probabilities, a probability, or the value."""
-    if head.out == "classes":
+    return feature(head.out, y)
+
+
+def feature(out: str, y: torch.Tensor) -> torch.Tensor:
+    """An output of kind `out` (classes, binary, value) as a downstream input: (B, n) or (B, 1)."""
+    if out == "classes":
         return torch.softmax(y, -1)
-    return torch.sigmoid(y).unsqueeze(-1) if head.out == "binary" else y.unsqueeze(-1)
+    return torch.sigmoid(y).unsqueeze(-1) if out == "binary" else y.unsqueeze(-1)
 
 
 def loss(head: nn.Module, y: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
