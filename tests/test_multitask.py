@@ -271,6 +271,10 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     assert [r["variant"] for r in s["variants"]] == ["baseline", "freeze-top3"]
     assert s["variants"][0]["results"] == first["baseline"][1]["results"]
     assert json.loads(files["freeze-top3"].read_text())["results"] == first["freeze-top3"][1]["results"]
+    s = compare(cfg, out, variants=["baseline", "smart", "freeze-top3"], backbone=bb, train=False)
+    assert [r["variant"] for r in s["variants"]] == ["baseline", "freeze-top3"] and s["not_run"] == ["smart"]
+    assert "| smart | not run |" in (out / "compare_multitask.md").read_text()
+    assert not (out / RESULTS / "smart.json").exists()
     with pytest.raises(ConfigError, match="other settings"):
         compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=2)), out,
                 variants=["baseline"], backbone=bb)

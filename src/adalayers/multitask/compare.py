@@ -101,8 +101,11 @@ def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int
 
 
 def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = None, backbone=None,
-            command: str = "", patience: int = 3, estimate: bool = True) -> dict:
-    """Run every variant not finished in `out` yet; a killed run continues with the next unfinished one."""
+            command: str = "", patience: int = 3, estimate: bool = True, train: bool = True) -> dict:
+    """Run every variant not finished in `out` yet; a killed run continues with the next unfinished one.
+
+    train=False runs nothing: the table of the variants finished so far, the others listed as not run.
+    """
     from adalayers.backbone import Backbone
     from adalayers.multitask import adalayers, trainer
 
@@ -114,7 +117,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     ada_epochs = adalayers_epochs or mcfg.epochs
     want = settings(mcfg, ada_epochs, patience)
     done = {n: r for n in variants if (r := finished(out, n, want)) is not None}
-    todo = [n for n in variants if n not in done]
+    todo = [n for n in variants if n not in done] if train else []
     if done:
         log.info("finished earlier (kept from %s): %s", out / RESULTS, ", ".join(done))
     backbone = backbone or Backbone.load(mcfg.base)
@@ -132,9 +135,10 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
         done[name] = {"variant": name, **r}
         runlib.write_json(out / RESULTS / f"{name}.json", {**done[name], "settings": want})
         log.info("[%s] finished in %.0f s of training", name, r["train_seconds"])
-    rows = [done[n] for n in variants]
+    rows = [done[n] for n in variants if n in done]
     summary = _summary(mcfg, rows, main, command, backbone)
     summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience}
+    summary["not_run"] = [n for n in variants if n not in done]
     runlib.write_json(out / "compare_multitask.json", summary)
     runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
     chart(summary, out / "compare_multitask.png")
@@ -166,6 +170,11 @@ def markdown(s: dict) -> str:
                       if "test" in res else "-"]
         lines.append(f"| {r['variant']} | " + " | ".join(cells) + f" | {r['trainable_params']:,} | "
                      f"{r['train_seconds']:.0f} |")
+    for name in s.get("not_run", []):
+        lines.append(f"| {name} | " + " | ".join(["not run"] * 2 * len(tasks)) + " | - | - |")
+    if s.get("not_run"):
+        lines += ["", f"Not run: {', '.join(s['not_run'])}. The same command continues with them (finished "
+                      "variants are kept in the output folder's variants/)."]
     deps = {t["name"]: t["depends_on"] for t in c["tasks"] if t["depends_on"]}
     lines += ["", "Each variant changes one thing against the baseline (independent heads, shared base fine-tuned): "
               f"progressive = depends_on {deps or '(none in this config)'} with upstream heads "
@@ -220,7 +229,7 @@ def cmd_compare_multitask(args) -> int:
     mcfg = load(args.config, overrides)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     s = compare(mcfg, Path(args.out), variants, args.adalayers_epochs, command=_command(args),
-                patience=args.adalayers_patience, estimate=not args.no_estimate)
+                patience=args.adalayers_patience, estimate=not args.no_estimate, train=not args.report_only)
     print(markdown(s))
     print(f"written: {Path(args.out) / 'compare_multitask.md'} (.json, .png)")
     return 0
@@ -256,6 +265,9 @@ def add_commands(sub) -> None:
     p.add_argument("--adalayers-patience", type=int, default=3,
                    help="AdaLayers heads stop after this many epochs without validation improvement (default 3)")
     p.add_argument("--no-estimate", action="store_true", help="skip the measured time estimate at the start")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the table of the variants finished in --out so far (the others "
+                        "listed as not run)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(fn=cmd_compare_multitask)
