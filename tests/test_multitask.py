@@ -278,6 +278,8 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     with pytest.raises(ConfigError, match="other settings"):
         compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=2)), out,
                 variants=["baseline"], backbone=bb)
+    with pytest.raises(ConfigError, match="other settings"):
+        compare(cfg, out, variants=["baseline"], backbone=bb, adalayers_lr=1e-4)
 
 
 def test_progressive_adalayers_head_reads_frozen_upstream_outputs():

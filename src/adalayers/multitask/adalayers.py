@@ -29,9 +29,10 @@ from adalayers.multitask.heads import feature
 from adalayers.sidetask import SideTask
 
 OUT_OF_KIND = {"sequence": "classes", "regression": "value"}
+HEAD_LR = 1e-3
 
 
-def head_config(mcfg, task: str, max_epochs: int, patience: int, lr: float = 1e-3) -> Config:
+def head_config(mcfg, task: str, max_epochs: int, patience: int, lr: float = HEAD_LR) -> Config:
     """The AdaLayers recipe's config for one task of a multi-task config (cache on, early stopping).
 
     lr 1e-3: at the recipe's default 1e-4 a head on a few hundred rows is still far from trained after
@@ -119,7 +120,7 @@ def _same_run(run_dir: Path, cfg: Config) -> bool:
 
 
 def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progressive: bool,
-                log=print) -> dict:
+                log=print, lr: float = HEAD_LR) -> dict:
     """Train every task's head (in graph order); a finished task's run folder is reused as it is.
 
     Returns per-task validation/test metrics, trainable parameters (upstream heads counted once, in
@@ -133,7 +134,7 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
     trained: dict[str, SideTask] = {}
     results, params, seconds, epochs = {}, 0, 0.0, {}
     for name in order(mcfg.tasks):
-        cfg = head_config(mcfg, name, max_epochs, patience)
+        cfg = head_config(mcfg, name, max_epochs, patience, lr)
         deps = list(specs[name].depends_on) if progressive else []
         build = None
         if deps:
@@ -157,7 +158,7 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
         seconds += m["train_seconds"]
         epochs[name] = {"epochs": m["epochs"], "best_epoch": m["best_epoch"]}
     return {"results": results, "trainable_params": params, "train_seconds": round(seconds, 2),
-            "epochs": epochs, "max_epochs": max_epochs, "early_stopping": patience}
+            "epochs": epochs, "max_epochs": max_epochs, "early_stopping": patience, "lr": lr}
 
 
 class _Labels:

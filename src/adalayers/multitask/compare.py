@@ -29,6 +29,7 @@ import torch
 
 from adalayers import run as runlib
 from adalayers.errors import ConfigError
+from adalayers.multitask.adalayers import HEAD_LR
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,14 @@ def variant_config(mcfg, name: str):
     return v
 
 
-def settings(mcfg, adalayers_epochs: int, patience: int) -> dict:
-    """What a finished variant's result depends on; a result with other settings is not reused."""
-    return {"config": mcfg.to_dict(), "adalayers_max_epochs": adalayers_epochs, "adalayers_early_stopping": patience}
+def settings(mcfg, adalayers_epochs: int, patience: int, lr: float = HEAD_LR) -> dict:
+    """What a finished variant's result depends on; a result with other settings is not reused.
+
+    The AdaLayers learning rate is named only when it is not the default (results stored before it
+    could be set were run at the default).
+    """
+    s = {"config": mcfg.to_dict(), "adalayers_max_epochs": adalayers_epochs, "adalayers_early_stopping": patience}
+    return s if lr == HEAD_LR else {**s, "adalayers_lr": lr}
 
 
 def finished(out: Path, name: str, want: dict) -> dict | None:
@@ -101,7 +107,8 @@ def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int
 
 
 def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = None, backbone=None,
-            command: str = "", patience: int = 3, estimate: bool = True, train: bool = True) -> dict:
+            command: str = "", patience: int = 3, estimate: bool = True, train: bool = True,
+            adalayers_lr: float = HEAD_LR) -> dict:
     """Run every variant not finished in `out` yet; a killed run continues with the next unfinished one.
 
     train=False runs nothing: the table of the variants finished so far, the others listed as not run.
@@ -115,7 +122,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ada_epochs = adalayers_epochs or mcfg.epochs
-    want = settings(mcfg, ada_epochs, patience)
+    want = settings(mcfg, ada_epochs, patience, adalayers_lr)
     done = {n: r for n in variants if (r := finished(out, n, want)) is not None}
     todo = [n for n in variants if n not in done] if train else []
     if done:
@@ -129,7 +136,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
         log.info("[%s] starting", name)
         if name in FROZEN:
             r = adalayers.train_heads(mcfg, backbone, out / name, ada_epochs, patience,
-                                      progressive=name == "adalayers-progressive", log=log.info)
+                                      progressive=name == "adalayers-progressive", log=log.info, lr=adalayers_lr)
         else:
             r = trainer.train(variant_config(mcfg, name), backbone, datas, log=log.info)
         done[name] = {"variant": name, **r}
@@ -137,7 +144,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
         log.info("[%s] finished in %.0f s of training", name, r["train_seconds"])
     rows = [done[n] for n in variants if n in done]
     summary = _summary(mcfg, rows, main, command, backbone)
-    summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience}
+    summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience, "lr": adalayers_lr}
     summary["not_run"] = [n for n in variants if n not in done]
     runlib.write_json(out / "compare_multitask.json", summary)
     runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
@@ -176,6 +183,7 @@ def markdown(s: dict) -> str:
         lines += ["", f"Not run: {', '.join(s['not_run'])}. The same command continues with them (finished "
                       "variants are kept in the output folder's variants/)."]
     deps = {t["name"]: t["depends_on"] for t in c["tasks"] if t["depends_on"]}
+    ada = s.get("adalayers", {})
     lines += ["", "Each variant changes one thing against the baseline (independent heads, shared base fine-tuned): "
               f"progressive = depends_on {deps or '(none in this config)'} with upstream heads "
               f"{'frozen' if c['freeze_upstream'] else 'trained'} by downstream losses; pcgrad = gradient surgery on "
@@ -183,8 +191,8 @@ def markdown(s: dict) -> str:
               f"{c['smart']['eps']}, {c['smart']['steps']} ascent step(s), lambda_s {c['smart']['lambda_s']}, "
               f"mu {c['smart']['mu']}); freeze-top3 = only the last 3 layers of the base train; adalayers = "
               "frozen base, one mixer + head per task trained on its own (pair tasks as cross-encoder input; "
-              f"at most {s.get('adalayers', {}).get('max_epochs', '?')} epochs, early stopping after "
-              f"{s.get('adalayers', {}).get('early_stopping', '?')} without improvement); adalayers-progressive = "
+              f"lr {ada.get('lr', HEAD_LR):g}, at most {ada.get('max_epochs', '?')} epochs, early stopping after "
+              f"{ada.get('early_stopping', '?')} without improvement); adalayers-progressive = "
               "the same, but each head also reads the outputs of the frozen heads it depends_on.",
               "Dev = the task's validation split (SST: dev.txt; QQP: 10% of the subset; STS-B: 10% of train); "
               "test = SST test.txt, QQP's other 10%, STS-B GLUE dev. The best epoch is picked on the mean dev "
@@ -229,7 +237,8 @@ def cmd_compare_multitask(args) -> int:
     mcfg = load(args.config, overrides)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     s = compare(mcfg, Path(args.out), variants, args.adalayers_epochs, command=_command(args),
-                patience=args.adalayers_patience, estimate=not args.no_estimate, train=not args.report_only)
+                patience=args.adalayers_patience, estimate=not args.no_estimate, train=not args.report_only,
+                adalayers_lr=args.adalayers_lr)
     print(markdown(s))
     print(f"written: {Path(args.out) / 'compare_multitask.md'} (.json, .png)")
     return 0
@@ -243,6 +252,8 @@ def _command(args) -> str:
             parts += [flag, str(value)]
     if args.adalayers_patience != 3:
         parts += ["--adalayers-patience", str(args.adalayers_patience)]
+    if args.adalayers_lr != HEAD_LR:
+        parts += ["--adalayers-lr", str(args.adalayers_lr)]
     if args.variants != ",".join(VARIANTS):
         parts += ["--variants", args.variants]
     for o in args.overrides:
@@ -264,6 +275,8 @@ def add_commands(sub) -> None:
                                                          "(default: --epochs)")
     p.add_argument("--adalayers-patience", type=int, default=3,
                    help="AdaLayers heads stop after this many epochs without validation improvement (default 3)")
+    p.add_argument("--adalayers-lr", type=float, default=HEAD_LR,
+                   help=f"AdamW learning rate of the AdaLayers heads (default {HEAD_LR:g})")
     p.add_argument("--no-estimate", action="store_true", help="skip the measured time estimate at the start")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the table of the variants finished in --out so far (the others "
