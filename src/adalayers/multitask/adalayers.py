@@ -50,7 +50,11 @@ def head_config(mcfg, task: str, max_epochs: int, patience: int, lr: float = HEA
 
 
 class ProgressiveTask(SideTask):
-    """A SideTask whose output also reads frozen upstream SideTasks' outputs (see the module doc)."""
+    """A SideTask whose output also reads frozen upstream SideTasks' outputs (see the module doc).
+
+    Fed through its own tap() (LiveStates, the cache), which also feeds the upstream heads; not
+    through shared_tap / FusedTap, which write only a task's own accumulator.
+    """
 
     def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str],
                  upstream: dict[str, SideTask]):
