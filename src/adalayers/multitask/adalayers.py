@@ -124,8 +124,11 @@ def _same_run(run_dir: Path, cfg: Config) -> bool:
 
 
 def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progressive: bool,
-                log=print, lr: float = HEAD_LR) -> dict:
-    """Train every task's head (in graph order); a finished task's run folder is reused as it is.
+                log=print, lr: float = HEAD_LR, train_rows: dict | None = None) -> dict:
+    """Train every task's head; a finished task's run folder is reused as it is.
+
+    Progressive: in graph order (upstream first). Independent heads: the smallest training set
+    first (`train_rows`: task -> rows), so an interrupted run has finished as many tasks as it could.
 
     Returns per-task validation/test metrics, trainable parameters (upstream heads counted once, in
     their own task) and summed training seconds.
@@ -137,7 +140,10 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
     specs = {s.name: s for s in mcfg.tasks}
     trained: dict[str, SideTask] = {}
     results, params, seconds, epochs = {}, 0, 0.0, {}
-    for name in order(mcfg.tasks):
+    names = order(mcfg.tasks)
+    if not progressive and train_rows:
+        names = sorted(names, key=lambda t: train_rows.get(t, 0))
+    for name in names:
         cfg = head_config(mcfg, name, max_epochs, patience, lr)
         deps = list(specs[name].depends_on) if progressive else []
         build = None

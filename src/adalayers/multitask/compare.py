@@ -136,7 +136,8 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
         log.info("[%s] starting", name)
         if name in FROZEN:
             r = adalayers.train_heads(mcfg, backbone, out / name, ada_epochs, patience,
-                                      progressive=name == "adalayers-progressive", log=log.info, lr=adalayers_lr)
+                                      progressive=name == "adalayers-progressive", log=log.info, lr=adalayers_lr,
+                                      train_rows={t: len(d.splits["train"]) for t, d in datas.items()})
         else:
             r = trainer.train(variant_config(mcfg, name), backbone, datas, log=log.info)
         done[name] = {"variant": name, **r}
