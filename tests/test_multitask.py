@@ -275,6 +275,14 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     assert [r["variant"] for r in s["variants"]] == ["baseline", "freeze-top3"] and s["not_run"] == ["smart"]
     assert "| smart | not run |" in (out / "compare_multitask.md").read_text()
     assert not (out / RESULTS / "smart.json").exists()
+    # an AdaLayers variant killed after some of its heads finished: those heads are shown, marked unfinished
+    compare(cfg, out, variants=["adalayers"], backbone=bb, estimate=False)
+    (out / RESULTS / "adalayers.json").unlink()
+    (out / "adalayers" / "t-para" / "metrics.json").unlink()
+    s = compare(cfg, out, variants=["baseline", "adalayers"], backbone=bb, train=False)
+    assert s["not_run"] == ["adalayers"] and s["partial"]["adalayers"]["tasks"] == ["t-sent", "t-sim"]
+    row = next(r for r in (out / "compare_multitask.md").read_text().splitlines() if r.startswith("| adalayers"))
+    assert "unfinished: t-sent, t-sim only" in row and row.count("not run") == 2
     with pytest.raises(ConfigError, match="other settings"):
         compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=2)), out,
                 variants=["baseline"], backbone=bb)

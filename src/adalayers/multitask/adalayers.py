@@ -123,6 +123,20 @@ def _same_run(run_dir: Path, cfg: Config) -> bool:
     return saved == want
 
 
+def finished_heads(mcfg, out: Path, max_epochs: int, patience: int, lr: float = HEAD_LR) -> dict:
+    """The tasks whose heads finished in `out` (an unfinished variant): {"results", "trainable_params",
+    "train_seconds", "tasks"}, or {} when none has."""
+    results, params, seconds = {}, 0, 0.0
+    for s in mcfg.tasks:
+        run_dir = Path(out) / s.name
+        if _same_run(run_dir, head_config(mcfg, s.name, max_epochs, patience, lr)):
+            m = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+            results[s.name] = {k: m[k] for k in ("validation", "test") if k in m}
+            params, seconds = params + m["trainable_params"], seconds + m["train_seconds"]
+    return {"results": results, "trainable_params": params, "train_seconds": round(seconds, 2),
+            "tasks": list(results)} if results else {}
+
+
 def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progressive: bool,
                 log=print, lr: float = HEAD_LR, train_rows: dict | None = None) -> dict:
     """Train every task's head; a finished task's run folder is reused as it is.

@@ -147,6 +147,8 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     summary = _summary(mcfg, rows, main, command, backbone)
     summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience, "lr": adalayers_lr}
     summary["not_run"] = [n for n in variants if n not in done]
+    summary["partial"] = {n: p for n in summary["not_run"] if n in FROZEN
+                          and (p := adalayers.finished_heads(mcfg, out / n, ada_epochs, patience, adalayers_lr))}
     runlib.write_json(out / "compare_multitask.json", summary)
     runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
     chart(summary, out / "compare_multitask.png")
@@ -178,11 +180,23 @@ def markdown(s: dict) -> str:
                       if "test" in res else "-"]
         lines.append(f"| {r['variant']} | " + " | ".join(cells) + f" | {r['trainable_params']:,} | "
                      f"{r['train_seconds']:.0f} |")
+    partial = s.get("partial", {})
     for name in s.get("not_run", []):
-        lines.append(f"| {name} | " + " | ".join(["not run"] * 2 * len(tasks)) + " | - | - |")
+        p = partial.get(name)
+        if p is None:
+            lines.append(f"| {name} | " + " | ".join(["not run"] * 2 * len(tasks)) + " | - | - |")
+            continue
+        cells = []
+        for t in tasks:
+            res = p["results"].get(t)
+            cells += ["not run"] * 2 if res is None else [f"{res[split][s['main_metric'][t]]:.3f}" if split in res
+                                                          else "-" for split in ("validation", "test")]
+        lines.append(f"| {name} (unfinished: {', '.join(p['tasks'])} only) | " + " | ".join(cells)
+                     + f" | {p['trainable_params']:,} ({', '.join(p['tasks'])}) | {p['train_seconds']:.0f} |")
     if s.get("not_run"):
-        lines += ["", f"Not run: {', '.join(s['not_run'])}. The same command continues with them (finished "
-                      "variants are kept in the output folder's variants/)."]
+        lines += ["", f"Not run (or unfinished): {', '.join(s['not_run'])}. The same command continues with them "
+                      "(finished variants are kept in the output folder's variants/, finished AdaLayers heads in "
+                      "<variant>/<task>/)."]
     deps = {t["name"]: t["depends_on"] for t in c["tasks"] if t["depends_on"]}
     ada = s.get("adalayers", {})
     lines += ["", "Each variant changes one thing against the baseline (independent heads, shared base fine-tuned): "
