@@ -317,4 +317,4 @@ def test_progressive_adalayers_head_reads_frozen_upstream_outputs():
     task.loss(task(states, mask), torch.full((4,), 2.0)).backward()
     assert all(p.grad is None for p in task.upstream.parameters())
     assert task.extra.weight.grad is not None and task.mixer.p.grad is not None
-    assert task.trainable_parameters() == plain.trainable_parameters() + 3 + 1
+    assert task.num_trainable() == plain.num_trainable() + 3 + 1
