@@ -290,6 +290,15 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
         compare(cfg, out, variants=["baseline"], backbone=bb, adalayers_lr=1e-4)
 
 
+def test_stored_settings_may_lack_settings_added_later():
+    from adalayers.multitask.adalayers import same_settings
+
+    want = {"config": {"lr": 1e-3, "precision": "fp32"}, "epochs": 3}
+    assert same_settings({"config": {"lr": 1e-3}, "epochs": 3}, want)
+    assert not same_settings({"config": {"lr": 1e-4}, "epochs": 3}, want)
+    assert not same_settings({"config": {"lr": 1e-3, "gone": 1}, "epochs": 3}, want)
+
+
 def test_progressive_adalayers_head_reads_frozen_upstream_outputs():
     from adalayers.config import Config
     from adalayers.multitask.adalayers import ProgressiveTask

@@ -110,6 +110,14 @@ def _width(task: SideTask) -> int:
     return 1 if task.kind == "regression" else max(len(task.labels), 1)
 
 
+def same_settings(stored, want) -> bool:
+    """stored == want, except that a key only `want` has is ignored: a setting added to the code after
+    the result was stored (the result was run with what that setting's default does)."""
+    if isinstance(stored, dict) and isinstance(want, dict):
+        return all(k in want and same_settings(v, want[k]) for k, v in stored.items())
+    return stored == want
+
+
 def _same_run(run_dir: Path, cfg: Config) -> bool:
     """Does run_dir hold a finished run of this config (head fields the data fills in aside)?"""
     meta_path, metrics_path = run_dir / "config.json", run_dir / "metrics.json"
@@ -120,7 +128,7 @@ def _same_run(run_dir: Path, cfg: Config) -> bool:
     for c in (saved, want):
         for k in ("kind", "target_mean", "target_std"):
             c["head"].pop(k, None)
-    return saved == want
+    return same_settings(saved, want)
 
 
 def finished_heads(mcfg, out: Path, max_epochs: int, patience: int, lr: float = HEAD_LR) -> dict:

@@ -56,24 +56,29 @@ def variant_config(mcfg, name: str):
 def settings(mcfg, adalayers_epochs: int, patience: int, lr: float = HEAD_LR) -> dict:
     """What a finished variant's result depends on; a result with other settings is not reused.
 
-    The AdaLayers learning rate is named only when it is not the default (results stored before it
-    could be set were run at the default).
+    Results stored before the AdaLayers learning rate could be set were run at the default.
     """
-    s = {"config": mcfg.to_dict(), "adalayers_max_epochs": adalayers_epochs, "adalayers_early_stopping": patience}
-    return s if lr == HEAD_LR else {**s, "adalayers_lr": lr}
+    return {"config": mcfg.to_dict(), "adalayers_max_epochs": adalayers_epochs, "adalayers_early_stopping": patience,
+            "adalayers_lr": lr}
 
 
 def finished(out: Path, name: str, want: dict) -> dict | None:
-    """The stored row of a finished variant, or None; a row of other settings raises ConfigError."""
+    """The stored row of a finished variant, or None; a row of other settings raises ConfigError.
+
+    Settings added to the code after the row was stored do not count (adalayers.same_settings).
+    """
+    from adalayers.multitask import adalayers
+
     path = out / RESULTS / f"{name}.json"
     if not path.is_file():
         return None
     try:
         row = json.loads(path.read_text(encoding="utf-8"))
         stored = row.pop("settings")
+        stored.setdefault("adalayers_lr", HEAD_LR)  # stored before it could be set
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
         raise ConfigError(f"{path}: not a result of compare-multitask ({e}); remove it to run {name} again") from None
-    if stored != want:
+    if not adalayers.same_settings(stored, want):
         raise ConfigError(f"{path} was run with other settings than this command's; use another --out, or remove "
                           f"{out / RESULTS} to start over")
     return row
