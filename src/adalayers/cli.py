@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "adalayers.multitask.compare",
     "adalayers.tune.cli",
     "adalayers.tasks.fetch",
+    "adalayers.export.command",
 ]
 
 

@@ -7,14 +7,16 @@ For layer i and the heads h = 1..H whose weight w_i^(h) is not 0 (all of the sam
     f     = LayerNorm_noaffine(P viewed as (B, T, H, k))     one call, normalises each head's k slice
     acc  += w_i[:, None] * f                                 one accumulator (B, T, H, k) for all heads
 
-Head h's accumulator is the view acc[..., h, :], handed to its SideTask, whose end() runs its
-head as before. This is the arithmetic of each head's own tap (mixer.add) with the H products
-and normalisations batched, so results equal the per-head path up to float summation order
-(the tests hold them to 1e-5). Heads of different k or dtype form separate groups.
+Head h's accumulator is acc[..., h, :]; its SideTask's end() runs its head as before. This is
+the arithmetic of each head's own tap (mixer.add) with the H products and normalisations
+batched, so results equal the per-head path up to float summation order (the tests hold them to
+1e-5). Heads of different k or dtype form separate groups. The same plan (`layer_plans`) and
+step (`contribution`) build the exported ONNX graph (adalayers.export.graph).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as nnf
@@ -38,41 +40,73 @@ def concat_weights(weights: list[torch.Tensor]) -> torch.Tensor:
     return cat
 
 
+def group_heads(tasks: list) -> dict[tuple, list]:
+    """Heads that can share one GEMM: same k, weight dtype and device, in the given order."""
+    groups: dict[tuple, list] = {}
+    for t in tasks:
+        w = t.mixer.proj[0].weight
+        groups.setdefault((t.mixer.k, w.dtype, w.device), []).append(t)
+    return groups
+
+
+@dataclass
+class LayerPlan:
+    """Layer i for one group: which heads use it, their stacked W_i and their layer weights."""
+    layer: int
+    live: list[int]            # indices into the group of the heads with w_i != 0
+    weight: torch.Tensor       # (len(live) k, d)
+    w: torch.Tensor            # (len(live), 1)
+    all_live: bool
+
+
+def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
+    """weights: (H, L) layer weights of the group's heads (each head's layer_weights()). None: nobody uses i."""
+    live = [h for h in range(len(group)) if weights[h, i].item() != 0]
+    if not live:
+        return None
+    return LayerPlan(i, live, concat_weights([group[h].mixer.proj[i].weight for h in live]),
+                     weights[live, i].unsqueeze(-1), len(live) == len(group))
+
+
+def contribution(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
+    """w_i * LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i)."""
+    f = nnf.layer_norm(nnf.linear(a, plan.weight).unflatten(-1, (len(plan.live), k)), (k,))
+    return f * plan.w.to(f.dtype)
+
+
+def accumulate(acc: torch.Tensor, c: torch.Tensor, plan: LayerPlan, inplace: bool) -> torch.Tensor:
+    """acc (..., H, k) + the plan's contribution at its heads' slots."""
+    if plan.all_live:
+        return acc.add_(c) if inplace else acc + c
+    idx = torch.tensor(plan.live, device=acc.device)
+    return acc.index_add_(acc.dim() - 2, idx, c) if inplace else acc.index_add(acc.dim() - 2, idx, c)
+
+
 class FusedTap:
     """tap(i, Z_i) for several SideTasks (after each one's begin()); their end() reads the result.
 
-    For inference (no gradient flows into the heads through the shared accumulator); projection
-    dropout, if configured, is not applied (eval mode has none).
+    For inference: no gradient is meant to flow through the shared accumulator, and projection
+    dropout (a training-time option) is not applied.
     """
 
     def __init__(self, tasks: list) -> None:
-        self.groups: dict[tuple, list] = {}
-        for t in tasks:
-            w = t.mixer.proj[0].weight
-            self.groups.setdefault((t.mixer.k, w.dtype, w.device), []).append(t)
+        self.groups = group_heads(tasks)
         self._acc: dict[tuple, torch.Tensor] = {}
         self._weights = {key: torch.stack([t._w for t in group]) for key, group in self.groups.items()}  # (H, L)
 
     def __call__(self, i: int, z: torch.Tensor) -> None:
         gelu: dict[torch.dtype, torch.Tensor] = {}
         for key, group in self.groups.items():
-            k, dtype, _ = key
-            w_all = self._weights[key][:, i]
-            live = [h for h in range(len(group)) if w_all[h].item() != 0]
-            if not live:
+            plan = layer_plan(group, self._weights[key], i)
+            if plan is None:
                 continue
+            k, dtype, _ = key
             if dtype not in gelu:
                 gelu[dtype] = nnf.gelu(z.to(dtype))
-            a = gelu[dtype]
-            weight = concat_weights([group[h].mixer.proj[i].weight for h in live])
-            f = nnf.layer_norm(nnf.linear(a, weight).unflatten(-1, (len(live), k)), (k,))
+            c = contribution(gelu[dtype], plan, k)
             acc = self._acc.get(key)
             if acc is None:
-                acc = self._acc[key] = f.new_zeros(*f.shape[:-2], len(group), k)
+                acc = self._acc[key] = c.new_zeros(*c.shape[:-2], len(group), k)
                 for h, t in enumerate(group):
                     t._acc = acc[..., h, :]  # a view: the in-place updates below reach every head
-            w = w_all.to(f.dtype).unsqueeze(-1)
-            if len(live) == len(group):
-                acc.addcmul_(f, w)
-            else:
-                acc.index_add_(acc.dim() - 2, torch.tensor(live, device=acc.device), f * w[live])
+            accumulate(acc, c, plan, inplace=True)

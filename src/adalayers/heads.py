@@ -21,13 +21,12 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Ten
     kernel: on CPU at T=512 that is ~4x slower and holds B*heads*T*T floats. A (B, 1, 1, T) mask
     keeps the fused kernel.
     """
-    B, T, k = x.shape
-    h = attn.num_heads
-    q, kk, v = (t.view(B, T, h, k // h).transpose(1, 2)
+    h, k = attn.num_heads, x.shape[-1]  # B and T are never read as numbers: an exported graph keeps them dynamic
+    q, kk, v = (t.unflatten(-1, (h, k // h)).transpose(1, 2)
                 for t in nnf.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1))
     out = nnf.scaled_dot_product_attention(q, kk, v, attn_mask=mask.bool()[:, None, None, :],
                                            dropout_p=attn.dropout if attn.training else 0.0)
-    return attn.out_proj(out.transpose(1, 2).reshape(B, T, k))
+    return attn.out_proj(out.transpose(1, 2).flatten(-2))
 
 
 def attention_dropout(cfg: HeadConfig) -> float:

@@ -19,13 +19,15 @@ from adalayers.config import MixerConfig
 
 
 def sinusoidal_positions(length: int, dim: int, device=None) -> torch.Tensor:
-    """The Transformer's fixed sin/cos position table, (length, dim)."""
-    pos = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
-    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim, device=device)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
-    return table
+    """The Transformer's fixed sin/cos position table, (length, dim): columns sin_0, cos_0, sin_1, ..."""
+    return position_table(torch.arange(length, device=device, dtype=torch.float32), dim)
+
+
+def position_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """sin/cos rows for the positions `pos` (any shape) -> pos.shape + (dim,), without in-place slice assignment."""
+    freq = torch.exp(torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    angles = pos.float().unsqueeze(-1) * freq
+    return torch.stack([torch.sin(angles), torch.cos(angles)], -1).flatten(-2)[..., :dim]
 
 
 class AdaLayersMixer(nn.Module):
@@ -85,12 +87,15 @@ class AdaLayersMixer(nn.Module):
 
     def finish(self, acc: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """GELU (optional), + sinusoidal positions, dropout. `positions` (B, T): each token's position
-        among its row's real tokens (left padding shifts them); None = 0..T-1 for every row."""
+        among its row's real tokens (left padding shifts them); None = 0..T-1 for every row. The table is
+        computed from the positions themselves (no table of a fixed length), so an exported graph keeps T
+        dynamic."""
         if self.cfg.gelu_after_sum:
             acc = nnf.gelu(acc)
         if self.cfg.positional:
-            table = sinusoidal_positions(acc.shape[1], self.k, acc.device).to(acc.dtype)
-            acc = acc + (table if positions is None else table[positions])
+            table = sinusoidal_positions(acc.shape[1], self.k, acc.device) if positions is None \
+                else position_table(positions, self.k)
+            acc = acc + table.to(acc.dtype)
         return self.dropout(acc)
 
     def forward(self, hidden_states: list[torch.Tensor]) -> torch.Tensor:

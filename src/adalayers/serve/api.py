@@ -80,9 +80,19 @@ class SideTasks:
 
     # --- loading ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, base: str, run_dirs: list, primary: bool = True, device: str = "auto", **kw) -> "SideTasks":
-        """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN')."""
+    def load(cls, base: str, run_dirs: list, primary: bool = True, device: str = "auto", backend: str = "torch",
+             **kw) -> "SideTasks":
+        """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN').
+
+        backend="onnx" (or "onnx-int8"): one exported graph run by ONNX Runtime (adalayers.export.runtime);
+        `base` may then also be a folder written by `adalayers export`.
+        """
         from adalayers.core import pick_device
+
+        if backend != "torch":
+            from adalayers.export.runtime import OnnxSideTasks
+
+            return OnnxSideTasks.load_onnx(base, run_dirs, primary=primary, backend=backend, **kw)
 
         states = {runlib.read_config(parse_head_arg(str(r))[1])["config"].get("model", {}).get("states", "encoder")
                   for r in run_dirs}
@@ -224,24 +234,32 @@ class SideTasks:
             idx = list(range(s, min(s + self.batch_size, len(rows))))
             left = self.backbone.is_causal  # a decoder's next token: read from the last column
             batch = collate([rows[i] for i in idx], idx, pad_id, left=left)
-            for t in tasks:
-                t.begin()
-            base = self.backbone(batch, taps=[shared_tap(tasks)], stop_after=stop)
-            mask = batch["attention_mask"]
+            own, logits = self._forward(batch, heads, stop)
             for h in heads:
-                logits = h.task.end(mask).float().cpu()
-                vals = logits if h.kind == "regression" else torch.softmax(logits, -1)
+                vals = logits[h.name] if h.kind == "regression" else torch.softmax(logits[h.name], -1)
                 for j, i in enumerate(idx):
                     head_rows[h.name][i] = _real(vals[j], len(rows[i]["input_ids"]), left) if h.kind == "token" \
                         else vals[j]
-            if stop is None:
-                own = base.logits if base.logits is not None else base.pooled
+            if own is not None:
                 for j, i in enumerate(idx):
-                    if own is not None and not rows[i]["window"]:
+                    if not rows[i]["window"]:
                         base_rows[i] = _real(own[j], len(rows[i]["input_ids"]), left) if own.dim() == 3 \
                             else own[j]
                         base_rows[i] = base_rows[i].float().cpu()
         return {"base": base_rows, "heads": head_rows}
+
+    def _forward(self, batch: dict, heads: list[Head], stop: int | None):
+        """One pass of the base over a batch: (its own output or None, {head name: float logits on the CPU}).
+
+        The backend seam: adalayers.export.runtime.OnnxSideTasks answers the same from ONNX Runtime.
+        """
+        tasks = [h.task for h in heads]
+        for t in tasks:
+            t.begin()
+        base = self.backbone(batch, taps=[shared_tap(tasks)], stop_after=stop)
+        logits = {h.name: h.task.end(batch["attention_mask"]).float().cpu() for h in heads}
+        own = None if stop is not None else (base.logits if base.logits is not None else base.pooled)
+        return own, logits
 
     def _result(self, i: int, text: str, rows, outs, heads: list[Head], spans) -> dict:
         plain = rows[i]

@@ -32,7 +32,7 @@ def cmd_serve(args) -> int:
     if args.engine == "ray":
         return _serve_on_ray(args, cfg)
     side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
-                          max_length=cfg.max_length, batch_size=cfg.max_batch)
+                          max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend)
     print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
           f"at http://{cfg.host}:{cfg.port}  (docs: /docs)", flush=True)
     uvicorn.run(create_app(side, cfg), host=cfg.host, port=cfg.port, log_level=args.log_level)
@@ -84,6 +84,9 @@ def add_commands(sub) -> None:
                         "no base output (default: off, the base runs to its end)")
     p.add_argument("--device", default=ServeConfig.device, help=_help("device"))
     p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
+    p.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
+                   help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
+                        "then be a folder from 'adalayers export'; see docs/export.md)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")

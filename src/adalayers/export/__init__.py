@@ -1,0 +1,7 @@
+"""One ONNX graph of a frozen base and every head: `adalayers export` and the ONNX Runtime backend.
+
+    graph.py     the PyTorch module that is exported (base + one GEMM per layer for all heads)
+    onnx.py      export to DIR/model.onnx (+ model.int8.onnx), tokenizer files, export.json
+    runtime.py   OnnxSideTasks: SideTasks answered by ONNX Runtime
+    command.py   the `adalayers export` sub-command
+"""

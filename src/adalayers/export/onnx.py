@@ -1,0 +1,139 @@
+"""Write DIR/ with model.onnx (base + every head), optionally model.int8.onnx, tokenizer files,
+export.json (inputs, outputs, labels, base fingerprint) and heads/<task>/ (each head's config.json
+and head.safetensors, so the folder serves on its own).
+
+torch.onnx.export with dynamic batch and sequence axes, through the TorchScript exporter
+(dynamo=False): on these models it gives the same graph as the dynamo exporter in seconds instead
+of minutes; the tests run the graph at other batch sizes and lengths than it was traced with. `int8`: ONNX
+Runtime's dynamic quantization (onnxruntime.quantization.quantize_dynamic): weights of MatMul /
+Gemm nodes stored as int8, activations quantized per batch at run time.
+
+The folder is built beside DIR and moved into place at the end: DIR is never half written.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from adalayers import run as runlib
+from adalayers.errors import ModelError, RunError
+from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
+
+log = logging.getLogger(__name__)
+META = "export.json"
+MODEL, MODEL_INT8 = "model.onnx", "model.int8.onnx"
+OPSET = 18
+
+
+@contextlib.contextmanager
+def cut_after(backbone, deepest: int):
+    """Temporarily keep only the base's layers 1..deepest (Z_deepest is then its last state)."""
+    owner, attr = layer_owner(backbone.model, backbone.layers)
+    full = getattr(owner, attr)
+    setattr(owner, attr, torch.nn.ModuleList(list(full)[:deepest]))
+    try:
+        yield
+    finally:
+        setattr(owner, attr, full)
+
+
+def example_inputs(backbone, graph: OnePassGraph) -> dict:
+    enc = backbone.tokenize(["an example sentence to trace the graph with", "a shorter one"], max_length=32)
+    return {name: enc[name] if name in enc else torch.zeros_like(enc["input_ids"]) for name in graph.input_names()}
+
+
+def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = True, int8: bool = False) -> dict:
+    """Export `backbone` + the heads (name, run folder) to the folder `out`; returns export.json's content."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META).is_file())):
+        raise RunError(f"{out}: exists and is not an export folder; give a new or empty folder")
+    names, tasks, metas = [], [], []
+    for name, path in heads:
+        if not name.replace("-", "_").isidentifier():
+            raise ModelError(f"task name {name!r}: use letters, digits and underscores (NAME=RUN to rename)")
+        task, cfg, meta = runlib.load_head(path, backbone)  # refuses a head trained on another base
+        names.append(name)
+        tasks.append(task.eval())
+        metas.append((path, cfg, meta))
+    if len(set(names)) != len(names):
+        raise ModelError(f"two heads are named alike ({', '.join(names)}); name them apart with NAME=RUN")
+    graph = OnePassGraph(backbone, names, tasks, primary).eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        inputs = example_inputs(backbone, graph)
+        cut = contextlib.nullcontext() if primary else cut_after(backbone, graph.deepest)
+        log.info("exporting %s + %s to ONNX", backbone.name, ", ".join(names))
+        with cut, torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(graph, tuple(inputs.values()), str(tmp / MODEL), dynamo=False, opset_version=OPSET,
+                              input_names=list(inputs), output_names=graph.output_names(),
+                              dynamic_axes={n: {0: "batch", 1: "sequence"} for n in inputs})
+        if int8:
+            quantize(tmp / MODEL, tmp / MODEL_INT8)
+        backbone.tokenizer.save_pretrained(tmp)
+        outputs = ([{"name": EMBEDDING, "kind": "embedding", "shape": ["batch", backbone.hidden_size]}]
+                   if primary else [])
+        described = {}
+        for name, task, (path, cfg, meta) in zip(names, tasks, metas):
+            shape = {"token": ["batch", "sequence", len(task.labels)], "regression": ["batch"]}.get(
+                task.kind, ["batch", len(task.labels)])
+            outputs.append({"name": output_name(name), "task": name, "kind": task.kind, "labels": task.labels,
+                            "shape": shape})
+            described[name] = {"kind": task.kind, "labels": task.labels, "run": str(path),
+                               "max_length": cfg.model.max_length, "used_layers": task.used_layers()}
+            dest = tmp / "heads" / name
+            dest.mkdir(parents=True)
+            for f in ("config.json", runlib.HEAD, "metrics.json"):
+                if (Path(path) / f).is_file():
+                    shutil.copy2(Path(path) / f, dest / f)
+        meta = {"format": "adalayers-onnx/1", "base": {"name": backbone.name, "fingerprint": backbone.fingerprint(),
+                                                       "num_layers": backbone.num_layers,
+                                                       "hidden_size": backbone.hidden_size},
+                "primary": primary, "inputs": list(inputs), "outputs": outputs, "heads": described,
+                "layers_in_graph": graph.deepest if not primary else backbone.num_layers - 1,
+                "projected_layers": graph.used_layers, "opset": OPSET,
+                "files": {"fp32": MODEL, **({"int8": MODEL_INT8} if int8 else {})},
+                "torch": torch.__version__}
+        runlib.write_json(tmp / META, meta)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def quantize(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    log.info("quantizing %s to int8 (dynamic)", src.name)
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished folder to `out` (an old export there is replaced whole)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def read_meta(folder: Path) -> dict:
+    path = Path(folder) / META
+    if not path.is_file():
+        raise RunError(f"{folder}: no {META} (is this a folder written by 'adalayers export'?)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e})") from None
