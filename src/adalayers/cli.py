@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "adalayers.tune.cli",
     "adalayers.tasks.fetch",
     "adalayers.export.command",
+    "adalayers.hub",
 ]
 
 
@@ -75,7 +76,9 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     from adalayers import recipes
 
-    result = recipes.evaluate(Path(args.run), args.split)
+    from adalayers.hub import resolve_run
+
+    result = recipes.evaluate(resolve_run(args.run), args.split)
     print(_dump(result))
     return 0
 
@@ -106,7 +109,9 @@ def cmd_predict(args) -> int:
         texts, text_pairs = [a for a, _ in pairs], [b for _, b in pairs]
     else:
         text_pairs = None
-    for r in recipes.predict(Path(args.run), texts, text_pairs=text_pairs):
+    from adalayers.hub import resolve_run
+
+    for r in recipes.predict(resolve_run(args.run), texts, text_pairs=text_pairs):
         shown = r["text"] + (f"\t{r['text_pair']}" if "text_pair" in r else "")
         if args.json:
             print(json.dumps(r))
@@ -165,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")
-    p.add_argument("run", help="run folder")
+    p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
     p.add_argument("--split", default="test", choices=["validation", "test"],
                    help="which split of the run's task to score (default: test)")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("predict", help="predict labels for texts with a trained run")
-    p.add_argument("run", help="run folder")
+    p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
     p.add_argument("texts", nargs="*", help="texts to label")
     p.add_argument("--pair", nargs=2, action="append", metavar=("TEXT", "SECOND"),
                    help="a sentence pair, for heads trained on pairs (repeatable)")

@@ -291,6 +291,9 @@ def add_commands(sub) -> None:
 
 
 def _cmd_report(args) -> int:
+    from adalayers.hub import resolve_run
+
+    args.run = resolve_run(args.run)
     report = build(Path(args.run), args.split, args.top)
     print(f"wrote {Path(args.run) / 'report.md'} and {', '.join(report['figures'].values())}")
     return 0

@@ -56,11 +56,16 @@ class Head:
 
 
 def parse_head_arg(arg: str) -> tuple[str, Path]:
-    """'runs/cola' -> ('cola', runs/cola); 'acc=runs/cola' -> ('acc', runs/cola)."""
+    """'runs/cola' -> ('cola', runs/cola); 'acc=runs/cola' -> ('acc', runs/cola).
+
+    A Hub id 'user/name[@rev]' that is not a local folder is fetched (adalayers.hub): ('name', its snapshot).
+    """
+    from adalayers.hub import resolve_run
+
     name, sep, path = arg.partition("=")
     if sep and name and "/" not in name:
-        return name, Path(path)
-    return Path(arg).name, Path(arg)
+        return name, resolve_run(path)
+    return Path(arg.partition("@")[0]).name, resolve_run(arg)
 
 
 class SideTasks:

@@ -1,0 +1,164 @@
+"""PyTorch fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8: time per batch and full test-set quality.
+
+    python benchmarks/backends.py --heads cola=../runs/cola conll=../runs/conll
+
+Time: batches of B x T tokens (T = 128, real IMDB reviews packed so every row is full; B = 1 and 32),
+with 1 head (the first) and 4 heads (the given heads, repeated under other names when fewer than 4:
+the same work as 4 distinct heads). Each repeat runs every backend once, in a rotating order; a
+backend's ratio is the median over repeats of its time / PyTorch's time in the same repeat. All
+three answer with the same seam (SideTasks._forward: one batch -> base output + every head's logits).
+
+Quality: each head's metric on its task's full test split through each backend (CoLA MCC, CoNLL
+entity F1 via the project's metrics), and the share of predictions (labels, or word tags) that
+equal PyTorch fp32's. Writes benchmarks/results/backends_<base>.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from adalayers import metrics  # noqa: E402
+from adalayers import run as runlib  # noqa: E402
+from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.export.onnx import export  # noqa: E402
+from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
+from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
+from adalayers.tasks import load_task  # noqa: E402
+from one_pass import imdb_rows  # noqa: E402
+
+BACKENDS = ["torch", "onnx", "onnx-int8"]
+
+
+def sides(base: Backbone, heads: list[tuple[str, Path]], folder: Path, threads: int) -> dict:
+    names = [f"{n}={p}" for n, p in heads]
+    return {"torch": SideTasks.from_backbone(base, names),
+            "onnx": OnnxSideTasks.open(folder, threads=threads),
+            "onnx-int8": OnnxSideTasks.open(folder, int8=True, threads=threads)}
+
+
+def timing(all_sides: dict, batch: dict, names: list[str], repeats: int) -> dict:
+    times = {b: [] for b in BACKENDS}
+    for b in BACKENDS:  # warm-up
+        s = all_sides[b]
+        s._forward(batch, [s.heads[n] for n in names], None)
+    with torch.inference_mode():
+        for r in range(repeats):
+            for b in BACKENDS[r % 3:] + BACKENDS[: r % 3]:
+                s = all_sides[b]
+                t0 = time.perf_counter()
+                s._forward(batch, [s.heads[n] for n in names], None)
+                times[b].append(time.perf_counter() - t0)
+    return {b: {"median_s": statistics.median(times[b]),
+                "ratio_to_torch": statistics.median(t / p for t, p in zip(times[b], times["torch"])),
+                "times_s": [round(t, 4) for t in times[b]]} for b in BACKENDS}
+
+
+def quality(all_sides: dict, name: str, run: Path, limit: int | None) -> dict:
+    cfg = runlib.run_config(run)
+    data = load_task(cfg)
+    test = data.splits["test"][:limit] if limit else data.splits["test"]
+    texts = [" ".join(e.words) if data.kind == "token" else e.text for e in test]
+    out = {"task": data.name, "n": len(test)}
+    preds = {}
+    for b in BACKENDS:
+        res = all_sides[b].predict(texts, tasks=[name])
+        if data.kind == "token":
+            preds[b] = [r["tasks"][name]["tags"] for r in res]
+            out[b] = {"f1": metrics.entities([e.tags for e in test], preds[b])["f1"]}
+        else:
+            preds[b] = [r["tasks"][name]["label"] for r in res]
+            m = metrics.classification([data.labels.index(e.label) for e in test],
+                                       [data.labels.index(p) for p in preds[b]], data.labels)
+            out[b] = {"mcc": m["mcc"], "accuracy": m["accuracy"]}
+    for b in BACKENDS[1:]:
+        if data.kind == "token":
+            pairs = [(x, y) for a, c in zip(preds["torch"], preds[b]) for x, y in zip(a, c)]
+        else:
+            pairs = list(zip(preds["torch"], preds[b]))
+        out[b]["agreement_with_torch"] = sum(x == y for x, y in pairs) / len(pairs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="minilm-l6")
+    ap.add_argument("--heads", nargs="+", required=True, help="NAME=RUN folders (the first is the 1-head case)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
+    ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "backends"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import onnxruntime
+
+    settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
+                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine()}
+    print("settings:", json.dumps(settings), flush=True)
+    base = Backbone.load(args.base)
+    given = [parse_head_arg(h) for h in args.heads]
+    four = (given * 4)[:4]
+    heads = [(n if i < len(given) else f"{n}{i + 1}", p) for i, (n, p) in enumerate(four)]
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        export(base, heads, Path(tmp) / "exported", int8=True)
+        settings["export_seconds"] = round(time.perf_counter() - t0, 1)
+        sizes = {f: (Path(tmp) / "exported" / f).stat().st_size / 2**20 for f in ("model.onnx", "model.int8.onnx")}
+        all_sides = sides(base, heads, Path(tmp) / "exported", args.threads)
+        rows = []
+        for B in args.batches:
+            batch = imdb_rows(Path(args.data), base.tokenizer, B, args.length)
+            for n in (1, 4):
+                names = [h for h, _ in heads[:n]]
+                t = timing(all_sides, batch, names, args.repeats)
+                rows.append({"batch": B, "length": args.length, "heads": n, **t})
+                print(f"B={B} heads={n}: " + "  ".join(f"{b} {t[b]['median_s']:.4f}s x{t[b]['ratio_to_torch']:.3f}"
+                                                       for b in BACKENDS), flush=True)
+        scores = [quality(all_sides, n, p, args.limit) for n, p in given]
+        for s in scores:
+            print(json.dumps(s), flush=True)
+    result = {"settings": settings, "model_mib": sizes, "timing": rows, "quality": scores}
+    out = Path(f"{args.out}_{args.base}")
+    runlib.write_json(out.with_suffix(".json"), result)
+    runlib.atomic_write(out.with_suffix(".md"), table(result))
+    print(table(result))
+
+
+def table(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"### {s['base']}: PyTorch fp32 vs ONNX Runtime fp32 / int8 (CPU, {s['threads']} thread(s), "
+             f"median of {s['repeats']} repeats; torch {s['torch']}, onnxruntime {s['onnxruntime']})", "",
+             "| batch x tokens | heads | PyTorch s | ORT fp32 s (ratio) | ORT int8 s (ratio) |", "|---|---:|---:|---:|---:|"]
+    for r in result["timing"]:
+        lines.append(f"| {r['batch']} x {r['length']} | {r['heads']} | {r['torch']['median_s']:.4f} | "
+                     f"{r['onnx']['median_s']:.4f} ({r['onnx']['ratio_to_torch']:.2f}) | "
+                     f"{r['onnx-int8']['median_s']:.4f} ({r['onnx-int8']['ratio_to_torch']:.2f}) |")
+    lines += ["", "| head (test set) | metric | PyTorch | ORT fp32 (agreement) | ORT int8 (agreement) |",
+              "|---|---|---:|---:|---:|"]
+    for q in result["quality"]:
+        metric = "f1" if "f1" in q["torch"] else "mcc"
+        lines.append(f"| {q['task']} ({q['n']}) | {metric} | {q['torch'][metric]:.4f} | "
+                     f"{q['onnx'][metric]:.4f} ({q['onnx']['agreement_with_torch']:.4f}) | "
+                     f"{q['onnx-int8'][metric]:.4f} ({q['onnx-int8']['agreement_with_torch']:.4f}) |")
+    m = result["model_mib"]
+    lines += ["", f"Graph size: fp32 {m['model.onnx']:.1f} MiB, int8 {m['model.int8.onnx']:.1f} MiB "
+              f"(4 heads); export took {s['export_seconds']} s."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
