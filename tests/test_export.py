@@ -144,3 +144,22 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, monkeypatch):
+    """SideTasks.load(base, runs, backend="onnx") exports into the cache once, then reuses it."""
+    import adalayers.export.runtime as runtime
+
+    base = tiny_backbone("bert", tokenizer)
+    base.model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    runs = make_runs(tmp_path, base)
+    monkeypatch.setenv("ADALAYERS_CACHE", str(tmp_path / "cache"))
+    heads = [str(runs["acc"]), str(runs["score"])]
+    side = SideTasks.load(str(tmp_path / "base"), heads, backend="onnx")
+    assert len(list((tmp_path / "cache" / "onnx").iterdir())) == 1
+    assert_same(SideTasks.from_backbone(base, heads).predict(TEXTS), side.predict(TEXTS))
+    monkeypatch.setattr(runtime, "export", lambda *a, **k: pytest.fail("exported again"))
+    assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
+    with pytest.raises(AdaLayersError, match="backend 'tf'"):
+        SideTasks.load(str(tmp_path / "base"), heads, backend="tf")
