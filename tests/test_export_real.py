@@ -1,5 +1,5 @@
 """The real MiniLM exported with a CoLA (sequence) and a CoNLL (token) head: ONNX Runtime fp32 gives
-PyTorch's probabilities within 1e-4 and the same labels and tags on 200 real CoLA dev sentences;
+PyTorch's probabilities within 1e-3 and the same labels and tags on 200 real CoLA dev sentences;
 the int8 graph's agreement is measured.
 
 Trained heads are read from $ADALAYERS_RUNS/{cola,conll} (default ../runs) where they exist; otherwise
@@ -23,6 +23,10 @@ from conftest import DATA, ROOT, needs_data
 from runs_util import NER, make_run
 from test_export import assert_same
 
+# The real base's 6 layers in ONNX Runtime differ from PyTorch by float rounding; through the heads
+# (fresh ones are made confident, weights x3) probabilities moved by up to 2.9e-4 in one run: held to
+# 1e-3 here, 1e-4 on the tiny models (test_export.py). Labels and tags must be identical.
+TOL = 1e-3
 RUNS = Path(os.environ.get("ADALAYERS_RUNS") or ROOT.parent / "runs")
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def test_minilm_cola_conll_onnx_equals_pytorch(tmp_path):
             heads.append((name, make_run(tmp_path / name, base, kind, labels, seed=seed, max_length=64)))
     export(base, heads, tmp_path / "exported", int8=True)
     ref = SideTasks.from_backbone(base, [f"{n}={p}" for n, p in heads]).predict(texts)
-    assert_same(ref, OnnxSideTasks.open(tmp_path / "exported").predict(texts))
+    assert_same(ref, OnnxSideTasks.open(tmp_path / "exported").predict(texts), tol=TOL)
     agree = agreement(ref, OnnxSideTasks.open(tmp_path / "exported", int8=True).predict(texts))
     log.warning("int8 agreement with PyTorch fp32 on %d CoLA dev sentences (trained: %s): %s", len(texts),
                 trained, agree)
