@@ -72,7 +72,7 @@ def _open_study(cfg, out: Path):
     old = study.user_attrs.get("config")
     if old is None:
         study.set_user_attr("config", identity)
-    elif old != yaml.safe_load(yaml.safe_dump(identity)):
+    elif old != json.loads(json.dumps(identity)):  # as the study stored it (JSON)
         diffs = [f"{s}.{k}" for s in sorted(set(old) | set(identity)) for k in
                  sorted(set(old.get(s, {})) | set(identity.get(s, {})))
                  if old.get(s, {}).get(k) != identity.get(s, {}).get(k)]
