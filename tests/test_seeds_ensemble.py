@@ -58,6 +58,12 @@ def test_seeds_differ_and_are_summarised_as_median_and_range(world, tmp_path, ca
     assert cli.main(["evaluate", str(out / "ensemble")]) == 0
     again = json.loads((out / "ensemble" / "eval_test.json").read_text())
     assert again["accuracy"] == pytest.approx(ens["test"]["accuracy"])
+    # report on the seeds folder: each run's report and the median (min–max) table
+    assert cli.main(["report", str(out), "--top", "2"]) == 0
+    md = (out / "report.md").read_text()
+    s = summary["spread"]["test"]["accuracy"]
+    assert f"| test | accuracy | {s['median']:.4f} | {s['min']:.4f} – {s['max']:.4f} |" in md
+    assert all((d / "report.md").is_file() for d in [*dirs, out / "ensemble"])
     # a second call reuses every finished seed
     capsys.readouterr()
     assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3"]) == 0

@@ -284,13 +284,32 @@ def _main_keys(kind: str, main: str) -> list[str]:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("report", help="write report.md and figures (layer weights, curves, errors) for a run")
-    p.add_argument("run", help="run folder from 'adalayers train'")
+    p.add_argument("run", help="run folder from 'adalayers train' (or a --seeds folder: every seed's report and "
+                               "a median (min–max) table)")
     p.add_argument("--split", default="test", choices=["validation", "test"], help="split to predict and score")
     p.add_argument("--top", type=int, default=10, help="how many confident wrong predictions to list")
     p.set_defaults(fn=_cmd_report)
 
 
+def build_seeds(folder: Path, split: str = "test", top: int = 10) -> list[Path]:
+    """A `train --seeds` folder: every seed's report, and folder/report.md with the median (min–max) table."""
+    from adalayers.seeds import table
+
+    folder = Path(folder)
+    summary = read_metrics(folder)
+    runs = [folder / r for r in summary["runs"]] + ([folder / "ensemble"] if summary.get("ensemble") else [])
+    for r in runs:
+        build(r, split, top)
+    links = ", ".join(f"[{r.name}]({r.name}/report.md)" for r in runs)
+    runlib.atomic_write(folder / "report.md", table(summary) + f"\nReports of each run: {links}.\n")
+    return runs
+
+
 def _cmd_report(args) -> int:
+    if not (Path(args.run) / "config.json").is_file() and "spread" in read_metrics(Path(args.run)):
+        runs = build_seeds(Path(args.run), args.split, args.top)
+        print(f"wrote {Path(args.run) / 'report.md'} and the reports of {', '.join(r.name for r in runs)}")
+        return 0
     from adalayers.hub import resolve_run
 
     args.run = resolve_run(args.run)
