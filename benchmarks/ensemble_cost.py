@@ -7,7 +7,9 @@ head's end(). Heads are freshly initialised from the config (weights do not chan
 uniform layer weights, so every layer is projected: the most work a member can add. Each repeat
 times every configuration once, in a rotating order (drift in a shared machine's load hits all
 alike); a configuration's ratio is the median over repeats of its time / (base + 1 head)'s time in
-the same repeat. Writes <out>.json and <out>.md.
+the same repeat. The heads alone are also timed on hidden states computed once and replayed (the
+work an ensemble adds, free of the base pass's noise), as a fraction of the base pass.
+Writes <out>.json and <out>.md.
 """
 from __future__ import annotations
 
@@ -51,6 +53,32 @@ def seconds(backbone, tasks, part: EncodedSplit, batch_size: int, pad_id: int) -
     return time.perf_counter() - t0
 
 
+@torch.no_grad()
+def states(backbone, part: EncodedSplit, batch_size: int, pad_id: int) -> list:
+    """Every batch's hidden states, computed once: the heads-only timings replay them."""
+    out = []
+    for batch in batches(part, batch_size, pad_id):
+        zs = []
+        backbone(batch, taps=[lambda i, z: zs.append(z)], stop_after=None)
+        out.append((zs, batch["attention_mask"]))
+    return out
+
+
+@torch.no_grad()
+def head_seconds(tasks, replay: list) -> float:
+    """The heads' own work on stored hidden states: begin, the shared tap of every layer, end."""
+    t0 = time.perf_counter()
+    for zs, mask in replay:
+        for t in tasks:
+            t.begin()
+        tap = shared_tap(tasks)
+        for i, z in enumerate(zs):
+            tap(i, z)
+        for t in tasks:
+            t.end(mask)
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/cola.yaml")
@@ -78,6 +106,12 @@ def main(argv=None) -> int:
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
             times[n].append(seconds(backbone, configs[n], part, bs, pad_id))
+    replay = states(backbone, part, bs, pad_id)
+    head_names = [n for n in names if configs[n]]
+    head_times = {n: [] for n in head_names}
+    for r in range(args.repeats):
+        for n in head_names[r % len(head_names):] + head_names[: r % len(head_names)]:
+            head_times[n].append(head_seconds(configs[n], replay))
     ref = "base + 1 head"
     rows = []
     for n in names:
@@ -85,6 +119,10 @@ def main(argv=None) -> int:
         rows.append({"config": n, "median_seconds_per_1000": round(statistics.median(times[n]) / len(part.rows) * 1000, 3),
                      "ratio_to_one_head": round(statistics.median(ratios), 3),
                      "trainable_params": sum(t.num_trainable() for t in configs[n])})
+        if n in head_times:
+            rows[-1]["heads_only_seconds_per_1000"] = round(statistics.median(head_times[n]) / len(part.rows) * 1000, 3)
+            rows[-1]["heads_only_over_base_pass"] = round(statistics.median(
+                h / b for h, b in zip(head_times[n], times["base alone"])), 4)
     settings = {"config": args.config, "overrides": args.overrides, "base": cfg.model.base, "rows": len(part.rows),
                 "max_length": cfg.model.max_length, "batch_size": bs, "repeats": args.repeats,
                 "threads": args.threads, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
@@ -92,8 +130,10 @@ def main(argv=None) -> int:
     write_json(Path(args.out + ".json"), {"settings": settings, "results": rows})
     md = [f"# Seed ensemble inference cost ({cfg.model.base}, {data.name} validation, {len(part.rows)} rows)", "",
           f"Settings: `{json.dumps(settings)}`", "",
-          "| configuration | s per 1,000 rows (median) | time / (base + 1 head) | head parameters |", "|---|---:|---:|---:|"]
+          "| configuration | s per 1,000 rows (median) | time / (base + 1 head) | heads alone: s per 1,000 rows "
+          "| heads alone / base pass | head parameters |", "|---|---:|---:|---:|---:|---:|"]
     md += [f"| {r['config']} | {r['median_seconds_per_1000']:.2f} | {r['ratio_to_one_head']:.3f} | "
+           f"{r.get('heads_only_seconds_per_1000', 0):.3f} | {r.get('heads_only_over_base_pass', 0):.4f} | "
            f"{r['trainable_params']:,} |" for r in rows]
     atomic_write(Path(args.out + ".md"), "\n".join(md) + "\n")
     print("\n".join(md))
