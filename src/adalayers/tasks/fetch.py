@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from adalayers import run as run_files
 from adalayers.errors import DataError
 
 
@@ -89,14 +90,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -154,7 +147,7 @@ def fetch(task: str, folder: Path, get=download) -> list[str]:
     done, archives = [], {}
     for f in SOURCES[task].files:
         path = folder / f.path
-        if path.is_file() and f.sha256 and sha256_file(path) == f.sha256:
+        if path.is_file() and f.sha256 and run_files.sha256(path) == f.sha256:
             done.append(f"{path}: present, sha256 ok")
             continue
         try:
