@@ -44,7 +44,7 @@ def main() -> int:
                     f"{platform.processor() or platform.machine()})"}
         print("settings:", json.dumps(settings), flush=True)
         if args.retrain or not (run / "metrics.json").is_file():
-            recipes.train(cfg, run)
+            recipes.train(cfg, run, overwrite=True)  # --retrain replaces a finished run
         m = json.loads((run / "metrics.json").read_text())
         result = {"settings": settings, "run": str(run), "test": m.get("test"), "validation": m.get("validation"),
                   "trainable_params": m["trainable_params"], "base_params": m["base_params"],

@@ -6,6 +6,7 @@ import threading
 import time
 
 import httpx
+import torch
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -161,6 +162,40 @@ def test_concurrent_requests_are_batched_over_real_http(side):
                 ref["tasks"]["acc"]["probabilities"]["good"], abs=1e-5)
         assert health["requests_answered"] == len(texts)
         assert health["batches_run"] < len(texts)  # several requests shared a pass
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_head_producing_nan_fails_only_its_own_requests(tokenizer, tmp_path):
+    """A batch that fails is rerun request by request: only the request asking the broken head gets the
+    error (500, naming it, never a NaN in JSON); the others in its batch are answered."""
+    base = tiny_backbone("bert", tokenizer)
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3),
+                                          make_run(tmp_path / "broken", base, "sequence", ["x", "y"], seed=5)])
+    with torch.no_grad():
+        for p in side.heads["broken"].task.head.parameters():
+            p.fill_(float("nan"))
+    port = _free_port()
+    app = create_app(side, ServeConfig(max_batch=64, max_wait_ms=300))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+
+        async def clients():
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                good = [c.post("/predict", json={"texts": [f"a good movie {w}"], "tasks": ["acc"]})
+                        for w in ("big", "small", "dog", "cat")]
+                return await asyncio.gather(*good, c.post("/predict", json={"texts": ["a movie"]})), \
+                    (await c.get("/health")).json()
+
+        answers, health = asyncio.run(clients())
+        assert [a.status_code for a in answers[:4]] == [200] * 4
+        assert answers[4].status_code == 500 and "'broken' produced non-finite values" in answers[4].text
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -59,7 +59,7 @@ def cmd_train(args) -> int:
         print(f"run folders: {', '.join(str(Path(args.out) / r) for r in summary['runs'])}"
               + (f"; ensemble: {Path(args.out) / 'ensemble'}" if args.ensemble else ""))
         return 0
-    metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None)
+    metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None, overwrite=args.overwrite)
     from adalayers.engine import distributed
 
     if not distributed.is_main():  # under torchrun, rank 0 reports for all
@@ -78,7 +78,11 @@ def cmd_evaluate(args) -> int:
 
     from adalayers.hub import resolve_run
 
-    result = recipes.evaluate(resolve_run(args.run), args.split)
+    try:
+        result = recipes.evaluate(resolve_run(args.run), args.split)
+    except recipes.ResultNotSaved as e:
+        print(_dump(e.result))  # the metrics, then the one-line error, exit code 2
+        raise
     print(_dump(result))
     return 0
 
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ensemble", action="store_true",
                    help="with --seeds: also write OUT/ensemble/, a run folder averaging the seeds' probabilities "
                         "(values for regression) from one base pass, and score it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished run in --out; the old run stays intact until the new one has finished")
     from adalayers.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config

@@ -157,6 +157,17 @@ class ServeConfig:
                              "deepest layer any head uses (early exit).")
     device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+    max_tokens: int = _f(16_384, "Tokens per request (plain rows plus token-head windows); more is answered 413.")
+    max_batch_tokens: int = _f(16_384, "Tokens per base pass: a batch stops growing at this many (one request "
+                                       "may fill it alone).")
+    max_queue: int = _f(64, "Requests pending (queued or running); one more is answered 503 with "
+                            "Retry-After.")
+    request_timeout_s: float = _f(30.0, "Server-side deadline of a request from arrival to answer; past it: 503.")
+    read_timeout_s: float = _f(10.0, "A request's headers and body must arrive within this many seconds "
+                                     "(from the connection or the previous answer); slower clients get 408.")
+    keep_alive_s: int = _f(5, "An idle keep-alive connection is closed after this many seconds (uvicorn).")
+    api_key_file: str | None = _f(None, "File holding the bearer token every request must send "
+                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
 
 
 @dataclass

@@ -9,9 +9,10 @@ import torch
 
 from adalayers import checkpoint
 from adalayers import run as runlib
+from adalayers import textcheck
 from adalayers.backbone import Backbone
 from adalayers.encoding import choose_max_length, encode
-from adalayers.errors import AdaLayersError, DataError
+from adalayers.errors import AdaLayersError, DataError, RunError
 from adalayers.evaluate import evaluate_split
 from adalayers.sidetask import SideTask
 from adalayers.states import LiveStates
@@ -95,10 +96,12 @@ def make_source(cfg, backbone, data, encoded):
 
 
 def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None,
-          backbone: Backbone | None = None, on_epoch=None, build_task=None) -> dict:
+          backbone: Backbone | None = None, on_epoch=None, build_task=None, overwrite: bool = False) -> dict:
     """Train a head into run folder `out`.
 
     resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
+    A finished run in `out` (metrics.json) is refused unless overwrite=True; then the new run is built
+    in a temporary folder beside it and swapped in only once it has finished (replace_run).
     prepared = prepare(cfg)'s result, to share a base and encoded data between runs that differ
     only in the mixer or head (e.g. the single-layer sweep);
     `backbone` shares one loaded base across runs (e.g. `compare`);
@@ -111,6 +114,11 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     unfinished = (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file()
     if resume and not unfinished:
         raise AdaLayersError(f"--resume: {out} holds no unfinished run")
+    if (out / "metrics.json").is_file():
+        if not overwrite:
+            raise RunError(f"{out} holds a finished run (metrics.json); give --overwrite to replace it (it stays "
+                           f"intact until the new run has finished), or choose another --out")
+        return runlib.replace_run(out, lambda build: train(cfg, build, False, prepared, backbone, on_epoch, build_task))
     resume = unfinished if resume is None else resume
     if not resume and distributed.is_main():
         for name in ("metrics.json", checkpoint.NAME):
@@ -162,16 +170,25 @@ def evaluate(run_dir: Path, split: str = "test") -> dict:
                                cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
                                autocast_for(cfg.train.precision, backbone.device))
     result["seconds"] = round(time.perf_counter() - t0, 2)
-    runlib.write_json(Path(run_dir) / f"eval_{split}.json", result)
+    path = Path(run_dir) / f"eval_{split}.json"
+    try:
+        runlib.write_json(path, result)
+    except OSError as e:  # e.g. a read-only run folder: the numbers are still given, nothing half-written
+        raise ResultNotSaved(f"{path}: could not be written ({e.strerror or e}); the metrics above were not saved",
+                             result) from None
     return result
 
 
+class ResultNotSaved(RunError):
+    """The result was computed but its file could not be written; `result` holds it."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
+
+
 def check_texts(texts: list[str], what: str = "text") -> None:
-    for i, t in enumerate(texts):
-        if not isinstance(t, str) or not t.strip():
-            raise DataError(f"{what} {i + 1} is empty")
-        if len(t) > MAX_TEXT_CHARS:
-            raise DataError(f"{what} {i + 1} has {len(t)} characters; the limit is {MAX_TEXT_CHARS}")
+    textcheck.check_texts(texts, MAX_TEXT_CHARS, what)
 
 
 def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,

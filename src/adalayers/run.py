@@ -5,16 +5,22 @@
     log.jsonl          one line per epoch
     metrics.json       {"validation": {...}, "test": {...}, "trainable_params", "base_params", "train_seconds"}
 
-Nothing is ever unpickled: weights are safetensors, everything else JSON.
+Nothing is ever unpickled: weights are safetensors, everything else JSON. config.json is checked
+against RunMeta (pydantic, strict types) before anything in it is used; a head is loaded only when its
+sha256 matches the one config.json records (a run without it is refused) and all its weights are finite.
+Files are created with the mode the umask allows (0666 & ~umask), as open() would.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -22,6 +28,58 @@ from adalayers import config as config_mod
 from adalayers.errors import ConfigError, ModelError, RunError
 
 HEAD = "head.safetensors"
+
+
+class BaseInfo(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: str = Field(min_length=1)
+    fingerprint: str = Field(min_length=1)
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+
+
+class RunMeta(BaseModel):
+    """The shape of a run folder's config.json (extra keys such as task, kind, main_metric are kept)."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    config: dict
+    labels: list[str]  # label names; empty for regression
+    base: BaseInfo
+    checksums: dict[str, str]
+    data: dict[str, str] | None = None  # absolute paths of the data training read (see resolved_data)
+    ensemble: list[str] | None = Field(None, min_length=1)  # member run folders, each checked when loaded
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, labels: list[str]) -> list[str]:
+        if len(set(labels)) != len(labels):
+            raise ValueError("labels are not distinct")
+        return labels
+
+    @model_validator(mode="after")
+    def _labels_fit_kind(self) -> "RunMeta":
+        kind = self.config.get("head", {}).get("kind") if isinstance(self.config.get("head"), dict) else None
+        if kind != "regression" and len(self.labels) < 2:
+            raise ValueError(f"a {kind or 'classification'} head needs at least 2 labels, got {len(self.labels)}")
+        return self
+
+    @model_validator(mode="after")
+    def _head_sum(self) -> "RunMeta":
+        value = self.checksums.get(HEAD, "")
+        if self.ensemble is None and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
+            raise ValueError(f"checksums: no sha256 of {HEAD} (a run without it is refused: its weights cannot "
+                             f"be checked)")
+        return self
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode() -> int:
+    """0666 without the bits the umask removes (what open() would create)."""
+    return 0o666 & ~_umask()
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -34,6 +92,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -58,6 +117,31 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def replace_run(out: Path, build) -> dict:
+    """Run `build(folder)` on a new temporary folder beside `out`, then swap it in for `out`.
+
+    Until build returns, `out` is untouched (a failed or killed build leaves only a `.NAME.new-*` folder).
+    The swap is two renames on one file system: `out` -> `.NAME.old-*`, the new folder -> `out`; then the
+    old run is deleted. If the second rename fails the old run is renamed back."""
+    out = Path(out)
+    new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+    os.chmod(new, 0o777 & ~_umask())
+    try:
+        result = build(new)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return result
+
+
 def save_head(run_dir: Path, task) -> str:
     """Trainable parameters to head.safetensors; returns the file's sha256."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in task.named_parameters()}
@@ -65,6 +149,7 @@ def save_head(run_dir: Path, task) -> str:
     os.close(fd)
     try:
         save_file(tensors, tmp)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, Path(run_dir) / HEAD)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -72,9 +157,19 @@ def save_head(run_dir: Path, task) -> str:
     return sha256(Path(run_dir) / HEAD)
 
 
+def resolved_data(cfg) -> dict:
+    """Where the data was found, as absolute paths: data_dir (after ADALAYERS_DATA) and the task's own files."""
+    out = {"data_dir": str(cfg.data_dir().resolve())}
+    for key in ("train", "validation", "test"):
+        value = getattr(cfg.task, key, None)
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            out[key] = str(Path(value).expanduser().resolve())
+    return out
+
+
 def save_config(run_dir: Path, cfg, labels: list[str], backbone, head_sha256: str | None = None, **extra) -> None:
     write_json(Path(run_dir) / "config.json", {
-        "config": cfg.to_dict(), "labels": labels,
+        "config": cfg.to_dict(), "data": resolved_data(cfg), "labels": labels,
         "base": {"name": backbone.name, "fingerprint": backbone.fingerprint(),
                  "num_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
                  "adds_bos": bool(getattr(backbone, "adds_bos", False))},
@@ -90,10 +185,18 @@ def read_config(run_dir: Path) -> dict:
         raise RunError(f"{run_dir}: no config.json (is this a run folder from 'adalayers train'?)")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        for key in ("config", "labels", "base"):
-            meta[key]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path}: not a valid run config ({e})") from None
+    if not isinstance(meta, dict):
+        raise RunError(f"{path}: not a valid run config (a JSON object is expected, got {type(meta).__name__})")
+    try:
+        RunMeta.model_validate(meta)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "".join(f"{'.'.join(str(x) for x in err['loc'])}: " if err["loc"] else "")
+        more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        raise RunError(f"{path}: not a valid run config: {where}{msg}{more}") from None
     return meta
 
 
@@ -101,9 +204,13 @@ def run_config(run_dir: Path, meta: dict | None = None):
     """The validated Config a run folder was trained with (no weights are read)."""
     meta = meta or read_config(run_dir)
     try:
-        return config_mod.from_dict(meta["config"])
+        cfg = config_mod.from_dict(meta["config"])
     except ConfigError as e:
         raise RunError(f"{Path(run_dir) / 'config.json'}: {e}") from None
+    for key, value in (meta.get("data") or {}).items():  # where training found the data: from any folder
+        if isinstance(value, str) and hasattr(cfg.task, key):
+            setattr(cfg.task, key, value)
+    return cfg
 
 
 def load_head(run_dir: Path, backbone=None, task=None):
@@ -130,13 +237,15 @@ def load_head(run_dir: Path, backbone=None, task=None):
     head_path = run_dir / HEAD
     if not head_path.is_file():
         raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")
-    expected = meta.get("checksums", {}).get(HEAD)
-    if expected and sha256(head_path) != expected:
+    if sha256(head_path) != meta["checksums"][HEAD]:
         raise RunError(f"{head_path}: checksum does not match config.json (the file was changed or damaged)")
     try:
         state = load_file(head_path)
     except (SafetensorError, OSError) as e:
         raise RunError(f"{head_path}: not a readable safetensors file ({e})") from None
+    broken = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if broken:
+        raise RunError(f"{head_path}: weights that are not finite (NaN or infinity) in {', '.join(broken[:3])}")
     task = task if task is not None else SideTask(cfg, base["num_layers"], base["hidden_size"], meta["labels"],
                                                   bos=base.get("adds_bos", False))
     try:

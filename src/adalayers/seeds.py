@@ -80,7 +80,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
             m = done["metrics"]
         else:
             print(f"[seeds] seed {s} ({len(dirs) + 1} of {n}): training into {run_dir}")
-            m = recipes.train(cfg_s, run_dir, prepared=prepared)
+            m = recipes.train(cfg_s, run_dir, prepared=prepared, overwrite=True)  # other settings: replaced
         dirs.append(run_dir)
         metrics.append(m)
     summary = aggregate(metrics, seeds)

@@ -48,7 +48,7 @@ def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
     print(f"[sweep] {label}: training into {run_dir}")
     from adalayers import recipes
 
-    recipes.train(cfg, run_dir, prepared=prepared_data())
+    recipes.train(cfg, run_dir, prepared=prepared_data(), overwrite=True)  # other settings: replaced
     return _finished(run_dir, cfg)
 
 

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -263,6 +264,26 @@ def files_hash(files) -> dict:
     return out
 
 
+def usable_folder(root: Path) -> bool:
+    """True when `root` is (or can be made) a writable folder. A read-only or uncreatable one: a one-line
+    warning and False (the base then runs live). A path through a file: a CacheError naming it."""
+    for p in (root, *root.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise CacheError(f"cache folder {root}: {p} is a file, not a folder (check ADALAYERS_CACHE or "
+                                 f"cache.dir)")
+            break
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        writable = os.access(root, os.W_OK | os.X_OK)
+        reason = "is not writable"
+    except OSError as e:
+        writable, reason = False, f"cannot be created ({e.strerror or e})"
+    if not writable:
+        log.warning(f"cache: {root} {reason}; running the base on the fly every epoch instead")
+    return writable
+
+
 def cached_source(cfg, backbone, data, encoded: dict) -> CachedStates | None:
     """A CachedStates for these splits, or None (after saying why) when the cache does not fit."""
     root = cache_dir(cfg)
@@ -282,7 +303,8 @@ def cached_source(cfg, backbone, data, encoded: dict) -> CachedStates | None:
         log.warning(f"cache: {size / 1e9:.3f} GB is over cache.max_gb={cfg.cache.max_gb:g}; running the base on the "
                     f"fly every epoch instead (raise cache.max_gb to cache it)")
         return None
-    root.mkdir(parents=True, exist_ok=True)
+    if not usable_folder(root):
+        return None
     free = shutil.disk_usage(root).free
     if missing > free:
         log.warning(f"cache: {missing / 1e9:.3f} GB to build but only {free / 1e9:.3f} GB free in {root}; running "

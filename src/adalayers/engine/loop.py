@@ -196,8 +196,9 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
                 with autocast() if autocast else contextlib.nullcontext():
                     loss = step_model(batch)
                 if not torch.isfinite(loss).all():
-                    where = (f" The best checkpoint so far (epoch {progress.best_epoch}) stays in {run_dir}"
-                             if run_dir is not None else "")
+                    where = ("" if run_dir is None else " No checkpoint was written (no epoch had finished)"
+                             if not progress.best_epoch else
+                             f" The best checkpoint so far (epoch {progress.best_epoch}) stays in {run_dir}")
                     raise TrainingError(f"{name}the loss became {loss.sum().item()} at step {progress.step} "
                                         f"(epoch {epoch}); stopped.{where}")
                 opt.zero_grad(set_to_none=True)

@@ -179,7 +179,7 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
             m = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         else:
             log(f"[{out.name}] {name}" + (f" (reads {', '.join(deps)})" if deps else ""))
-            m = recipes.train(cfg, run_dir, backbone=backbone, build_task=build)
+            m = recipes.train(cfg, run_dir, backbone=backbone, build_task=build, overwrite=True)
         if progressive:  # the trained head, for the tasks downstream of it
             saved = runlib.run_config(run_dir)
             data = _Labels(runlib.read_config(run_dir)["labels"])

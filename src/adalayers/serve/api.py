@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from adalayers import run as runlib
+from adalayers.textcheck import check_texts
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate, word_windows
 from adalayers.errors import DataError, ModelError
@@ -52,7 +53,7 @@ class Head:
         w = self.task.mixer.layer_weights().tolist()
         return {"name": self.name, "kind": self.kind, "pairs": self.pairs, "labels": self.task.labels,
                 "layer_weights": [round(x, 6) for x in w], "used_layers": self.task.used_layers(),
-                "max_length": self.max_length, "run": str(self.run_dir)}
+                "max_length": self.max_length}  # never the run folder's path: clients need not know it
 
 
 def parse_head_arg(arg: str) -> tuple[str, Path]:
@@ -155,10 +156,8 @@ class SideTasks:
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise DataError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one second text per text")
         names = self.select(tasks, text_pairs is not None)
-        for what, given in (("text", texts), ("second text", text_pairs or [])):
-            for i, t in enumerate(given):
-                if not isinstance(t, str) or not t.strip():
-                    raise DataError(f"{what} {i + 1} is empty")
+        check_texts(texts)  # the same rule as `adalayers predict`
+        check_texts(text_pairs or [], what="second text")
         heads = [self.heads[n] for n in names]
         if text_pairs is not None:
             rows, spans = self._pair_rows(texts, text_pairs), [[] for _ in texts]
@@ -174,8 +173,8 @@ class SideTasks:
     def _pair_rows(self, texts: list[str], text_pairs: list[str]) -> list[dict]:
         """One row per pair, encoded as in training (the tokenizer's pair encoding, longest-first truncation)."""
         tok = self.backbone.tokenizer
-        enc = tok(texts, text_pairs, truncation=True, max_length=self.max_length)
-        full = tok(texts, text_pairs, verbose=False)["input_ids"]
+        enc = self._tokenize(texts, text_pairs, truncation=True, max_length=self.max_length)
+        full = self._tokenize(texts, text_pairs, verbose=False)["input_ids"]
         rows = []
         for i in range(len(texts)):
             row = self._row(enc, i, i, 0, [])
@@ -190,16 +189,45 @@ class SideTasks:
         from adalayers.serve.generate import generate
         return generate(self, prompts, max_new_tokens, tasks, **kw)
 
+    def _tokenize(self, *texts, **kw):
+        """The tokenizer, its failures turned into a DataError (the service answers it 422, alone)."""
+        try:
+            return self.backbone.tokenizer(*texts, **kw)
+        except Exception as e:  # noqa: BLE001  (tokenizers raise assorted types on unreadable input)
+            raise DataError(f"the tokenizer cannot read the text(s): {type(e).__name__}: {e}") from None
+
+    def count_tokens(self, texts: list[str], tasks: list[str] | None = None,
+                     text_pairs: list[str] | None = None) -> list[int]:
+        """Tokens the base runs per text: its plain row, n + s tokens at most max_length (s special
+        tokens), plus, when a token head is asked for and n > max_length - s, its windows:
+        n + s * ceil(n / (max_length - s)) more (a sentence pair: its one row, at most max_length).
+        Used to bound the work of a request and of a batch."""
+        check_texts(texts)
+        if text_pairs is not None:
+            check_texts(text_pairs, what="second text")
+            return [min(len(ids), self.max_length) for ids in
+                    self._tokenize(texts, text_pairs, verbose=False)["input_ids"]]
+        windows = any(self.heads[n].kind == "token" for n in self.check_tasks(tasks))
+        special = self.backbone.tokenizer.num_special_tokens_to_add(pair=False)
+        budget = max(1, self.max_length - special)
+        counts = []
+        for ids in self._tokenize(texts, add_special_tokens=False, verbose=False)["input_ids"]:
+            n = len(ids)
+            counts.append(min(n, budget) + special + (n + special * -(-n // budget) if windows and n > budget else 0))
+        return counts
+
     def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
         """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
         tok = self.backbone.tokenizer
         spans = [[m.span() for m in re.finditer(r"\S+", t)] for t in texts]
-        enc = tok(texts, truncation=True, max_length=self.max_length, return_offsets_mapping=tok.is_fast)
+        enc = self._tokenize(texts, truncation=True, max_length=self.max_length, return_offsets_mapping=tok.is_fast)
+        budget = self.max_length - tok.num_special_tokens_to_add(pair=False)
+        full = self._tokenize(texts, add_special_tokens=False, return_offsets_mapping=tok.is_fast, verbose=False)
         rows = [self._row(enc, i, i, 0, spans[i]) for i in range(len(texts))]
+        for i, row in enumerate(rows):  # truncated: tokens were cut, not merely characters the tokenizer drops
+            row["truncated"] = len(full["input_ids"][i]) > budget
         if not windows:
             return rows, spans
-        budget = self.max_length - tok.num_special_tokens_to_add(pair=False)
-        full = tok(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         cuts = []  # (text index, character span of the window)
         for i, text in enumerate(texts):
             if len(full["input_ids"][i]) <= budget:
@@ -212,8 +240,8 @@ class SideTasks:
                     counts[w] += 1
             cuts += [(i, spans[i][a][0], spans[i][b - 1][1]) for a, b in word_windows(counts, budget)]
         if cuts:
-            wenc = tok([texts[i][a:b] for i, a, b in cuts], truncation=True, max_length=self.max_length,
-                       return_offsets_mapping=True)
+            wenc = self._tokenize([texts[i][a:b] for i, a, b in cuts], truncation=True, max_length=self.max_length,
+                                  return_offsets_mapping=True)
             for r, (i, a, _) in enumerate(cuts):
                 rows[i]["windows"].append(len(rows))
                 rows.append(self._row(wenc, r, i, a, spans[i], window=True))
@@ -225,7 +253,6 @@ class SideTasks:
         if "token_type_ids" in enc:
             row["token_type_ids"] = enc["token_type_ids"][r]
         if "offset_mapping" in enc:
-            row["end_char"] = offset + max([b for _, b in enc["offset_mapping"][r]] or [0])
             row["word_ids"] = _word_ids(enc["offset_mapping"][r], spans, offset)
         return row
 
@@ -241,6 +268,8 @@ class SideTasks:
             batch = collate([rows[i] for i in idx], idx, pad_id, left=left)
             own, logits = self._forward(batch, heads, stop)
             for h in heads:
+                if not torch.isfinite(logits[h.name]).all():  # never answered as NaN: a server-side fault
+                    raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
                 vals = logits[h.name] if h.kind == "regression" else torch.softmax(logits[h.name], -1)
                 for j, i in enumerate(idx):
                     head_rows[h.name][i] = _real(vals[j], len(rows[i]["input_ids"]), left) if h.kind == "token" \
@@ -251,6 +280,8 @@ class SideTasks:
                         base_rows[i] = _real(own[j], len(rows[i]["input_ids"]), left) if own.dim() == 3 \
                             else own[j]
                         base_rows[i] = base_rows[i].float().cpu()
+                        if not torch.isfinite(base_rows[i]).all():
+                            raise ModelError(f"the base {self.backbone.name!r} produced non-finite values")
         return {"base": base_rows, "heads": head_rows}
 
     def _forward(self, batch: dict, heads: list[Head], stop: int | None):
@@ -268,7 +299,7 @@ class SideTasks:
 
     def _result(self, i: int, text: str, rows, outs, heads: list[Head], spans) -> dict:
         plain = rows[i]
-        result = {"text": text, "truncated": plain.get("pair_truncated", _truncated(plain, spans))}
+        result = {"text": text, "truncated": plain.get("pair_truncated", plain.get("truncated", False))}
         if self.primary:
             result["base"] = self._base_output(outs["base"][i], text, spans, plain)
         result["tasks"] = {}
@@ -320,11 +351,6 @@ def _word_ids(offsets, spans, shift: int) -> list[int | None]:
         w = bisect.bisect_right(starts, a + shift) - 1
         ids.append(w if w >= 0 and a + shift < spans[w][1] else None)
     return ids
-
-
-def _truncated(row: dict, spans) -> bool:
-    """The plain row's tokens stop before the text's last word ends."""
-    return "end_char" in row and bool(spans) and row["end_char"] < spans[-1][1]
 
 
 def _sequence_output(kind: str, labels: list[str], values: torch.Tensor) -> dict:

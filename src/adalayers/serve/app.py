@@ -2,28 +2,42 @@
 
     POST /predict  {"texts": [...], "tasks": [...optional subset...]}  -> {"results": [one object per text]}
                    sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
-    GET  /tasks    the heads: names, kinds, labels, layer weights
-    GET  /health   liveness and counters
+    GET  /tasks    the heads: names, kinds, labels, layer weights (never the server's run folder paths)
+    GET  /health   liveness and counters (open even when an API key is set)
     GET  /openapi.json, /docs
 
-Requests wait in an asyncio queue; one worker takes the first, gathers whatever else arrives
-within max_wait_ms (up to max_batch texts), and runs them as one base pass in a thread, so the
-event loop keeps accepting requests while the model runs.
+Requests wait in a bounded asyncio queue (full: 503 with Retry-After); one worker takes the first,
+gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_batch_tokens
+tokens), and runs them as one base pass in a thread, so the event loop keeps accepting requests
+while the model runs. One request never fails another: each is validated alone before it is
+queued, and when a batch still fails its requests are rerun one by one, so only the faulty one
+gets the error. A request whose client has disconnected, or whose deadline (request_timeout_s)
+has passed, is dropped from the queue unrun.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adalayers.config import ServeConfig
-from adalayers.errors import DataError
+from adalayers.errors import AdaLayersError, DataError
 from adalayers.serve.api import SideTasks
+from adalayers.serve.auth import BearerAuth
+from adalayers.serve.limits import BodyLimit, has_non_finite, json_safe
+from adalayers.textcheck import text_problem
+
+log = logging.getLogger(__name__)
 
 
 class PredictRequest(BaseModel):
@@ -36,74 +50,161 @@ class PredictRequest(BaseModel):
     tasks: list[str] | None = Field(None, description="Names of the side tasks to answer (default: all).")
     base: bool = Field(True, description="Include the base model's own output (e.g. its sentence embedding).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data):
+        if has_non_finite(data):
+            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
+        return data
+
 
 class PredictResponse(BaseModel):
     results: list[dict] = Field(description="Per text: truncated, base (its own output) and tasks {name: prediction}.")
+
+
+class Busy(Exception):
+    """The queue is full."""
 
 
 @dataclass
 class _Job:
     texts: list[str]
     tasks: list[str]
+    tokens: int
     future: asyncio.Future
     text_pairs: list[str] | None = None
 
 
 @dataclass
 class Batcher:
-    """Gathers concurrent requests into batches of at most max_batch texts and runs them in a thread."""
+    """Gathers concurrent requests into batches of at most max_batch texts and max_batch_tokens tokens
+    and runs them in a thread; at most max_queue requests wait."""
     side: SideTasks
     max_batch: int
     max_wait_s: float
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    max_batch_tokens: int = 16_384
+    max_queue: int = 64
+    queue: asyncio.Queue = None
     passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
     requests: int = 0
+    dropped: int = 0     # requests dropped unrun: their client left or their deadline passed
+    gone: int = 0        # requests whose client disconnected before the answer
+    expired: int = 0     # requests answered 503 at their deadline
+    busy: bool = False   # a group is running
+    largest_tokens: int = 0  # the most tokens one group has held
+    refused: int = 0     # requests answered 503 because the queue was full
+    pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
+    pending: int = 0     # requests queued or running whose answer is still awaited
 
-    async def submit(self, texts: list[str], tasks: list[str], text_pairs: list[str] | None = None) -> list[dict]:
-        job = _Job(texts, tasks, asyncio.get_running_loop().create_future(), text_pairs)
-        await self.queue.put(job)
-        return await job.future
+    def __post_init__(self):
+        self.queue = asyncio.Queue()
+
+    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None) -> _Job:
+        """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending.
+        A request whose client left or whose deadline passed stops counting at once (its future is
+        cancelled), though the worker only discards it when it reaches it."""
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            raise Busy()
+        job = _Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs)
+        self.pending += 1
+        job.future.add_done_callback(self._settled)
+        self.queue.put_nowait(job)
+        return job
+
+    def _settled(self, _future) -> None:
+        self.pending -= 1
+
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(self.pass_s * (self.pending + 1)))
+
+    async def _next(self) -> _Job:
+        while True:  # skip jobs nobody waits for any more
+            job = await self.queue.get()
+            if not job.future.done():
+                return job
+            self.dropped += 1
 
     async def run(self) -> None:
         loop, carry = asyncio.get_running_loop(), None
         while True:
-            group = [carry or await self.queue.get()]
-            carry, n = None, len(group[0].texts)
+            group = [carry or await self._next()]
+            carry, n, tokens = None, len(group[0].texts), group[0].tokens
             deadline = loop.time() + self.max_wait_s
-            while n < self.max_batch:
+            while n < self.max_batch and tokens < self.max_batch_tokens:
                 try:
                     left = deadline - loop.time()
                     job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
-                if n + len(job.texts) > self.max_batch:
+                if job.future.done():
+                    self.dropped += 1
+                    continue
+                if n + len(job.texts) > self.max_batch or tokens + job.tokens > self.max_batch_tokens:
                     carry = job  # starts the next group
                     break
                 group.append(job)
-                n += len(job.texts)
+                n, tokens = n + len(job.texts), tokens + job.tokens
             await self._run_group(group)
+
+    async def _predict(self, jobs: list[_Job]) -> list[list[dict]]:
+        """One predict_group call for `jobs` (one answer per job)."""
+        self.largest_tokens = max(self.largest_tokens, sum(job.tokens for job in jobs))
+        t0, self.busy = time.perf_counter(), True
+        try:
+            answers = await asyncio.to_thread(predict_group, self.side,
+                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs])
+        finally:
+            self.busy = False
+        self.passes += 1
+        self.pass_s = 0.8 * self.pass_s + 0.2 * (time.perf_counter() - t0) if self.pass_s else time.perf_counter() - t0
+        return answers
 
     async def _run_group(self, group: list[_Job]) -> None:
         """Single texts and sentence pairs of one group go to the base as two predict calls."""
         for pairs in (False, True):
             part = [job for job in group if (job.text_pairs is not None) == pairs]
             if part:
-                await self._run_part(part, pairs)
+                await self._run_part(part)
 
-    async def _run_part(self, group: list[_Job], pairs: bool) -> None:
-        try:
-            answers = await asyncio.to_thread(predict_group, self.side,
-                                              [(job.texts, job.tasks, job.text_pairs) for job in group])
-        except Exception as e:  # noqa: BLE001  (handed to the waiting requests, answered 500)
-            for job in group:
-                if not job.future.done():
-                    job.future.set_exception(e)
+    async def _run_part(self, group: list[_Job]) -> None:
+        live = [job for job in group if not job.future.done()]
+        self.dropped += len(group) - len(live)
+        if not live:
             return
-        self.passes += 1
-        self.requests += len(group)
-        for job, mine in zip(group, answers):
+        try:
+            self._deliver(live, await self._predict(live))
+        except Exception as e:  # noqa: BLE001
+            if len(live) == 1:
+                return self._fail(live[0], e)
+            log.warning("a batch of %d requests failed (%s); running them one at a time", len(live), e)
+            for job in live:  # only the request that fails alone gets the error
+                if job.future.done():
+                    self.dropped += 1
+                    continue
+                try:
+                    self._deliver([job], await self._predict([job]))
+                except Exception as e1:  # noqa: BLE001
+                    self._fail(job, e1)
+
+    def _deliver(self, jobs: list[_Job], answers: list[list[dict]]) -> None:
+        for job, mine in zip(jobs, answers):
             if not job.future.done():
                 job.future.set_result(mine)
+                self.requests += 1
+
+    @staticmethod
+    def _fail(job: _Job, e: Exception) -> None:
+        if not isinstance(e, DataError):
+            log.error("a request failed on the server side: %s", e, exc_info=e)
+        if not job.future.done():
+            job.future.set_exception(e)
+
+
+def public_name(base: str) -> str:
+    """A base loaded from a local folder is named by the folder's name only: clients never see server paths."""
+    path = Path(base)
+    return path.name if path.is_absolute() or base.startswith(".") or path.exists() else base
 
 
 def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]]) -> list[list[dict]]:
@@ -141,15 +242,24 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
-def create_app(side: SideTasks, cfg: ServeConfig | None = None, batcher=None) -> FastAPI:
-    """The app; `batcher` (submit, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
+               batcher=None) -> FastAPI:
+    """The app; `batcher` (submit -> _Job, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
     cfg = cfg or ServeConfig()
-    batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000)
+    batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
+                                 max(1, cfg.max_batch_tokens), max(1, cfg.max_queue))
     # a body bigger than the largest valid request (JSON may escape a character as 6 bytes) is refused unread
     max_body = cfg.max_texts * (cfg.max_chars * 6 + 16) + 4096
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        batcher.queue = asyncio.Queue()  # bound to the server's event loop
         worker = asyncio.create_task(batcher.run())
         yield
         worker.cancel()
@@ -157,19 +267,24 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, batcher=None) ->
             await worker
 
     app = FastAPI(title="adalayers", version="0.1.0", lifespan=lifespan,
-                  description=f"Side tasks on {side.backbone.name}, all answered from one pass of the base.")
+                  description=f"Side tasks on {public_name(side.backbone.name)}, all answered from one pass of the base.")
     app.state.batcher, app.state.side, app.state.started = batcher, side, time.time()
+    app.add_middleware(BodyLimit, max_bytes=max_body,
+                       hint=f" (from --max-texts {cfg.max_texts} and --max-chars {cfg.max_chars})")
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)  # added last: runs first, before any body is read
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > max_body:
-            return JSONResponse(status_code=413, content={"detail": f"request body has {size} bytes; the limit is "
-                                f"{max_body} (from --max-texts {cfg.max_texts} and --max-chars {cfg.max_chars})"})
-        return await call_next(request)
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError):
+        # the errors echo the input, which may hold NaN or lone surrogates: made JSON-safe
+        return JSONResponse(status_code=422, content={"detail": json_safe(jsonable_encoder(exc.errors()))})
 
-    @app.post("/predict", response_model=PredictResponse)
-    async def predict(req: PredictRequest):
+    @app.post("/predict", response_model=PredictResponse,
+              responses={401: {"description": "API key missing or wrong"}, 408: {"description": "read timeout"},
+                         413: {"description": "too large"}, 422: {"description": "invalid input"},
+                         503: {"description": "queue full or deadline passed; see Retry-After"}})
+    async def predict(req: PredictRequest, request: Request):
+        arrived = time.perf_counter()
         if not req.texts:
             raise HTTPException(422, "texts is empty: give at least one text")
         if len(req.texts) > cfg.max_texts:
@@ -181,17 +296,48 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, batcher=None) ->
                 if len(t) > cfg.max_chars:
                     raise HTTPException(413, f"{what} {i + 1} has {len(t)} characters; the limit is "
                                              f"{cfg.max_chars} (--max-chars)")
-                if not t.strip():
-                    raise HTTPException(422, f"{what} {i + 1} is empty")
+                problem = text_problem(t)
+                if problem:
+                    raise HTTPException(422, f"{what} {i + 1} {problem}")
         unknown = [t for t in (req.tasks or []) if t not in side.heads]
         if unknown:
             raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
         try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
             tasks = side.select(list(dict.fromkeys(req.tasks)) if req.tasks is not None else None,
                                 text_pairs is not None)
+            tokens = sum(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
         except DataError as e:
             raise HTTPException(422, str(e)) from None
-        results = await batcher.submit(texts, tasks, text_pairs)
+        if tokens > cfg.max_tokens:
+            raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
+                                     f"{cfg.max_tokens} (--max-tokens)")
+        try:
+            job = batcher.submit(texts, tasks, tokens, text_pairs)
+        except Busy:
+            raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
+                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())}) from None
+        gone = asyncio.create_task(_client_gone(request))
+        try:
+            left = cfg.request_timeout_s - (time.perf_counter() - arrived)
+            await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not job.future.done():
+            job.future.cancel()  # the batcher drops it unrun
+            if gone.done() and not gone.cancelled():
+                batcher.gone += 1
+                return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
+            batcher.expired += 1
+            raise HTTPException(503, f"not answered within {cfg.request_timeout_s:g} s (--request-timeout); "
+                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+        try:
+            results = job.future.result()
+        except DataError as e:
+            raise HTTPException(422, str(e)) from None
+        except AdaLayersError as e:
+            raise HTTPException(500, f"server-side error: {e}") from None
+        except Exception as e:  # noqa: BLE001  (logged by the batcher)
+            raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
         if not req.base:
             for r in results:
                 r.pop("base", None)
@@ -202,13 +348,16 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, batcher=None) ->
 
     @app.get("/tasks")
     async def tasks():
-        return {"base": side.backbone.name, "fingerprint": side.backbone.fingerprint(), "primary": side.primary,
+        return {"base": public_name(side.backbone.name), "fingerprint": side.backbone.fingerprint(), "primary": side.primary,
                 "max_length": side.max_length, "tasks": side.describe()}
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "base": side.backbone.name, "tasks": side.names,
-                "queued": batcher.queue.qsize(), "batches_run": batcher.passes, "requests_answered": batcher.requests,
+        return {"status": "ok", "base": public_name(side.backbone.name), "tasks": side.names,
+                "queued": batcher.queue.qsize(), "pending": batcher.pending, "batches_run": batcher.passes, "requests_answered": batcher.requests,
+                "requests_dropped": batcher.dropped, "requests_refused": batcher.refused,
+                "clients_gone": batcher.gone, "deadlines_passed": batcher.expired, "busy": batcher.busy,
+                "largest_batch_tokens": batcher.largest_tokens, "max_batch_tokens": batcher.max_batch_tokens,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                 "uptime_s": round(time.time() - app.state.started, 1)}
 

@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from adalayers.config import ServeConfig
+
+
+log = logging.getLogger(__name__)
+
+
+def _flag(name: str) -> str:
+    return name.removesuffix("_s").replace("_", "-")
 
 
 def _help(name: str) -> str:
@@ -18,15 +26,26 @@ def cmd_serve(args) -> int:
     from adalayers.errors import ConfigError
     from adalayers.serve.api import SideTasks
     from adalayers.serve.app import create_app
+    from adalayers.serve.auth import read_api_key
+    from adalayers.serve.limits import timed_h11
 
     cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                       max_texts=args.max_texts, max_chars=args.max_chars, max_length=args.max_length,
-                      primary=not args.no_primary, device=args.device, num_threads=args.threads)
-    for name in ("max_batch", "max_texts", "max_chars"):
+                      primary=not args.no_primary, device=args.device, num_threads=args.threads,
+                      max_tokens=args.max_tokens, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
+                      request_timeout_s=args.request_timeout, read_timeout_s=args.read_timeout,
+                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file)
+    for name in ("max_batch", "max_texts", "max_chars", "max_tokens", "max_batch_tokens", "max_queue", "keep_alive_s"):
         if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(cfg, name)}")
-    if cfg.max_wait_ms < 0:
-        raise ConfigError(f"--max-wait-ms: must be >= 0, got {cfg.max_wait_ms}")
+            raise ConfigError(f"--{_flag(name)}: must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_wait_ms", "request_timeout_s", "read_timeout_s"):
+        if not getattr(cfg, name) >= 0 or (name != "max_wait_ms" and getattr(cfg, name) == 0):
+            raise ConfigError(f"--{_flag(name)}: must be {'>=' if name == 'max_wait_ms' else '>'} 0, "
+                              f"got {getattr(cfg, name)}")
+    api_key = read_api_key(cfg.api_key_file)
+    if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s without an API key: anyone who can reach it can use it "
+                    "(give --api-key-file, or put it behind a proxy that authenticates)", cfg.host)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     if args.engine == "ray":
@@ -35,7 +54,9 @@ def cmd_serve(args) -> int:
                           max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend)
     print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
           f"at http://{cfg.host}:{cfg.port}  (docs: /docs)", flush=True)
-    uvicorn.run(create_app(side, cfg), host=cfg.host, port=cfg.port, log_level=args.log_level)
+    uvicorn.run(create_app(side, cfg, api_key), host=cfg.host, port=cfg.port, log_level=args.log_level,
+                http=timed_h11(cfg.read_timeout_s), timeout_keep_alive=cfg.keep_alive_s,
+                h11_max_incomplete_event_size=16 * 1024)  # request line + headers: 16 KiB at most
     return 0
 
 
@@ -87,6 +108,16 @@ def add_commands(sub) -> None:
     p.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
                    help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
                         "then be a folder from 'adalayers export'; see docs/export.md)")
+    p.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens, help=_help("max_tokens"))
+    p.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help=_help("max_batch_tokens"))
+    p.add_argument("--max-queue", type=int, default=ServeConfig.max_queue, help=_help("max_queue"))
+    p.add_argument("--request-timeout", type=float, default=ServeConfig.request_timeout_s, metavar="SECONDS",
+                   help=_help("request_timeout_s"))
+    p.add_argument("--read-timeout", type=float, default=ServeConfig.read_timeout_s, metavar="SECONDS",
+                   help=_help("read_timeout_s"))
+    p.add_argument("--keep-alive", type=int, default=ServeConfig.keep_alive_s, metavar="SECONDS",
+                   help=_help("keep_alive_s"))
+    p.add_argument("--api-key-file", default=None, metavar="FILE", help=_help("api_key_file"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")

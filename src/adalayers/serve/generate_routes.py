@@ -6,7 +6,8 @@
                            from the prefill), one "step" per generated token (its text per prompt and
                            the per-step values of sequence heads), then "done" (the full results).
 
-Same limits as /predict (--max-texts prompts of at most --max-chars characters), max_new_tokens at
+Same limits and text rules as /predict (--max-texts prompts of at most --max-chars characters, no
+lone surrogates or blank prompts, no NaN/Infinity; body limit, API key and read timeout from the app), max_new_tokens at
 most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
 token is generated. A client that leaves a stream stops its generation at the next token.
 """
@@ -17,10 +18,12 @@ import json
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adalayers.errors import AdaLayersError, ModelError
 from adalayers.serve.generate import stream
+from adalayers.serve.limits import has_non_finite
+from adalayers.textcheck import text_problem
 
 MAX_NEW_TOKENS = 256
 
@@ -44,6 +47,13 @@ class GenerateRequest(BaseModel):
     answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
     guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data):
+        if has_non_finite(data):
+            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
+        return data
+
 
 def _check(req: GenerateRequest, side, cfg) -> None:
     if not req.prompts:
@@ -55,8 +65,9 @@ def _check(req: GenerateRequest, side, cfg) -> None:
         if len(p) > cfg.max_chars:
             raise HTTPException(413, f"prompt {i + 1} has {len(p)} characters; the limit is {cfg.max_chars} "
                                      f"(--max-chars)")
-        if not p.strip():
-            raise HTTPException(422, f"prompt {i + 1} is empty")
+        problem = text_problem(p)  # the /predict rule: lone surrogates, NUL/zero-width-only prompts
+        if problem:
+            raise HTTPException(422, f"prompt {i + 1} {problem}")
     unknown = [t for t in (req.tasks or []) + req.answer_only + list(req.guard or {}) if t not in side.heads]
     if unknown:
         raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+import time
 
 from ray import serve
 
@@ -33,20 +35,49 @@ class _Pending:
 
 
 class ServeBatcher:
-    """What create_app needs from a batcher, backed by a @serve.batch method instead of an asyncio queue."""
+    """What create_app needs from a batcher (submit -> a job with a future, the counters /health reads),
+    backed by a @serve.batch method instead of an asyncio queue. The hardening of the uvicorn Batcher
+    applies here too: at most max_queue requests pending (Busy -> 503 with Retry-After), a request
+    cancelled at its deadline or on a disconnect no longer counts, and a failing batch is rerun one
+    request at a time in predict_many so that only the faulty request gets the error."""
 
-    def __init__(self, batched, max_batch: int, max_wait_s: float):
+    def __init__(self, batched, max_batch: int, max_wait_s: float, max_batch_tokens: int = 16_384,
+                 max_queue: int = 64):
         self.batched, self.max_batch, self.max_wait_s = batched, max_batch, max_wait_s
+        self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.queue, self.passes, self.requests = _Pending(), 0, 0
+        self.pending = self.dropped = self.gone = self.expired = self.refused = self.largest_tokens = 0
+        self.busy, self.pass_s = False, 0.0
 
-    async def submit(self, texts: list[str], tasks: list[str], text_pairs: list[str] | None = None) -> list[dict]:
+    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None):
+        from adalayers.serve.app import Busy, _Job
+
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            raise Busy()
+        self.largest_tokens = max(self.largest_tokens, tokens)
+        future = asyncio.ensure_future(self._answer(texts, tasks, text_pairs))
+        self.pending += 1
         self.queue.n += 1
-        try:
-            answer = await self.batched((texts, tasks, text_pairs))
-        finally:
-            self.queue.n -= 1
-        self.requests += 1
+        future.add_done_callback(self._settled)
+        return _Job(texts, tasks, tokens, future, text_pairs)
+
+    def _settled(self, future) -> None:
+        self.pending -= 1
+        self.queue.n -= 1
+        if future.cancelled():
+            self.dropped += 1
+        elif future.exception() is None:
+            self.requests += 1
+
+    async def _answer(self, texts, tasks, text_pairs) -> list[dict]:
+        ok, answer = await self.batched((texts, tasks, text_pairs))
+        if not ok:
+            raise answer
         return answer
+
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(self.pass_s * (self.pending + 1)))
 
     async def run(self) -> None:  # the app's lifespan starts it; Ray Serve does the batching
         return None
@@ -68,25 +99,57 @@ class SideTasksIngress:
                                    max_length=self.cfg.max_length, batch_size=self.cfg.max_batch)
         self.predict_many.set_max_batch_size(self.cfg.max_batch)
         self.predict_many.set_batch_wait_timeout_s(self.cfg.max_wait_ms / 1000)
-        self.batcher = ServeBatcher(self.predict_many, self.cfg.max_batch, self.cfg.max_wait_ms / 1000)
+        self.batcher = ServeBatcher(self.predict_many, self.cfg.max_batch, self.cfg.max_wait_ms / 1000,
+                                    max(1, self.cfg.max_batch_tokens), max(1, self.cfg.max_queue))
 
     def __serve_build_asgi_app__(self):
         from adalayers.serve.app import create_app
+        from adalayers.serve.auth import read_api_key
 
-        return create_app(self.side, self.cfg, batcher=self.batcher)
+        return create_app(self.side, self.cfg, read_api_key(self.cfg.api_key_file), batcher=self.batcher)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def predict_many(self, group: list[tuple]) -> list[list[dict]]:
-        """A batch of requests (texts, tasks, text_pairs): single texts and sentence pairs, one predict call each."""
-        from adalayers.serve.app import predict_group
-
+    async def predict_many(self, group: list[tuple]) -> list[tuple[bool, object]]:
+        """A batch of requests (texts, tasks, text_pairs): single texts and sentence pairs, one predict call
+        each; per request (True, its results) or (False, the exception it alone raised)."""
         answers: list = [None] * len(group)
         for pairs in (False, True):
             idx = [i for i, job in enumerate(group) if (job[2] is not None) == pairs]
             if idx:
-                for i, answer in zip(idx, await asyncio.to_thread(predict_group, self.side, [group[i] for i in idx])):
+                for i, answer in zip(idx, await asyncio.to_thread(self._predict_part, [group[i] for i in idx])):
                     answers[i] = answer
-                self.batcher.passes += 1
+        return answers
+
+    def _predict_part(self, part: list[tuple]) -> list[tuple[bool, object]]:
+        """predict_group over `part`; when it fails, every request alone (only the faulty one gets the error)."""
+        from adalayers.errors import DataError
+        from adalayers.serve.app import predict_group
+
+        b = self.batcher
+        t0, b.busy = time.perf_counter(), True
+        try:
+            try:
+                answers = [(True, a) for a in predict_group(self.side, part)]
+                b.passes += 1
+            except Exception as e:  # noqa: BLE001
+                if len(part) == 1:
+                    answers = [(False, e)]
+                else:
+                    log.warning("a batch of %d requests failed (%s); running them one at a time", len(part), e)
+                    answers = []
+                    for job in part:
+                        try:
+                            answers.append((True, predict_group(self.side, [job])[0]))
+                        except Exception as e1:  # noqa: BLE001
+                            answers.append((False, e1))
+                        b.passes += 1
+            for ok, e in answers:
+                if not ok and not isinstance(e, DataError):
+                    log.error("a request failed on the server side: %s", e, exc_info=e)
+        finally:
+            b.busy = False
+        dt = time.perf_counter() - t0
+        b.pass_s = 0.8 * b.pass_s + 0.2 * dt if b.pass_s else dt
         return answers
 
     def check_health(self) -> None:

@@ -121,6 +121,7 @@ def load_task(cfg) -> TaskData:
     for split in ("train", "validation"):
         if not data.splits.get(split):
             raise DataError(f"task {data.name}: the {split} split is empty")
+    check_classes(data)
     if cfg.task.max_train_examples:
         data.splits["train"] = data.splits["train"][: cfg.task.max_train_examples]
     if cfg.task.max_eval_examples:
@@ -128,6 +129,17 @@ def load_task(cfg) -> TaskData:
             if split in data.splits:
                 data.splits[split] = data.splits[split][: cfg.task.max_eval_examples]
     return data
+
+
+def check_classes(data: TaskData) -> None:
+    """A classifier needs at least two classes among its training labels (one class: loss 0, F1 1.0, nothing learnt)."""
+    if data.kind == "regression":
+        return
+    seen = {t for e in data.splits["train"] for t in (e.tags or [])} if data.kind == "token" \
+        else {e.label for e in data.splits["train"]}
+    if len(seen) < 2:
+        raise DataError(f"task {data.name}: every training example has the {'tag' if data.kind == 'token' else 'label'} "
+                        f"{next(iter(seen), None)!r}; a classifier needs at least two classes")
 
 
 def stratified_split(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
@@ -149,7 +161,7 @@ def stratified_split(examples: list[Example], fraction: float, seed: int) -> tup
 
 def require_file(path: Path) -> Path:
     if not path.is_file():
-        raise DataError(f"data file not found: {path} (set task.data_dir or ADALAYERS_DATA)")
+        raise DataError(f"data file not found: {Path(path).absolute()} (set task.data_dir or ADALAYERS_DATA)")
     return path
 
 

@@ -12,6 +12,7 @@ then rows become Examples of the task's kind (here). Every problem is a DataErro
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from adalayers.config import TASK_KINDS
@@ -57,6 +58,12 @@ def _number(v):
         return float(str(v).strip())
     except ValueError:
         return None
+
+
+def _finite(v) -> float | None:
+    """The number in a cell, or None when it is not one or not finite (nan, inf, 1e999)."""
+    n = _number(v)
+    return n if n is not None and math.isfinite(n) else None
 
 
 def guess_kind(t, fmt: str, train: Table) -> tuple[str, str]:
@@ -117,10 +124,11 @@ def to_examples(t, table: Table, kind: str) -> tuple[list[Example], list[str]]:
             examples.append(_token_example(t, table, loc, row, text, label))
         elif kind == "regression":
             v = _value(loc, row, label)
-            n = _number(v)
+            n = _finite(v)
             if n is None:
-                raise DataError(f"{loc}: label {v!r} is not a number (a regression task needs a number in every row "
-                                f"of column {label!r})")
+                what = "a number" if _number(v) is None else "a finite number"
+                raise DataError(f"{loc}: label {v!r} is not {what} (a regression task needs a finite number in "
+                                f"every row of column {label!r})")
             examples.append(Example(text=_text(loc, row, text, "text"), label=n))
         else:
             names = (table.names or {}).get(label)

@@ -7,6 +7,7 @@ STS-B: 10-column TSVs with header (sentence1, sentence2, score 0-5).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from adalayers.errors import DataError
@@ -74,7 +75,9 @@ def _stsb_rows(path: Path) -> list[Example]:
         try:
             score = float(cols[iscore])
         except ValueError:
-            bad_row(f"{path}:{n}: score is not a number: {cols[iscore]!r}")
+            score = math.nan
+        if not math.isfinite(score):
+            bad_row(f"{path}:{n}: score is not a finite number: {cols[iscore]!r}")
             continue
         rows.append(Example(text=cols[i1], text_pair=cols[i2], label=score))
     return rows

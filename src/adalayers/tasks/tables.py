@@ -96,6 +96,10 @@ def iter_delimited(path: Path, delimiter: str, header: bool):
             if columns is None:
                 columns = [c.strip() for c in cells] if header else list(range(len(cells)))
                 if header:
+                    twice = sorted({c for c in columns if columns.count(c) > 1})
+                    if twice:
+                        raise DataError(f"{path}:{line}: column {', '.join(map(repr, twice))} appears more than once "
+                                        f"in the header; rename or remove the extra column")
                     continue
             if len(cells) != len(columns):
                 shown = ", ".join(map(str, columns)) if header else f"the first row's {len(columns)}"
