@@ -260,7 +260,7 @@ def test_work_of_disconnected_clients_is_dropped(busy_server):
         time.sleep(0.05)
     after = busy_server.health()
     # gone, or (on a starved machine) past the 0.3 s deadline before the hang-up was seen: dropped unrun either way
-    assert after["clients_gone"] + after["deadlines_passed"] - before["clients_gone"] - before["deadlines_passed"] == 2
+    assert after["clients_gone"] + after["deadlines_passed"] - before["clients_gone"] - before["deadlines_passed"] >= 2
     assert after["clients_gone"] > before["clients_gone"]
     assert after["requests_answered"] == before["requests_answered"]  # neither abandoned request was run
 
