@@ -59,6 +59,7 @@ def test_generate_returns_text_and_side_outputs(client, side):
     ({"prompts": ["a"] * 4}, 413, "limit is 3"),
     ({"prompts": ["a" * 51]}, 413, "prompt 1 has 51 characters"),
     ({"prompts": [" "]}, 422, "prompt 1 is empty"),
+    ({"prompts": ["a", "\u200b\x00"]}, 422, "prompt 2 is empty"),  # zero-width + NUL: the /predict rule
     ({"prompts": ["a"], "tasks": ["nope"]}, 400, "unknown task(s): nope"),
     ({"prompts": ["a"], "guard": {"acc": {"label": "meh", "threshold": 0.5}}}, 400, "one of its labels"),
     ({"prompts": ["a"], "max_new_tokens": 100000}, 422, "max_new_tokens"),
@@ -68,6 +69,17 @@ def test_bad_generate_requests_say_what_is_wrong(client, body, status, says):
     for path in ("/generate", "/generate/stream"):
         r = client.post(path, json=body)
         assert r.status_code == status, (path, r.text)
+        assert says in r.text
+
+
+@pytest.mark.parametrize("raw,says", [
+    (b'{"prompts": ["\\ud800 a"]}', "prompt 1 is not valid Unicode"),
+    (b'{"prompts": ["a"], "temperature": NaN}', "non-finite number"),
+])
+def test_generate_refuses_what_predict_refuses(client, raw, says):
+    for path in ("/generate", "/generate/stream"):
+        r = client.post(path, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
         assert says in r.text
 
 

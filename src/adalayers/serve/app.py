@@ -259,7 +259,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        batcher.queue = asyncio.Queue()  # bound to the server's event loop
+        if isinstance(batcher, Batcher):
+            batcher.queue = asyncio.Queue()  # bound to the server's event loop (Ray Serve's batcher has none)
         worker = asyncio.create_task(batcher.run())
         yield
         worker.cancel()
