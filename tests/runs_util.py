@@ -1,9 +1,14 @@
 """Run folders for tests: a freshly initialised SideTask saved the way training saves its best epoch."""
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import uvicorn
 
 from adalayers import run as runlib
 from adalayers.config import Config
@@ -33,3 +38,23 @@ def make_run(run_dir: Path, backbone, kind: str, labels: list[str], seed: int, p
     sha = runlib.save_head(run_dir, task)
     runlib.save_config(run_dir, cfg, labels, backbone, sha, task=run_dir.name, kind=kind)
     return run_dir
+
+
+@contextmanager
+def serve_in_thread(app, log_level: str = "warning"):
+    """The app under a real uvicorn server on a free loopback port, in a thread; yields its base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -2,19 +2,16 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from adalayers.config import ServeConfig
 from adalayers.serve.api import SideTasks
 from adalayers.serve.app import create_app
-from runs_util import NER, make_run
-from test_serve import _free_port
+from runs_util import NER, make_run, serve_in_thread
 from tinydecoders import decoder_backbone
 
 PROMPTS = ["the dog runs quickly and", "a book"]
@@ -92,17 +89,7 @@ def _events(text: str) -> list[tuple[str, dict]]:
 
 
 def test_stream_over_real_http_and_a_client_that_leaves(side):
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(side, ServeConfig()), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert server.started
-        url = f"http://127.0.0.1:{port}"
+    with serve_in_thread(create_app(side, ServeConfig()), log_level="warning") as url:
         body = {"prompts": PROMPTS, "max_new_tokens": 5, "tasks": ["acc"]}
         with httpx.Client(base_url=url, timeout=30) as c:
             r = c.post("/generate/stream", json=body)
@@ -121,6 +108,3 @@ def test_stream_over_real_http_and_a_client_that_leaves(side):
             t0 = time.time()
             again = c.post("/generate", json={"prompts": ["a book"], "max_new_tokens": 2})
             assert again.status_code == 200 and time.time() - t0 < 25
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -3,12 +3,9 @@ service, and a pair head given single texts (or a single-text head given pairs) 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from adalayers import cli, recipes
@@ -18,8 +15,7 @@ from adalayers.serve.api import SideTasks
 from adalayers.serve.app import create_app
 
 from conftest import tiny_backbone
-from runs_util import make_run
-from test_serve import _free_port
+from runs_util import make_run, serve_in_thread
 
 PAIRS = [("john sees the dog", "the dog sees john"), ("a good movie", "a bad film"), ("she runs", "she runs")]
 SINGLE = ["john sees the big dog", "a good movie"]
@@ -148,20 +144,11 @@ def test_service_refuses_the_wrong_input(client, body, says):
 
 
 def test_pairs_and_singles_batched_together_over_real_http(side):
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(side, ServeConfig(max_batch=64, max_wait_ms=300)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert server.started
+    with serve_in_thread(create_app(side, ServeConfig(max_batch=64, max_wait_ms=300)), log_level="warning") as url:
         bodies = [{"texts": [list(p)]} for p in PAIRS] + [{"texts": [t]} for t in SINGLE]
 
         async def clients():
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
                 return await asyncio.gather(*[c.post("/predict", json=b) for b in bodies])
 
         answers = asyncio.run(clients())
@@ -176,6 +163,3 @@ def test_pairs_and_singles_batched_together_over_real_http(side):
                     assert got["tasks"][name]["value"] == pytest.approx(out["value"], abs=1e-5)
                 else:
                     assert got["tasks"][name]["label"] == out["label"]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -2,13 +2,10 @@
 import asyncio
 import dataclasses
 import socket
-import threading
-import time
 
 import httpx
 import torch
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from adalayers.config import ServeConfig
@@ -16,7 +13,7 @@ from adalayers.serve.api import SideTasks
 from adalayers.serve.app import create_app
 
 from conftest import tiny_backbone, tiny_tokenizer
-from runs_util import NER, make_run
+from runs_util import NER, make_run, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -135,20 +132,12 @@ def _free_port() -> int:
 
 
 def test_concurrent_requests_are_batched_over_real_http(side):
-    port = _free_port()
     app = create_app(side, ServeConfig(max_batch=64, max_wait_ms=300))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert server.started
+    with serve_in_thread(app, log_level="warning") as url:
         texts = [f"john sees the {w} dog" for w in ("big", "small", "good", "bad", "great", "terrible")]
 
         async def clients():
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
                 answers = await asyncio.gather(*[c.post("/predict", json={"texts": [t], "tasks": ["acc"]})
                                                  for t in texts])
                 return answers, (await c.get("/health")).json()
@@ -162,9 +151,6 @@ def test_concurrent_requests_are_batched_over_real_http(side):
                 ref["tasks"]["acc"]["probabilities"]["good"], abs=1e-5)
         assert health["requests_answered"] == len(texts)
         assert health["batches_run"] < len(texts)  # several requests shared a pass
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_a_head_producing_nan_fails_only_its_own_requests(tokenizer, tmp_path):
@@ -176,18 +162,11 @@ def test_a_head_producing_nan_fails_only_its_own_requests(tokenizer, tmp_path):
     with torch.no_grad():
         for p in side.heads["broken"].task.head.parameters():
             p.fill_(float("nan"))
-    port = _free_port()
     app = create_app(side, ServeConfig(max_batch=64, max_wait_ms=300))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
+    with serve_in_thread(app, log_level="critical") as url:
 
         async def clients():
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
                 good = [c.post("/predict", json={"texts": [f"a good movie {w}"], "tasks": ["acc"]})
                         for w in ("big", "small", "dog", "cat")]
                 return await asyncio.gather(*good, c.post("/predict", json={"texts": ["a movie"]})), \
@@ -196,6 +175,3 @@ def test_a_head_producing_nan_fails_only_its_own_requests(tokenizer, tmp_path):
         answers, health = asyncio.run(clients())
         assert [a.status_code for a in answers[:4]] == [200] * 4
         assert answers[4].status_code == 500 and "'broken' produced non-finite values" in answers[4].text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
