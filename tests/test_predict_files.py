@@ -144,6 +144,7 @@ def local_ray():
     from adalayers.bulk.ray_engine import init_ray
 
     started = init_ray(num_cpus=2)
+    assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback, though this module imported Ray first
     yield ray
     if started:
         ray.shutdown()

@@ -1,9 +1,14 @@
 """Ray for adalayers' optional engines: import it (or say how to install it), start a loopback-only local Ray.
 
-A local Ray binds to 127.0.0.1 only: ray.init(_node_ip_address="127.0.0.1") alone is not enough (Ray
-swaps a loopback node address for the machine's routable one), so RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-is set before Ray is imported, which makes Ray's own node-address lookup answer 127.0.0.1 (the mode
-Ray uses on laptops). No dashboard, no usage stats. With an address, Ray joins that cluster instead.
+A local Ray talks over loopback only: ray.init(_node_ip_address="127.0.0.1") alone is not enough (Ray
+swaps a loopback node address for the machine's routable one), so Ray is put in the mode it uses on
+laptops, where its node-address lookup answers 127.0.0.1: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the
+environment (read by every Ray process started from here) and, when `ray` was already imported before
+this module could set it (a test's importorskip, a user's own `import ray`), the same switch in the
+imported Ray. After the start the node address is checked: anything but 127.0.0.1 stops Ray with a
+one-line error rather than running on the machine's network address. (Ray's gRPC servers still listen
+on every interface, which Ray does not let a user change; every connection goes to 127.0.0.1.)
+No dashboard, no usage stats. With an address, Ray joins that cluster instead.
 """
 from __future__ import annotations
 
@@ -30,6 +35,10 @@ def import_ray(local: bool = True):
         import ray.serve  # noqa: F401
     except ImportError:
         raise ConfigError(INSTALL) from None
+    if local:  # Ray read the switch when it was imported, possibly before the line above set it
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
     return ray
 
 
@@ -45,9 +54,14 @@ def init_ray(address: str | None = None, num_cpus: int = 2) -> bool:
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
                      configure_logging=False)
-            return True
+            break
         except Exception as e:  # noqa: BLE001  (Ray raises a bare Exception for this)
             if attempt == 2 or "timed out during startup" not in str(e):
                 raise
             ray.shutdown()
+    node = ray.util.get_node_ip_address()
+    if node != "127.0.0.1":
+        ray.shutdown()
+        raise ConfigError(f"the local Ray started on {node}, not on loopback 127.0.0.1; set "
+                          f"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported")
     return True
