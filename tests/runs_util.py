@@ -18,12 +18,13 @@ NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
 def make_run(run_dir: Path, backbone, kind: str, labels: list[str], seed: int, p: list[float] | None = None,
-             max_length: int = 32, pairs: bool = False) -> Path:
+             max_length: int = 32, pairs: bool = False, template: str | None = None) -> Path:
     """p sets the layer logits (e.g. [1, 1, 0, 0] keeps layers 0-1 only: the rest fall under the cutoff).
-    pairs: a head of a sentence-pair task (its config names task qqp)."""
+    pairs: a head of a sentence-pair task (its config names task qqp). template: its task.template."""
     cfg = Config()
     if pairs:
         cfg.task.name = "qqp"
+    cfg.task.template = template
     cfg.mixer.k, cfg.head.num_heads, cfg.head.dim_feedforward = 8, 2, 16
     cfg.head.kind, cfg.model.max_length, cfg.model.base = kind, max_length, backbone.name
     torch.manual_seed(seed)

@@ -63,12 +63,20 @@ class TaskConfig:
     skip_bad_rows: bool = _f(False, "Skip malformed rows of data files (counted and reported) instead of stopping.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test examples; for quick tries.")
     options: dict = _f({}, "Reader-specific options (see the task's module).")
+    template: str | None = _f(None, "Wrap every input text before the base reads it, in training and prediction "
+                                    "alike: 'chat' (the base tokenizer's chat template, the text as one user "
+                                    "message) or a format string with {text} (and {text_pair} for sentence pairs), "
+                                    "e.g. 'Review: {text}\\nSentiment:'. None = the text as given. Not for token "
+                                    "tasks. See docs/llm.md.")
+    add_generation_prompt: bool = _f(True, "task.template chat: end each text with the opening of the assistant's "
+                                           "turn (apply_chat_template's add_generation_prompt), where a chat model "
+                                           "starts its answer.")
 
 
 @dataclass
 class ModelConfig:
-    base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base, gemma3-270m), a local Hugging Face "
-                                "folder, a .gguf file (llama.cpp / Ollama; converted once), or a hub id.")
+    base: str = _f("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base, gemma3-270m, qwen2.5-0.5b), a local "
+                                "Hugging Face folder, a .gguf file (llama.cpp / Ollama; converted once), or a hub id.")
     max_length: int | None = _f(None, "Tokens per input; longer inputs are truncated (token tasks are split into "
                                       "windows). None = chosen from the training data: the length that holds 99% "
                                       "of its examples whole, at most the base's limit (printed, with the share "
@@ -353,6 +361,10 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
+    from adalayers.templates import spec_problem
+
+    if spec_problem(cfg.task.template):
+        p.append(f"task.template: {spec_problem(cfg.task.template)}")
     if cfg.head.pooling not in POOLINGS:
         p.append(f"head.pooling: must be {', '.join(POOLINGS)}, got {cfg.head.pooling!r}")
     if cfg.tune.max_epochs is not None and cfg.tune.max_epochs < 1:

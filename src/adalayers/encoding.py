@@ -16,6 +16,7 @@ import torch
 
 from adalayers.engine.loss import IGNORE
 from adalayers.tasks import Example
+from adalayers.templates import Template
 
 
 @dataclass
@@ -28,12 +29,12 @@ class EncodedSplit:
 
 
 def encode(examples: list[Example], tokenizer, max_length: int, kind: str, labels: list[str],
-           name: str = "") -> EncodedSplit:
+           name: str = "", template: Template | None = None) -> EncodedSplit:
+    """`template` (task.template) wraps each sequence example's text first (adalayers.templates)."""
     if kind == "token":
         return _encode_tokens(examples, tokenizer, max_length, labels, name)
     label_id = {name: i for i, name in enumerate(labels)}
-    texts = [e.text for e in examples]
-    pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
+    texts, pairs = _texts(examples, tokenizer, template)
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
     rows, truncated = [], 0
     for i, e in enumerate(examples):
@@ -60,8 +61,15 @@ class LengthChoice:
     examples: int
 
 
+def _texts(examples: list[Example], tokenizer, template: Template | None) -> tuple[list[str], list[str] | None]:
+    """The texts (and second texts of pairs) the tokenizer reads: as given, or wrapped by the template."""
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
+    return (template or Template()).apply(tokenizer, texts, pairs)
+
+
 def choose_max_length(examples: list[Example], tokenizer, kind: str, limit: int, coverage: float = 0.99,
-                      floor: int = 8) -> LengthChoice:
+                      floor: int = 8, template: Template | None = None) -> LengthChoice:
     """max_length from the data: the smallest length that holds `coverage` of the training examples whole
     (their token count with special tokens, pairs encoded together), within [floor, limit].
 
@@ -75,8 +83,8 @@ def choose_max_length(examples: list[Example], tokenizer, kind: str, limit: int,
         lengths = [len(ids) for ids in tok([e.words for e in examples], is_split_into_words=True,
                                            verbose=False)["input_ids"]]
     else:
-        pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
-        lengths = [len(ids) for ids in tokenizer([e.text for e in examples], pairs, verbose=False)["input_ids"]]
+        texts, pairs = _texts(examples, tokenizer, template)
+        lengths = [len(ids) for ids in tokenizer(texts, pairs, verbose=False)["input_ids"]]
     ordered = sorted(lengths)
     at = ordered[max(0, math.ceil(coverage * len(ordered)) - 1)] if ordered else floor
     chosen = min(limit, max(floor, at))

@@ -17,6 +17,7 @@ from adalayers.evaluate import evaluate_split
 from adalayers.sidetask import SideTask
 from adalayers.states import LiveStates
 from adalayers.tasks import load_task
+from adalayers.templates import Template
 from adalayers.precision import autocast_for, precision_of
 from adalayers.train import fit
 from adalayers.core import pick_device, seed_everything
@@ -37,9 +38,12 @@ def prepare(cfg, backbone: Backbone | None = None):
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
     resolve_head(cfg, data)
+    template = Template.of(cfg)
+    template.check(backbone.tokenizer, cfg.model.base, any(e.text_pair is not None for e in data.splits["train"]),
+                   data.kind)
     if cfg.model.max_length is None:
         choose_max_length_from_data(cfg, backbone, data)
-    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name)
+    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name, template)
                for name, ex in data.splits.items()}
     return backbone, data, encoded
 
@@ -75,7 +79,8 @@ def base_token_limit(backbone: Backbone) -> int:
 
 def choose_max_length_from_data(cfg, backbone: Backbone, data) -> None:
     """model.max_length not set: the length that holds 99% of the training examples, capped by the base."""
-    choice = choose_max_length(data.splits["train"], backbone.tokenizer, data.kind, base_token_limit(backbone))
+    choice = choose_max_length(data.splits["train"], backbone.tokenizer, data.kind, base_token_limit(backbone),
+                               template=Template.of(cfg))
     cfg.model.max_length = choice.max_length
     what = "split into windows" if data.kind == "token" else "truncated"
     print(f"[{data.name}] model.max_length not set: {choice.max_length} tokens, chosen from the data (holds 99% "
@@ -215,7 +220,9 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
         examples = [Example(words=t.split()) for t in texts]
     else:
         examples = [Example(text=t, text_pair=text_pairs[i] if text_pairs else None) for i, t in enumerate(texts)]
-    split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels)
+    template = Template.of(cfg)
+    template.check(backbone.tokenizer, cfg.model.base, takes_pairs(cfg), task.kind)
+    split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels, template=template)
     outs = row_outputs(task, LiveStates(backbone), split, cfg.train.eval_batch_size,
                        backbone.tokenizer.pad_token_id or 0)
     preds = example_predictions(task, split, outs, examples)

@@ -25,6 +25,7 @@ from adalayers.encoding import EncodedSplit, split_batch
 from adalayers.engine.progress import bar
 from adalayers.run import sha256
 from adalayers.states import LiveStates
+from adalayers.templates import Template
 from adalayers.precision import autocast_for, precision_of
 from adalayers.cache.store import (CacheDamaged, CacheError, Writer, assemble_parts, incomplete_build, key_of, locked,
                                    open_entry)
@@ -71,6 +72,9 @@ def split_fields(cfg, backbone, data, split: EncodedSplit, files_hash: dict) -> 
     fields = {"fingerprint": backbone.fingerprint(), "tokenizer": tokenizer_hash(backbone.tokenizer),
               "max_length": cfg.model.max_length, "states": cfg.model.states, "data": files_hash,
               "split": split.name, "rows": rows_hash(split)}
+    template = Template.of(cfg).key()
+    if template:  # the rows hash changes with the wrapped text too; entries without a template keep their keys
+        fields["template"] = template
     precision = precision_of(cfg.train.precision, backbone.device)
     if precision != "fp32":  # fp32 entries keep the keys they had before precision was part of the key
         fields["precision"] = precision

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from adalayers import model_packages
+from adalayers.templates import Template
 from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, output_name
@@ -100,7 +101,8 @@ class OnnxSideTasks(SideTasks):
             task, cfg, _ = runlib.load_head(folder / "heads" / name)  # labels, kind, layer weights
             if task.mixer.num_layers != backbone.num_layers:
                 raise ModelError(f"{name}: head expects {task.mixer.num_layers} layers, base has {backbone.num_layers}")
-            heads.append(Head(name, task, folder / "heads" / name, meta["heads"][name]["max_length"]))
+            heads.append(Head(name, task, folder / "heads" / name, meta["heads"][name]["max_length"],
+                              template=Template.of(cfg)))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1

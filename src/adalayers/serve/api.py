@@ -33,6 +33,7 @@ from adalayers.encoding import collate, word_windows
 from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
+from adalayers.templates import Template
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
 
@@ -44,6 +45,7 @@ class Head:
     run_dir: Path
     max_length: int
     pairs: bool = False   # trained on sentence pairs: takes (text, text_pair), refuses single texts
+    template: Template = Template()  # task.template it was trained with: its inputs are wrapped the same way
 
     @property
     def kind(self) -> str:
@@ -81,6 +83,14 @@ class SideTasks:
         limit = min(int(getattr(backbone.tokenizer, "model_max_length", 512) or 512), 100_000)
         self.max_length = min(max_length or max([h.max_length for h in heads] or [limit]), limit)
         self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
+        for h in heads:
+            h.template.check(backbone.tokenizer, backbone.name, h.pairs, h.kind)
+        templates = {h.template for h in heads}
+        if len(templates) > 1:  # one pass reads one text: heads that wrap it differently cannot share it
+            raise ModelError("the heads were trained with different task.template settings ("
+                             + "; ".join(f"{h.name}: {h.template.describe()}" for h in heads)
+                             + "); serve them separately")
+        self.template = templates.pop() if templates else Template()
         if any(h.kind == "token" for h in heads) and not backbone.tokenizer.is_fast:
             raise ModelError(f"{backbone.name}: token heads need a fast tokenizer (for character offsets)")
 
@@ -116,7 +126,8 @@ class SideTasks:
             task, cfg, _ = runlib.load_head(path, backbone)  # refuses a head trained on another base
             if task.mixer.num_layers != backbone.num_layers:
                 raise ModelError(f"{path}: head expects {task.mixer.num_layers} layers, base has {backbone.num_layers}")
-            heads.append(Head(name, task.to(backbone.device).eval(), path, cfg.model.max_length, takes_pairs(cfg)))
+            heads.append(Head(name, task.to(backbone.device).eval(), path, cfg.model.max_length, takes_pairs(cfg),
+                              Template.of(cfg)))
         return cls(backbone, heads, primary, **kw)
 
     @property
@@ -159,16 +170,23 @@ class SideTasks:
         check_texts(texts)  # the same rule as `adalayers predict`
         check_texts(text_pairs or [], what="second text")
         heads = [self.heads[n] for n in names]
-        if text_pairs is not None:
-            rows, spans = self._pair_rows(texts, text_pairs), [[] for _ in texts]
+        wrapped, second = self.wrap(texts, text_pairs)
+        if second is not None:
+            rows, spans = self._pair_rows(wrapped, second), [[] for _ in texts]
         else:
-            rows, spans = self._rows(texts, any(h.kind == "token" for h in heads))
+            rows, spans = self._rows(wrapped, any(h.kind == "token" for h in heads))
         with self._lock, torch.inference_mode():
             outs = self._run(rows, heads)
-        results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(texts)]
+        results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(wrapped)]
+        for r, text in zip(results, texts):
+            r["text"] = text  # the caller's text, not the wrapped one
         for r, second in zip(results, text_pairs or []):
             r["text_pair"] = second
         return results
+
+    def wrap(self, texts: list[str], text_pairs: list[str] | None = None) -> tuple[list[str], list[str] | None]:
+        """The texts as the base reads them: wrapped by the heads' task.template (adalayers.templates)."""
+        return self.template.apply(self.backbone.tokenizer, texts, text_pairs)
 
     def _pair_rows(self, texts: list[str], text_pairs: list[str]) -> list[dict]:
         """One row per pair, encoded as in training (the tokenizer's pair encoding, longest-first truncation)."""
@@ -205,6 +223,8 @@ class SideTasks:
         check_texts(texts)
         if text_pairs is not None:
             check_texts(text_pairs, what="second text")
+        texts, text_pairs = self.wrap(texts, text_pairs)
+        if text_pairs is not None:
             return [min(len(ids), self.max_length) for ids in
                     self._tokenize(texts, text_pairs, verbose=False)["input_ids"]]
         windows = any(self.heads[n].kind == "token" for n in self.check_tasks(tasks))

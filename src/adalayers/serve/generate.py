@@ -83,7 +83,8 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     # The lock and the hooks are held for one forward at a time, never across a yield: a server
     # resumes this generator on any thread (or drops it when the client leaves), and requests of
     # others run between two steps. Grad modes are per thread, so each step sets its own.
-    enc = tok(prompts, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+    wrapped, _ = side.wrap(prompts)  # the heads' task.template (e.g. the chat template): generation continues it
+    enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
               return_offsets_mapping=tok.is_fast)
     ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
     real = attn.bool().clone()        # positions the heads read: the prompt, then live answer tokens
@@ -117,7 +118,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     out = forward(ids, attn, None)
     prompt_out = {h.name: read(h.name, real) for h in heads}
     prompt_json = [{h.name: _output(h, prompt_out[h.name][b], enc, b, p) for h in heads}
-                   for b, p in enumerate(prompts)]
+                   for b, p in enumerate(wrapped)]
     yield {"event": "prompt", "results": prompt_json}
     generated = [[] for _ in range(B)]
     finish = [None] * B
@@ -161,14 +162,14 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             break
     final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
     results = []
-    for b, prompt in enumerate(prompts):
+    for b, (prompt, read_prompt) in enumerate(zip(prompts, wrapped)):
         prompt_ids = ids[b][attn[b, :prompt_len].bool()].tolist()
         answer, answer_offsets = _answer(tok, prompt_ids, generated[b])
         r = {"prompt": prompt, "text": answer, "tokens": len(generated[b]), "token_ids": generated[b],
              "finish": finish[b] or "length", "prompt_tasks": prompt_json[b], "tasks": {}}
         for h in heads:
-            r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, prompt + answer,
-                                         [(len(prompt) + a, len(prompt) + e) for a, e in answer_offsets])
+            r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, read_prompt + answer,
+                                         [(len(read_prompt) + a, len(read_prompt) + e) for a, e in answer_offsets])
         if step_values:
             r["steps"] = {n: v[b] for n, v in step_values.items()}
         results.append(r)
