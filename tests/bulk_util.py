@@ -21,6 +21,13 @@ def saved_base_and_heads(root: Path) -> tuple[str, list[str]]:
                          str(make_run(root / "ner", base, "token", NER, seed=4))]
 
 
+def pair_heads(root: Path, base_folder: str) -> list[str]:
+    """[a sentence-pair classification head, a sentence-pair regression head] on the saved base."""
+    base = Backbone.load(base_folder)
+    return [str(make_run(root / "para", base, "sequence", ["different", "same"], seed=5, pairs=True)),
+            str(make_run(root / "sim", base, "regression", [], seed=6, pairs=True))]
+
+
 def sentences(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(n)]

@@ -21,7 +21,7 @@ from adalayers.cli import main
 from adalayers.errors import DataError
 from adalayers.serve.api import SideTasks
 
-from bulk_util import saved_base_and_heads, sentences
+from bulk_util import pair_heads, saved_base_and_heads, sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +34,33 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def predictor(model):
     return BatchPredictor(*model, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def pairs_model(model, tmp_path_factory):
+    """(base folder, [pair classification head, pair regression head]) on the same saved base."""
+    return model[0], pair_heads(tmp_path_factory.mktemp("bulk_pairs"), model[0])
+
+
+@pytest.fixture(scope="module")
+def pair_predictor(pairs_model):
+    return BatchPredictor(*pairs_model, num_threads=1, text_pair_column="b")
+
+
+def pair_files(folder: Path, n: int, seed: int) -> tuple[list[str], list[str], list[str]]:
+    """n sentence pairs (columns id, a, b) spread over one CSV, TSV, JSON Lines and Parquet file in folder."""
+    folder.mkdir()
+    a, b = sentences(n, seed=seed), sentences(n, seed=seed + 100)
+    ids = [f"{i:05d}" for i in range(n)]
+    q = n // 4
+    write_csv(folder / "1.csv", zip(ids[:q], a[:q], b[:q]), header=("id", "a", "b"))
+    (folder / "2.tsv").write_text("id\ta\tb\n" + "".join(f"{i}\t{x}\t{y}\n" for i, x, y in
+                                                           zip(ids[q:2 * q], a[q:2 * q], b[q:2 * q])), encoding="utf-8")
+    (folder / "3.jsonl").write_text("".join(json.dumps({"b": y, "id": i, "a": x}) + "\n"
+                                            for i, x, y in zip(ids[2 * q:3 * q], a[2 * q:3 * q], b[2 * q:3 * q])),
+                                    encoding="utf-8")
+    pq.write_table(pa.table({"a": a[3 * q:], "b": b[3 * q:], "id": ids[3 * q:]}), folder / "4.parquet")
+    return ids, a, b
 
 
 def write_csv(path: Path, rows, header=("id", "text")) -> Path:
@@ -135,6 +162,99 @@ def test_resume_after_a_kill(model, predictor, tmp_path):
     assert read_output(out).equals(read_output(tmp_path / "whole"))
 
 
+# --- sentence pairs ---------------------------------------------------------------------------------
+
+def test_pairs_in_every_format_match_side_tasks(pairs_model, pair_predictor, tmp_path):
+    ids, a, b = pair_files(tmp_path / "in", 40, seed=7)
+    job = Job(base=pairs_model[0], heads=pairs_model[1], input=str(tmp_path / "in"), text_column="a",
+              text_pair_column="b", part_rows=15)
+    manifest = local.run(job, tmp_path / "out", batch_size=8, predictor=pair_predictor)
+    assert manifest["complete"] and manifest["rows"] == 40 and len(manifest["parts"]) == 3
+    out = read_output(tmp_path / "out")
+    assert out.column_names == ["id", "para_label", "para_score", "sim_value"]
+    assert out.column("id").to_pylist() == ids
+    side = SideTasks.load(*pairs_model, primary=False)
+    ref = side.predict(a, text_pairs=b)
+    for row, r in zip(out.to_pylist(), ref):
+        para = r["tasks"]["para"]
+        assert row["para_label"] == para["label"]
+        assert row["para_score"] == pytest.approx(para["probabilities"][para["label"]], abs=1e-5)
+        assert row["sim_value"] == pytest.approx(r["tasks"]["sim"]["value"], abs=1e-5)
+    swapped = side.predict(b, text_pairs=a)  # the second text is read, in its place
+    assert [r["tasks"]["sim"]["value"] for r in swapped] != pytest.approx(out.column("sim_value").to_pylist(), abs=1e-5)
+    assert len(set(out.column("para_label").to_pylist())) == 2
+
+
+def test_pair_heads_and_single_heads_are_refused_in_one_line(model, pairs_model, tmp_path, capsys):
+    path = write_csv(tmp_path / "in.csv", [("1", "a good movie", "a bad film")], header=("id", "a", "b"))
+    out = tmp_path / "out"
+    args = ["predict-files", "--base", model[0], "--input", str(path), "--output", str(out), "--text-column", "a"]
+    cases = [(pairs_model[1], [], "error: head 'para' was trained on sentence pairs: give each text its second text "
+                                  "(predict --pair A B, predict-files --text-pair-column, text_pairs=[...], "
+                                  "or [a, b] in the service's texts)"),
+             (model[1], ["--pair-column", "b"], "error: head 'acc' was trained on single texts, not sentence pairs: "
+                                                "give texts without a second text"),
+             ([model[1][0], pairs_model[1][0]], ["--text-pair-column", "b"],
+              "error: predict-files runs heads of one input kind per job, got sentence-pair heads (para) and "
+              "single-text heads (acc): run the pair heads with --text-pair-column and the others without it, "
+              "into two --output folders")]
+    for heads, extra, says in cases:
+        for engine in ("local", "ray"):
+            assert main(args + ["--heads", *heads, "--engine", engine] + extra) == 2
+            assert capsys.readouterr().err.strip().splitlines() == [says]
+            assert not out.exists()  # refused before any model or Ray started
+    assert main(args + ["--heads", *pairs_model[1], "--text-pair-column", "c", "--engine", "ray"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {path}: no column 'c' (columns: id, a, b); name the columns with --id-column / --text-column / "
+        f"--text-pair-column"]
+
+
+def test_pair_bad_rows_and_resume_after_an_interruption(pairs_model, pair_predictor, tmp_path):
+    """An empty second text is a bad row (file and line, or skipped); a job stopped after its second part
+    resumes with the finished parts kept, ending equal to an uninterrupted run."""
+    a, b = sentences(120, seed=8), sentences(120, seed=9)
+    b[30] = " "
+    path = tmp_path / "in.tsv"
+    path.write_text("id\ta\tb\n" + "".join(f"r{i}\t{x}\t{y}\n" for i, (x, y) in enumerate(zip(a, b))),
+                    encoding="utf-8")
+    job = Job(base=pairs_model[0], heads=pairs_model[1], input=str(path), text_column="a", text_pair_column="b",
+              part_rows=25)
+    with pytest.raises(DataError, match=rf"^{path}:32: the second-text column 'b' is empty$"):
+        local.run(job, tmp_path / "strict", predictor=pair_predictor)
+    job.skip_bad_rows = True
+
+    class Stop(Exception):
+        pass
+
+    class StopsAfter:
+        """The real predictor, interrupted when the third part's first batch is asked for."""
+        def __init__(self, batches: int):
+            self.left = batches
+
+        def predict(self, *args):
+            self.left -= 1
+            if self.left < 0:
+                raise Stop
+            return pair_predictor.predict(*args)
+
+    out = tmp_path / "out"
+    with pytest.raises(Stop):
+        local.run(job, out, batch_size=5, predictor=StopsAfter(10))
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert [p["rows"] for p in manifest["parts"]] == [25, 25] and manifest["consumed"] == 51  # + the bad row
+    kept = {p["name"]: (out / p["name"]).stat().st_ino for p in manifest["parts"]}
+    resumed = local.run(job, out, batch_size=5, predictor=pair_predictor)
+    assert resumed["complete"] and resumed["rows"] == 119 and resumed["bad_rows"] == 1  # met again, re-reading
+    assert all((out / name).stat().st_ino == ino for name, ino in kept.items())
+    whole = local.run(job, tmp_path / "whole", batch_size=5, predictor=pair_predictor)
+    assert whole["rows"] == 119 and whole["bad_rows"] == 1
+    assert read_output(out).equals(read_output(tmp_path / "whole"))
+    assert "r30" not in read_output(out).column("id").to_pylist()
+    other = Job(**{**job.__dict__, "text_pair_column": "a", "files": []})
+    with pytest.raises(DataError, match="other settings \\(text_pair_column differ\\)"):
+        local.run(other, out, predictor=pair_predictor)
+
+
 # --- the Ray Data engine --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -177,7 +297,7 @@ def test_ray_data_equals_the_local_engine_row_for_row(model, predictor, local_ra
 def assert_same_rows(a: pa.Table, b: pa.Table) -> None:
     assert a.schema.equals(b.schema) and a.num_rows == b.num_rows
     for name in a.column_names:
-        if name.endswith("_score"):
+        if name.endswith(("_score", "_value")):
             assert a.column(name).to_pylist() == pytest.approx(b.column(name).to_pylist(), abs=1e-5)
         else:
             assert a.column(name).to_pylist() == b.column(name).to_pylist(), name
@@ -189,3 +309,18 @@ def test_without_ray_the_engine_says_how_to_install_it(model, tmp_path, capsys, 
     assert main(["predict-files", "--base", model[0], "--heads", *model[1], "--input", str(path),
                  "--output", str(tmp_path / "out"), "--engine", "ray"]) == 2
     assert capsys.readouterr().err.strip() == "error: --engine ray needs Ray: pip install 'adalayers[ray]'"
+
+
+def test_ray_data_pairs_equal_the_local_engine_row_for_row(pairs_model, pair_predictor, local_ray, tmp_path):
+    """Sentence pairs in CSV, TSV, JSON Lines and Parquet: Ray Data with 2 actors gives the local rows."""
+    ids, _, _ = pair_files(tmp_path / "in", 400, seed=10)
+    job = Job(base=pairs_model[0], heads=pairs_model[1], input=str(tmp_path / "in"), text_column="a",
+              text_pair_column="b", part_rows=100)
+    mine = local.run(job, tmp_path / "local", batch_size=32, predictor=pair_predictor)
+    from adalayers.bulk import ray_engine
+
+    theirs = ray_engine.run(job, tmp_path / "ray", batch_size=32, concurrency=2, device="cpu")
+    assert mine["rows"] == theirs["rows"] == 400
+    a, b = read_output(tmp_path / "local"), read_output(tmp_path / "ray").sort_by("id")
+    assert a.column("id").to_pylist() == ids
+    assert_same_rows(a, b)

@@ -10,7 +10,7 @@ def cmd_predict_files(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     job = Job(base=args.base, heads=list(args.heads), input=args.input, id_column=args.id_column,
-              text_column=args.text_column, output_format=args.format, part_rows=args.part_rows,
+              text_column=args.text_column, text_pair_column=args.text_pair_column, output_format=args.format, part_rows=args.part_rows,
               max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     if args.engine == "ray":
         from adalayers.bulk import ray_engine
@@ -43,6 +43,9 @@ def add_commands(sub) -> None:
                    help="folder for part-NNNNN.parquet files and manifest.json; a rerun resumes it")
     p.add_argument("--id-column", default="id", help="input column copied to the output's id column")
     p.add_argument("--text-column", default="text", help="input column holding the text")
+    p.add_argument("--text-pair-column", "--pair-column", default=None, metavar="COLUMN",
+                   help="input column holding each row's second text, for heads trained on sentence pairs "
+                        "(every head of the job must then take pairs)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"], help="output file format")
     p.add_argument("--part-rows", type=int, default=10_000, help="rows per output part (the unit of resuming)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per base pass")

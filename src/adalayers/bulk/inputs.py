@@ -3,9 +3,9 @@
 PATH is a file, a folder (every file in it with a known extension, sorted by name) or a glob pattern.
 Formats by extension: .csv, .tsv/.tab, .jsonl/.ndjson/.json (one object a line), .parquet/.pq.
 CSV/TSV/JSON Lines are read line by line (tasks/tables.py's readers, exact "file:line" locations);
-Parquet by record batch (pyarrow's iter_batches, location "file: row N"). A row whose text is missing
-or empty, or that the reader finds malformed, is a bad row: an error naming file and line, or skipped
-and counted under `skipping_bad_rows(True)`.
+Parquet by record batch (pyarrow's iter_batches, location "file: row N"). A row whose text (or, for
+sentence pairs, second text) is missing or empty, or that the reader finds malformed, is a bad row: an
+error naming file and line, or skipped and counted under `skipping_bad_rows(True)`.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Record:
     where: str   # "file:line" (or "file: row N" for Parquet)
     id: str      # the id column's value, as text
     text: str
+    text_pair: str | None = None  # the second text of a sentence pair (--text-pair-column)
 
 
 def input_files(spec: str) -> list[Path]:
@@ -57,12 +58,13 @@ def file_format(path: Path) -> str:
         raise DataError(f"{path}: cannot tell the format from the extension; use one of {', '.join(FORMATS)}") from None
 
 
-def _missing(path: Path, column: str, columns) -> DataError:
+def _missing(path: Path, column: str, columns, wanted: tuple[str, ...]) -> DataError:
+    options = "--id-column / --text-column" + (" / --text-pair-column" if len(wanted) > 2 else "")
     return DataError(f"{path}: no column {column!r} (columns: {', '.join(map(str, columns))}); "
-                     f"name the columns with --id-column / --text-column")
+                     f"name the columns with {options}")
 
 
-def _rows(path: Path, fmt: str, columns: tuple[str, str]) -> Iterator[tuple[str, dict]]:
+def _rows(path: Path, fmt: str, columns: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
     """(location, {column: value}) for every row of one file, in file order."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -73,7 +75,7 @@ def _rows(path: Path, fmt: str, columns: tuple[str, str]) -> Iterator[tuple[str,
             raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
         for c in columns:
             if c not in f.schema_arrow.names:
-                raise _missing(path, c, f.schema_arrow.names)
+                raise _missing(path, c, f.schema_arrow.names, columns)
         n = 0
         for batch in f.iter_batches(batch_size=1024, columns=list(dict.fromkeys(columns))):
             for row in batch.to_pylist():
@@ -86,21 +88,50 @@ def _rows(path: Path, fmt: str, columns: tuple[str, str]) -> Iterator[tuple[str,
         if not checked:
             for c in columns:
                 if c not in row:
-                    raise _missing(path, c, list(row))
+                    raise _missing(path, c, list(row), columns)
             checked = True
         yield where, row
 
 
-def records(files: list[Path], id_column: str, text_column: str) -> Iterator[Record]:
-    """Every good row of every file, in order; bad rows go to tasks.bad_row (raise, or skip and count)."""
+def check_columns(files: list[Path], columns: list[str]) -> None:
+    """Each file's header (CSV/TSV first row, Parquet schema) has `columns`: a missing one is named before
+    any model loads. JSON objects may differ line by line: their rows are checked as they are read."""
+    from adalayers.tasks import skipping_bad_rows
+
+    with skipping_bad_rows(True):  # a malformed first row is the job's to report, not this check's
+        for path in files:
+            fmt = file_format(path)
+            if fmt != "jsonl":
+                next(_rows(path, fmt, tuple(columns)), None)
+
+
+def _text_problem(row: dict, column: str, value) -> str | None:
+    """Why `value` (row[column]) is not a usable text, or None."""
+    if isinstance(value, str) and value.strip():
+        return None
+    if column not in row:
+        return "missing"
+    return "empty" if value is None or isinstance(value, str) else f"not text: {value!r}"
+
+
+def records(files: list[Path], id_column: str, text_column: str,
+            text_pair_column: str | None = None) -> Iterator[Record]:
+    """Every good row of every file, in order; bad rows go to tasks.bad_row (raise, or skip and count).
+    With `text_pair_column`, every row is a sentence pair: both texts must be there."""
+    columns = (id_column, text_column) + ((text_pair_column,) if text_pair_column else ())
     for path in files:
-        for where, row in _rows(path, file_format(path), (id_column, text_column)):
+        for where, row in _rows(path, file_format(path), columns):
             if id_column not in row or row[id_column] is None:
                 bad_row(f"{where}: no value in the id column {id_column!r}")
                 continue
             text = row.get(text_column)
-            if not isinstance(text, str) or not text.strip():
-                what = "missing" if text_column not in row else "empty" if text in ("", None) else f"not text: {text!r}"
-                bad_row(f"{where}: the text column {text_column!r} is {what}")
+            problem = _text_problem(row, text_column, text)
+            if problem:
+                bad_row(f"{where}: the text column {text_column!r} is {problem}")
                 continue
-            yield Record(where, str(row[id_column]), text)
+            second = row.get(text_pair_column) if text_pair_column else None
+            problem = text_pair_column and _text_problem(row, text_pair_column, second)
+            if problem:
+                bad_row(f"{where}: the second-text column {text_pair_column!r} is {problem}")
+                continue
+            yield Record(where, str(row[id_column]), text, second)

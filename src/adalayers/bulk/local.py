@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from adalayers.bulk.inputs import input_files, records
-from adalayers.bulk.predictor import BatchPredictor
+from adalayers.bulk.predictor import BatchPredictor, check_heads
 from adalayers.errors import DataError
 from adalayers.run import write_json
 from adalayers.tasks import skipping_bad_rows
@@ -43,6 +43,7 @@ class Job:
     input: str
     id_column: str = "id"
     text_column: str = "text"
+    text_pair_column: str | None = None  # sentence pairs: the column of each row's second text
     output_format: str = "parquet"
     part_rows: int = 10_000
     max_length: int | None = None
@@ -55,6 +56,7 @@ class Job:
         if self.part_rows < 1:
             raise DataError(f"--part-rows: must be at least 1, got {self.part_rows}")
         files = input_files(self.input)
+        check_heads(self.heads, self.text_pair_column is not None)
         self.files = [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                       for p in files]
         return files
@@ -121,7 +123,7 @@ def run(job: Job, out: Path, batch_size: int = 32, device: str = "cpu", num_thre
     done_rows = sum(p["rows"] for p in manifest["parts"])
     start = time.perf_counter()
     with skipping_bad_rows(job.skip_bad_rows) as skipped:
-        stream = records(files, job.id_column, job.text_column)
+        stream = records(files, job.id_column, job.text_column, job.text_pair_column)
         first = next(stream, None)  # a missing column fails here, before the model loads
         stream = itertools.chain([first] if first else [], stream)
         seen = 0
@@ -141,7 +143,8 @@ def run(job: Job, out: Path, batch_size: int = 32, device: str = "cpu", num_thre
             tables = []
             for s in range(0, len(chunk), batch_size):
                 batch = chunk[s: s + batch_size]
-                tables.append(predictor.predict([r.id for r in batch], [r.text for r in batch]))
+                tables.append(predictor.predict([r.id for r in batch], [r.text for r in batch],
+                                                [r.text_pair for r in batch] if job.text_pair_column else None))
                 bar.update(len(batch))
             seen += len(chunk)
             name = part_name(len(manifest["parts"]), job.output_format)

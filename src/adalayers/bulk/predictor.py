@@ -8,6 +8,9 @@ off) and the same conversion to columns:
     <task>_label        sequence task: the most probable label      <task>_score  its probability
     <task>_value        regression task: the predicted value
     <task>_words        token task: the text's whitespace-separated words   <task>_tags  one tag per word
+
+Sentence pairs: with a second-text column every row is (text, second text) and every head must have been
+trained on pairs; without one, every head must take single texts (check_heads, before any model loads).
 """
 from __future__ import annotations
 
@@ -18,6 +21,27 @@ import pyarrow as pa
 from adalayers.errors import DataError
 
 log = logging.getLogger(__name__)
+
+
+def check_heads(heads: list[str], pairs: bool) -> None:
+    """Refuse, from the run folders' configs alone, heads that do not take this input: a mix of pair and
+    single-text heads (one input per job), else tasks.check_pairs' own rule for each head."""
+    from adalayers.run import run_config
+    from adalayers.serve.api import parse_head_arg
+    from adalayers.tasks import check_pairs, takes_pairs
+
+    takes = {}
+    for arg in heads:
+        name, path = parse_head_arg(str(arg))
+        takes[name] = takes_pairs(run_config(path))
+    if len(set(takes.values())) > 1:
+        pair_heads = ", ".join(n for n, t in takes.items() if t)
+        single = ", ".join(n for n, t in takes.items() if not t)
+        raise DataError(f"predict-files runs heads of one input kind per job, got sentence-pair heads ({pair_heads}) "
+                        f"and single-text heads ({single}): run the pair heads with --text-pair-column and the "
+                        f"others without it, into two --output folders")
+    for name, t in takes.items():
+        check_pairs(f"head {name!r}", t, [] if pairs else None, 0)
 
 
 def schema(heads: dict[str, str]) -> pa.Schema:
@@ -50,11 +74,12 @@ def to_table(ids: list[str], results: list[dict], heads: dict[str, str]) -> pa.T
 
 
 class BatchPredictor:
-    """Loads the base and heads once; called with a batch (Arrow table or {column: values}) of id + text."""
+    """Loads the base and heads once; called with a batch (Arrow table or {column: values}) of id + text
+    (+ second text, with `text_pair_column`)."""
 
     def __init__(self, base: str, heads: list[str], id_column: str = "id", text_column: str = "text",
                  device: str = "cpu", max_length: int | None = None, batch_size: int = 32,
-                 num_threads: int | None = None, skip_bad_rows: bool = False):
+                 num_threads: int | None = None, skip_bad_rows: bool = False, text_pair_column: str | None = None):
         import torch
 
         from adalayers.serve.api import SideTasks
@@ -65,22 +90,34 @@ class BatchPredictor:
                                    batch_size=batch_size)
         self.heads = {h.name: h.kind for h in self.side.heads.values()}
         self.id_column, self.text_column, self.skip_bad_rows = id_column, text_column, skip_bad_rows
+        self.text_pair_column = text_pair_column
 
-    def predict(self, ids: list[str], texts: list[str]) -> pa.Table:
-        # every loaded head by name: a head trained on sentence pairs is refused in one line (it needs two texts)
-        return to_table(ids, self.side.predict(texts, list(self.heads)) if texts else [], self.heads)
+    def predict(self, ids: list[str], texts: list[str], text_pairs: list[str] | None = None) -> pa.Table:
+        # every loaded head by name: SideTasks.predict refuses, in one line, a pair head given single texts
+        # and a single-text head given pairs (tasks.check_pairs)
+        if not texts:
+            return to_table(ids, [], self.heads)
+        return to_table(ids, self.side.predict(texts, list(self.heads), text_pairs=text_pairs), self.heads)
 
     def __call__(self, batch) -> pa.Table:
-        """Ray Data's entry: rows without an id or text are errors (or dropped with skip_bad_rows)."""
+        """Ray Data's entry: rows without an id or text (or second text) are errors (or dropped with
+        skip_bad_rows)."""
         column = (lambda c: batch.column(c).to_pylist()) if isinstance(batch, pa.Table) else (lambda c: list(batch[c]))
         ids, texts = column(self.id_column), column(self.text_column)
+        seconds = column(self.text_pair_column) if self.text_pair_column else None
         keep = []
         for i, (id_, text) in enumerate(zip(ids, texts)):
-            if id_ is not None and isinstance(text, str) and text.strip():
+            missing = [c for c, v in ((self.text_column, text), (self.text_pair_column, seconds and seconds[i]))
+                       if c and not (isinstance(v, str) and v.strip())]
+            if id_ is not None and not missing:
                 keep.append(i)
             elif not self.skip_bad_rows:
-                raise DataError(f"the row with {self.id_column} {id_!r} has no text in column {self.text_column!r} "
+                raise DataError(f"the row with {self.id_column} {id_!r} has no text in column {missing[0]!r} "
+                                f"(use --skip-bad-rows to skip such rows)" if missing else
+                                f"a row has no value in the id column {self.id_column!r} "
                                 f"(use --skip-bad-rows to skip such rows)")
             else:
-                log.warning("skipped the row with %s %r: no text in column %r", self.id_column, id_, self.text_column)
-        return self.predict([str(ids[i]) for i in keep], [texts[i] for i in keep])
+                log.warning("skipped the row with %s %r: %s", self.id_column, id_,
+                            f"no text in column {missing[0]!r}" if missing else "no id")
+        return self.predict([str(ids[i]) for i in keep], [texts[i] for i in keep],
+                            [seconds[i] for i in keep] if seconds is not None else None)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from adalayers.bulk.inputs import file_format
+from adalayers.bulk.inputs import check_columns, file_format
 from adalayers.bulk.local import MANIFEST, Job, read_manifest
 from adalayers.bulk.predictor import BatchPredictor
 from adalayers.errors import AdaLayersError, ConfigError, DataError
@@ -39,19 +39,22 @@ def read_dataset(files: list[Path], job: Job):
     import pyarrow.csv as pacsv
     import ray
 
-    columns = list(dict.fromkeys([job.id_column, job.text_column]))
+    texts = [job.text_column] + ([job.text_pair_column] if job.text_pair_column else [])
+    columns = list(dict.fromkeys([job.id_column, *texts]))
     parts = []
     for fmt, group in itertools.groupby(files, key=file_format):
         paths = [str(p) for p in group]
         if fmt == "parquet":
             ds = ray.data.read_parquet(paths)
-        elif fmt == "jsonl":
-            ds = ray.data.read_json(paths, lines=True, file_extensions=None)
+        elif fmt == "jsonl":  # lines parsed as the local reader does (Ray's own JSON Lines reader, pandas,
+            # makes "00012" the number 12 and gives pandas blocks that cannot share a batch with Arrow ones)
+            ds = ray.data.read_text(paths, file_extensions=None, include_paths=True).map_batches(
+                json_columns, batch_format="pyarrow", fn_kwargs=dict(columns=columns, skip_bad_rows=job.skip_bad_rows))
         else:  # every column as text, as the local CSV reader gives it; TSV unquoted
             parse = pacsv.ParseOptions(delimiter="," if fmt == "csv" else "\t",
                                        quote_char='"' if fmt == "csv" else False,
                                        newlines_in_values=fmt == "csv")
-            types = {job.id_column: pa.string(), job.text_column: pa.string()}
+            types = {c: pa.string() for c in columns}
             ds = ray.data.read_csv(paths, parse_options=parse, file_extensions=None,
                                    convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False,
                                                                         quoted_strings_can_be_null=False))
@@ -59,10 +62,41 @@ def read_dataset(files: list[Path], job: Job):
     return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
 
 
+def json_columns(batch, columns: list[str], skip_bad_rows: bool):
+    """read_text's lines (columns text, path) -> `columns` of each line's JSON object: the id as text
+    (str of the JSON value, as the local engine), texts when they are strings (else null: a bad row for
+    BatchPredictor). A line that is not a JSON object is a DataError, or dropped with skip_bad_rows."""
+    import json
+
+    import pyarrow as pa
+
+    out: dict[str, list] = {c: [] for c in columns}
+    for line, path in zip(batch.column("text").to_pylist(), batch.column("path").to_pylist()):
+        if not line.strip():
+            continue  # a blank line, as the local reader
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            obj, why = None, f"not valid JSON ({e.msg})"
+        else:
+            why = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
+        if why:
+            if not skip_bad_rows:
+                raise DataError(f"{path}: a line is {why}; JSON Lines needs one object per line "
+                                f"(use --skip-bad-rows to skip such lines)")
+            log.warning("skipped a line of %s: %s", path, why)
+            continue
+        for i, c in enumerate(columns):
+            v = obj.get(c)
+            out[c].append((None if v is None else str(v)) if i == 0 else (v if isinstance(v, str) else None))
+    return pa.table({c: pa.array(v, pa.string()) for c, v in out.items()})
+
+
 def run(job: Job, out: Path, batch_size: int = 32, concurrency: int = 2, num_gpus: float = 0,
         cpus_per_actor: float = 0.5, address: str | None = None, num_cpus: int = 2,
         device: str = "auto", num_threads: int | None = 1) -> dict:
     files = job.plan()
+    check_columns(files, [job.id_column, job.text_column] + ([job.text_pair_column] if job.text_pair_column else []))
     out = Path(out)
     manifest = read_manifest(out, job)
     if manifest and manifest.get("complete"):
@@ -84,7 +118,8 @@ def run(job: Job, out: Path, batch_size: int = 32, concurrency: int = 2, num_gpu
                             compute=ray.data.ActorPoolStrategy(size=concurrency),
                             num_gpus=num_gpus, num_cpus=cpus_per_actor,
                             fn_constructor_kwargs=dict(base=job.base, heads=job.heads, id_column=job.id_column,
-                                                       text_column=job.text_column, max_length=job.max_length,
+                                                       text_column=job.text_column,
+                                                       text_pair_column=job.text_pair_column, max_length=job.max_length,
                                                        batch_size=batch_size, device=device, num_threads=num_threads,
                                                        skip_bad_rows=job.skip_bad_rows))
         if job.output_format == "parquet":

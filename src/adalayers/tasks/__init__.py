@@ -84,7 +84,8 @@ def check_pairs(name: str, pairs: bool, text_pairs: list | None, n_texts: int) -
     """Refuse single texts for a head trained on pairs, and pairs for a head trained on single texts."""
     if pairs and text_pairs is None:
         raise DataError(f"{name} was trained on sentence pairs: give each text its second text "
-                        f"(predict --pair A B, text_pairs=[...], or [a, b] in the service's texts)")
+                        f"(predict --pair A B, predict-files --text-pair-column, text_pairs=[...], "
+                        f"or [a, b] in the service's texts)")
     if not pairs and text_pairs is not None:
         raise DataError(f"{name} was trained on single texts, not sentence pairs: give texts without a second text")
     if text_pairs is not None and len(text_pairs) != n_texts:
