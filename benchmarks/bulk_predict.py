@@ -8,8 +8,9 @@ to a Parquet file with an id column, then runs, one after the other, nice'd:
 
 and reports for each: rows/s over the job (manifest seconds: model loaded to last part written) and over
 the whole command (start-up included), the peak resident memory of the command's process tree (sampled
-every 0.2 s; for Ray: driver, Ray's daemons and actors), and whether the two outputs agree row for row
-(labels and tags exactly, probabilities to 1e-5).
+every 0.2 s; for Ray: driver, Ray's daemons and actors), the machine's 1-minute load average over the
+run (min, median, max of the same samples: what else was running), and whether the two outputs agree
+row for row (labels and tags exactly, probabilities to 1e-5).
 
     python benchmarks/bulk_predict.py --heads /work/runs/cola /work/runs/conll --rows 1000
 """
@@ -44,7 +45,11 @@ def imdb_subset(data: Path, rows: int, path: Path) -> None:
 
 def tree_rss_mb(proc: psutil.Process) -> float:
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:  # a child ended while the tree was listed: the next sample counts again
+        return 0.0
+    for p in procs:
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -54,7 +59,7 @@ def tree_rss_mb(proc: psutil.Process) -> float:
 
 def run(cmd: list[str], log: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
-    peak, done = [0.0], threading.Event()
+    peak, loads, done = [0.0], [], threading.Event()
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(["nice", "-n", "10", *cmd], env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -63,6 +68,7 @@ def run(cmd: list[str], log: Path) -> dict:
         def sample():
             while not done.is_set():
                 peak[0] = max(peak[0], tree_rss_mb(ps))
+                loads.append(os.getloadavg()[0])
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -77,7 +83,8 @@ def run(cmd: list[str], log: Path) -> dict:
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     return {"rows": summary["rows"], "job_seconds": summary["seconds"], "wall_seconds": round(wall, 1),
             "rows_per_s_job": round(summary["rows"] / summary["seconds"], 2),
-            "rows_per_s_wall": round(summary["rows"] / wall, 2), "peak_rss_mb": round(peak[0])}
+            "rows_per_s_wall": round(summary["rows"] / wall, 2), "peak_rss_mb": round(peak[0]),
+            "load_average_1min": {"min": min(loads), "median": sorted(loads)[len(loads) // 2], "max": max(loads)}}
 
 
 def compare(a: pa.Table, b: pa.Table) -> dict:
@@ -130,6 +137,9 @@ def main() -> int:
              f"{results['local']['rows_per_s_wall']} | {results['local']['peak_rss_mb']} MB |",
              f"| Ray Data, {args.concurrency} actors x 1 thread | {results['ray']['rows_per_s_job']} | "
              f"{results['ray']['rows_per_s_wall']} | {results['ray']['peak_rss_mb']} MB |", "",
+             "Load average (1 min) during each run, min / median / max: " + "; ".join(
+                 f"{k} {v['load_average_1min']['min']:.1f} / {v['load_average_1min']['median']:.1f} / "
+                 f"{v['load_average_1min']['max']:.1f}" for k, v in results.items()) + ".", "",
              f"Ray / one process (job rows/s): {ratio:.2f}. Outputs equal row for row: {check['equal']}."]
     atomic_write(Path(args.out + ".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
