@@ -8,6 +8,10 @@ the same work as 4 distinct heads). Each repeat runs every backend once, in a ro
 backend's ratio is the median over repeats of its time / PyTorch's time in the same repeat. All
 three answer with the same seam (SideTasks._forward: one batch -> base output + every head's logits).
 
+--fresh-heads (a base without trained heads, e.g. mpnet-base): freshly initialised heads with the
+shapes of configs/cola.yaml (sequence) and configs/conll.yaml (token) stand in for the timing (their
+weights do not change the work); no quality is measured then.
+
 Quality: each head's metric on its task's full test split through each backend (CoLA MCC, CoNLL
 entity F1 via the project's metrics), and the share of predictions (labels, or word tags) that
 equal PyTorch fp32's. Writes benchmarks/results/backends_<base>.json and .md.
@@ -29,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from adalayers import config as configlib  # noqa: E402
 from adalayers import metrics  # noqa: E402
 from adalayers import run as runlib  # noqa: E402
 from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.export.int8 import DEFAULT_INT8  # noqa: E402
 from adalayers.export.onnx import export  # noqa: E402
 from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
 from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
@@ -48,31 +54,54 @@ def sides(base: Backbone, heads: list[tuple[str, Path]], folder: Path, threads: 
             "onnx-int8": OnnxSideTasks.open(folder, int8=True, threads=threads)}
 
 
+def fresh_heads(base: Backbone, folder: Path) -> list[str]:
+    """NAME=RUN folders of freshly initialised heads shaped as configs/cola.yaml and configs/conll.yaml."""
+    from adalayers.sidetask import SideTask
+
+    labels = {"cola": ["unacceptable", "acceptable"],
+              "conll": ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]}
+    out = []
+    for name, kind in (("cola", "sequence"), ("conll", "token")):
+        cfg = configlib.load(ROOT / "configs" / f"{name}.yaml")
+        cfg.head.kind, cfg.model.base = kind, base.name
+        torch.manual_seed(0)
+        task = SideTask(cfg, base.num_layers, base.hidden_size, labels[name])
+        run = folder / name
+        run.mkdir(parents=True)
+        runlib.save_config(run, cfg, labels[name], base, runlib.save_head(run, task), task=name, kind=kind)
+        out.append(f"{name}={run}")
+    return out
+
+
 def timing(all_sides: dict, batch: dict, names: list[str], repeats: int) -> dict:
-    times = {b: [] for b in BACKENDS}
-    for b in BACKENDS:  # warm-up
+    """Each backend of all_sides (the first is the reference) once per repeat, in rotating order."""
+    keys = list(all_sides)
+    times = {b: [] for b in keys}
+    for b in keys:  # warm-up
         s = all_sides[b]
         s._forward(batch, [s.heads[n] for n in names], None)
     with torch.inference_mode():
         for r in range(repeats):
-            for b in BACKENDS[r % 3:] + BACKENDS[: r % 3]:
+            for b in keys[r % len(keys):] + keys[: r % len(keys)]:
                 s = all_sides[b]
                 t0 = time.perf_counter()
                 s._forward(batch, [s.heads[n] for n in names], None)
                 times[b].append(time.perf_counter() - t0)
     return {b: {"median_s": statistics.median(times[b]),
-                "ratio_to_torch": statistics.median(t / p for t, p in zip(times[b], times["torch"])),
-                "times_s": [round(t, 4) for t in times[b]]} for b in BACKENDS}
+                "ratio_to_torch": statistics.median(t / p for t, p in zip(times[b], times[keys[0]])),
+                "times_s": [round(t, 4) for t in times[b]]} for b in keys}
 
 
-def quality(all_sides: dict, name: str, run: Path, limit: int | None) -> dict:
+def quality(all_sides: dict, name: str, run: Path, limit: int | None, split: str = "test") -> dict:
+    """The head's metric on the split through each backend of all_sides, and agreement with the first's."""
+    keys = list(all_sides)
     cfg = runlib.run_config(run)
     data = load_task(cfg)
-    test = data.splits["test"][:limit] if limit else data.splits["test"]
+    test = data.splits[split][:limit] if limit else data.splits[split]
     texts = [" ".join(e.words) if data.kind == "token" else e.text for e in test]
-    out = {"task": data.name, "n": len(test)}
+    out = {"task": data.name, "split": split, "n": len(test)}
     preds = {}
-    for b in BACKENDS:
+    for b in keys:
         res = all_sides[b].predict(texts, tasks=[name])
         if data.kind == "token":
             preds[b] = [r["tasks"][name]["tags"] for r in res]
@@ -82,11 +111,11 @@ def quality(all_sides: dict, name: str, run: Path, limit: int | None) -> dict:
             m = metrics.classification([data.labels.index(e.label) for e in test],
                                        [data.labels.index(p) for p in preds[b]], data.labels)
             out[b] = {"mcc": m["mcc"], "accuracy": m["accuracy"]}
-    for b in BACKENDS[1:]:
+    for b in keys[1:]:
         if data.kind == "token":
-            pairs = [(x, y) for a, c in zip(preds["torch"], preds[b]) for x, y in zip(a, c)]
+            pairs = [(x, y) for a, c in zip(preds[keys[0]], preds[b]) for x, y in zip(a, c)]
         else:
-            pairs = list(zip(preds["torch"], preds[b]))
+            pairs = list(zip(preds[keys[0]], preds[b]))
         out[b]["agreement_with_torch"] = sum(x == y for x, y in pairs) / len(pairs)
     return out
 
@@ -94,7 +123,9 @@ def quality(all_sides: dict, name: str, run: Path, limit: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="minilm-l6")
-    ap.add_argument("--heads", nargs="+", required=True, help="NAME=RUN folders (the first is the 1-head case)")
+    ap.add_argument("--heads", nargs="+", default=[], help="NAME=RUN folders (the first is the 1-head case)")
+    ap.add_argument("--fresh-heads", action="store_true",
+                    help="time fresh cola- and conll-shaped heads instead (no trained heads for this base; no quality)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=7)
@@ -107,10 +138,14 @@ def main() -> None:
     import onnxruntime
 
     settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
-                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine()}
+                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine(),
+                "int8_scheme": DEFAULT_INT8}
     print("settings:", json.dumps(settings), flush=True)
+    if bool(args.heads) == args.fresh_heads:
+        sys.exit("give --heads NAME=RUN ... or --fresh-heads")
     base = Backbone.load(args.base)
-    given = [parse_head_arg(h) for h in args.heads]
+    fresh_dir = tempfile.TemporaryDirectory()
+    given = [parse_head_arg(h) for h in (fresh_heads(base, Path(fresh_dir.name)) if args.fresh_heads else args.heads)]
     four = (given * 4)[:4]
     heads = [(n if i < len(given) else f"{n}{i + 1}", p) for i, (n, p) in enumerate(four)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +163,7 @@ def main() -> None:
                 rows.append({"batch": B, "length": args.length, "heads": n, **t})
                 print(f"B={B} heads={n}: " + "  ".join(f"{b} {t[b]['median_s']:.4f}s x{t[b]['ratio_to_torch']:.3f}"
                                                        for b in BACKENDS), flush=True)
-        scores = [quality(all_sides, n, p, args.limit) for n, p in given]
+        scores = [] if args.fresh_heads else [quality(all_sides, n, p, args.limit) for n, p in given]
         for s in scores:
             print(json.dumps(s), flush=True)
     result = {"settings": settings, "model_mib": sizes, "timing": rows, "quality": scores}
@@ -140,15 +175,19 @@ def main() -> None:
 
 def table(result: dict) -> str:
     s = result["settings"]
-    lines = [f"### {s['base']}: PyTorch fp32 vs ONNX Runtime fp32 / int8 (CPU, {s['threads']} thread(s), "
+    lines = [f"### {s['base']}: PyTorch fp32 vs ONNX Runtime fp32 / int8 ({s.get('int8_scheme', 'base')} scheme) "
+             f"(CPU, {s['threads']} thread(s), "
              f"median of {s['repeats']} repeats; torch {s['torch']}, onnxruntime {s['onnxruntime']})", "",
              "| batch x tokens | heads | PyTorch s | ORT fp32 s (ratio) | ORT int8 s (ratio) |", "|---|---:|---:|---:|---:|"]
     for r in result["timing"]:
         lines.append(f"| {r['batch']} x {r['length']} | {r['heads']} | {r['torch']['median_s']:.4f} | "
                      f"{r['onnx']['median_s']:.4f} ({r['onnx']['ratio_to_torch']:.2f}) | "
                      f"{r['onnx-int8']['median_s']:.4f} ({r['onnx-int8']['ratio_to_torch']:.2f}) |")
-    lines += ["", "| head (test set) | metric | PyTorch | ORT fp32 (agreement) | ORT int8 (agreement) |",
-              "|---|---|---:|---:|---:|"]
+    if not result["quality"]:
+        lines += ["", "Fresh (untrained) heads shaped as configs/cola.yaml and configs/conll.yaml: timing only."]
+    else:
+        lines += ["", "| head (test set) | metric | PyTorch | ORT fp32 (agreement) | ORT int8 (agreement) |",
+                  "|---|---|---:|---:|---:|"]
     for q in result["quality"]:
         metric = "f1" if "f1" in q["torch"] else "mcc"
         lines.append(f"| {q['task']} ({q['n']}) | {metric} | {q['torch'][metric]:.4f} | "

@@ -1,7 +1,10 @@
 """What side tasks cost on top of the base's own pass, against the alternatives.
 
     (a)  the base alone
-    (b)  the base + N side heads in one pass (layer taps, one (B, T, k) accumulator per head)
+    (b)  the base + N side heads in one pass (one tap: GELU(Z_i) once and one GEMM per layer for all
+         heads, adalayers.fused)
+    (u)  as (b), but each head taps on its own (its own GELU, GEMM and LayerNorm per layer): the
+         per-head path the fused one replaces, side by side with it
     (c)  N separately fine-tuned copies of the base (N full passes, each copy with its own classifier)
     (d)  output_hidden_states=True, then every head projects and stacks all layers (the original code's way)
     (e)  early exit: heads that use layers <= L only, the base stopped after layer L
@@ -40,7 +43,7 @@ from adalayers.config import Config  # noqa: E402
 from adalayers.run import write_json, atomic_write  # noqa: E402
 from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
 
-ALL = "a,b1,b2,b4,b8,mixed4,c1,c2,d1,d4,e"
+ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,c1,c2,d1,d4,e"
 
 
 def imdb_rows(data: Path, tokenizer, batch: int, length: int) -> dict:
@@ -83,6 +86,14 @@ def one_pass(backbone, batch, heads, primary=True):
         t.begin()
     stop = None if primary else max(max(t.used_layers()) for t in heads)
     backbone(batch, taps=[shared_tap(heads)], stop_after=stop)
+    return [t.end(batch["attention_mask"]) for t in heads]
+
+
+def per_head(backbone, batch, heads):
+    """(u): one pass, every head its own tap (SideTask.tap: its own GELU, GEMM and LayerNorm)."""
+    for t in heads:
+        t.begin()
+    backbone(batch, taps=[t.tap for t in heads])
     return [t.end(batch["attention_mask"]) for t in heads]
 
 
@@ -157,6 +168,8 @@ def main() -> None:
         B = batch["input_ids"].shape[0]
         run = {"a": lambda: backbone(batch),
                "mixed4": lambda: one_pass(backbone, batch, mixed),
+               "u4": lambda: per_head(backbone, batch, seq[:4]),
+               "umixed4": lambda: per_head(backbone, batch, mixed),
                "e": lambda: one_pass(backbone, batch, early, primary=False)}
         for n in (1, 2, 4, 8):
             run[f"b{n}"] = lambda n=n: one_pass(backbone, batch, seq[:n])
@@ -204,6 +217,8 @@ def main() -> None:
 
 
 LABELS = {"a": "(a) base alone", "mixed4": "(b) base + 4 mixed heads (cola, imdb, conll-token, stsb)",
+          "u4": "(u) base + 4 sequence heads, one pass, a tap per head (not fused)",
+          "umixed4": "(u) base + 4 mixed heads, a tap per head (not fused)",
           "e": "(e) early exit, 1 head on layers <= {L}"}
 for _n in (1, 2, 4, 8):
     LABELS[f"b{_n}"] = f"(b) base + {_n} sequence head{'s' * (_n > 1)}, one pass"

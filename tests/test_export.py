@@ -2,14 +2,15 @@
 
 Tolerances: fp32 logits/probabilities and the embedding within 1e-4 of PyTorch (the graph is the
 same arithmetic; only kernels differ), predicted labels and tags identical. int8 is checked for
-running and agreeing on most texts here (random tiny models); its agreement on real sentences is
-measured in test_export_real.py.
+running and for quantizing the base's matrices only (random tiny models); its agreement on real
+sentences is measured in test_export_real.py.
 """
 import onnx
 import pytest
 import torch
 
-from adalayers.errors import AdaLayersError, RunError
+from adalayers.errors import AdaLayersError, ModelError, RunError
+from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import export, read_meta
 from adalayers.export.runtime import OnnxSideTasks
 from adalayers.serve.api import SideTasks
@@ -78,6 +79,10 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
     assert_same(torch_side.predict(TEXTS), onnx_side.predict(TEXTS))
     assert_same(torch_side.predict(TEXTS, tasks=["ner"]), onnx_side.predict(TEXTS, tasks=["ner"]))
     if primary:
+        assert meta["int8_scheme"]["name"] == DEFAULT_INT8
+        quantized = [n.name for n in onnx.load(str(folder / "model.int8.onnx")).graph.node
+                     if n.op_type in ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul")]
+        assert quantized and all(n.startswith("/model/") for n in quantized)  # the base only, never a head
         int8 = OnnxSideTasks.open(folder, int8=True)
         got = int8.predict(TEXTS)
         assert len(got) == len(TEXTS) and all(set(g["tasks"]) == {"acc", "score", "ner"} for g in got)
@@ -92,6 +97,8 @@ def test_export_refuses_bad_input(tokenizer, tmp_path):
         export(base, [("acc", run)], tmp_path / "busy")
     with pytest.raises(AdaLayersError, match="task name"):
         export(base, [("a b", run)], tmp_path / "out")
+    with pytest.raises(ModelError, match="int8 scheme 'nope'"):
+        export(base, [("acc", run)], tmp_path / "out", int8=True, int8_scheme="nope")
     with pytest.raises(RunError, match="run folder not found"):
         export(base, [("x", tmp_path / "missing")], tmp_path / "out")
     assert not (tmp_path / "out").exists() and (tmp_path / "busy" / "notes.txt").read_text() == "mine"

@@ -68,18 +68,29 @@ def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
                      weights[live, i].unsqueeze(-1), len(live) == len(group))
 
 
+def normalized(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
+    """LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i)."""
+    return nnf.layer_norm(nnf.linear(a, plan.weight).unflatten(-1, (len(plan.live), k)), (k,))
+
+
 def contribution(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
     """w_i * LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i)."""
-    f = nnf.layer_norm(nnf.linear(a, plan.weight).unflatten(-1, (len(plan.live), k)), (k,))
+    f = normalized(a, plan, k)
     return f * plan.w.to(f.dtype)
 
 
-def accumulate(acc: torch.Tensor, c: torch.Tensor, plan: LayerPlan, inplace: bool) -> torch.Tensor:
-    """acc (..., H, k) + the plan's contribution at its heads' slots."""
+def accumulate(acc: torch.Tensor | None, f: torch.Tensor, plan: LayerPlan, heads: int) -> torch.Tensor:
+    """acc (..., H, k) += w_i * f at the plan's heads' slots, in place; f = normalized(...) is consumed.
+
+    The first layer's weighted f becomes the accumulator itself when every head uses that layer
+    (no zero fill, no add); after that, acc += f * w is one addcmul_ (no w * f temporary).
+    """
+    w = plan.w.to(f.dtype)
     if plan.all_live:
-        return acc.add_(c) if inplace else acc + c
-    idx = torch.tensor(plan.live, device=acc.device)
-    return acc.index_add_(acc.dim() - 2, idx, c) if inplace else acc.index_add(acc.dim() - 2, idx, c)
+        return f.mul_(w) if acc is None else acc.addcmul_(f, w)
+    if acc is None:
+        acc = f.new_zeros(*f.shape[:-2], heads, f.shape[-1])
+    return acc.index_add_(acc.dim() - 2, torch.tensor(plan.live, device=acc.device), f.mul_(w))
 
 
 class FusedTap:
@@ -103,10 +114,9 @@ class FusedTap:
             k, dtype, _ = key
             if dtype not in gelu:
                 gelu[dtype] = nnf.gelu(z.to(dtype))
-            c = contribution(gelu[dtype], plan, k)
             acc = self._acc.get(key)
+            new = accumulate(acc, normalized(gelu[dtype], plan, k), plan, len(group))
             if acc is None:
-                acc = self._acc[key] = c.new_zeros(*c.shape[:-2], len(group), k)
+                self._acc[key] = new
                 for h, t in enumerate(group):
-                    t._acc = acc[..., h, :]  # a view: the in-place updates below reach every head
-            accumulate(acc, c, plan, inplace=True)
+                    t._acc = new[..., h, :]  # a view: the in-place updates of later layers reach every head

@@ -18,6 +18,7 @@ import logging
 import shutil
 import tempfile
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
+from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize
 
 log = logging.getLogger(__name__)
 META = "export.json"
@@ -49,9 +51,12 @@ def example_inputs(backbone, graph: OnePassGraph) -> dict:
     return {name: enc[name] if name in enc else torch.zeros_like(enc["input_ids"]) for name in graph.input_names()}
 
 
-def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = True, int8: bool = False) -> dict:
+def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = True, int8: bool = False,
+           int8_scheme: str = DEFAULT_INT8) -> dict:
     """Export `backbone` + the heads (name, run folder) to the folder `out`; returns export.json's content."""
     out = Path(out)
+    if int8 and int8_scheme not in INT8_SCHEMES:
+        raise ModelError(f"int8 scheme {int8_scheme!r}: choose one of {', '.join(INT8_SCHEMES)}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META).is_file())):
         raise RunError(f"{out}: exists and is not an export folder; give a new or empty folder")
     names, tasks, metas = [], [], []
@@ -77,7 +82,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                               input_names=list(inputs), output_names=graph.output_names(),
                               dynamic_axes={n: {0: "batch", 1: "sequence"} for n in inputs})
         if int8:
-            quantize(tmp / MODEL, tmp / MODEL_INT8)
+            quantize(tmp / MODEL, tmp / MODEL_INT8, int8_scheme)
         backbone.tokenizer.save_pretrained(tmp)
         outputs = ([{"name": EMBEDDING, "kind": "embedding", "shape": ["batch", backbone.hidden_size]}]
                    if primary else [])
@@ -101,6 +106,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                 "layers_in_graph": graph.deepest if not primary else backbone.num_layers - 1,
                 "projected_layers": graph.used_layers, "opset": OPSET,
                 "files": {"fp32": MODEL, **({"int8": MODEL_INT8} if int8 else {})},
+                **({"int8_scheme": {"name": int8_scheme, **asdict(INT8_SCHEMES[int8_scheme])}} if int8 else {}),
                 "torch": torch.__version__}
         runlib.write_json(tmp / META, meta)
         _replace(tmp, out)
@@ -108,18 +114,6 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
-
-
-def quantize(src: Path, dst: Path) -> None:
-    """int8 weights for the base's MatMul/Gemm nodes only (named /model/...): the heads and the per-layer
-    projections stay fp32. They are ~1% of the FLOPs, and quantizing them flipped CoLA predictions."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    log.info("quantizing %s to int8 (dynamic)", src.name)
-    nodes = [n.name for n in onnx.load(str(src), load_external_data=False).graph.node
-             if n.op_type in ("MatMul", "Gemm") and n.name.startswith("/model/")]
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, nodes_to_quantize=nodes, per_channel=True)
 
 
 def _replace(tmp: Path, out: Path) -> None:

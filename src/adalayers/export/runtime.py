@@ -24,6 +24,7 @@ from adalayers.templates import Template
 from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, output_name
+from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import META, export, read_meta
 from adalayers.serve.api import Head, SideTasks, parse_head_arg
 
@@ -49,7 +50,7 @@ class OnnxBase:
 
 
 def export_key(base: str, heads: list[tuple[str, Path]], primary: bool, int8: bool) -> str:
-    h = hashlib.sha256(json.dumps([base, primary, int8, torch.__version__]).encode())
+    h = hashlib.sha256(json.dumps([base, primary, int8 and DEFAULT_INT8, torch.__version__]).encode())
     for name, path in heads:
         h.update(name.encode())
         for f in ("config.json", runlib.HEAD):
@@ -82,14 +83,15 @@ class OnnxSideTasks(SideTasks):
 
     @classmethod
     def open(cls, folder: Path, names: list[str] | None = None, primary: bool = True, int8: bool = False,
-             threads: int | None = None, **kw) -> "OnnxSideTasks":
+             threads: int | None = None, graph: str | None = None, **kw) -> "OnnxSideTasks":
+        """`graph`: another .onnx file of the folder to run (e.g. an int8 copy made with another scheme)."""
         import onnxruntime as ort
 
         folder = Path(folder)
         meta = read_meta(folder)
-        file = meta["files"].get("int8" if int8 else "fp32")
-        if file is None:
-            raise RunError(f"{folder}: has no int8 graph; export it with --int8")
+        file = graph or meta["files"].get("int8" if int8 else "fp32")
+        if file is None or not (folder / file).is_file():
+            raise RunError(f"{folder}: has no {file or 'int8 graph'}; export it (with --int8 for int8)")
         unknown = [n for n in names or [] if n not in meta["heads"]]
         if unknown:
             raise ModelError(f"{folder}: no head named {', '.join(unknown)}; it has {', '.join(meta['heads'])}")
