@@ -5,6 +5,10 @@
          heads, adalayers.fused)
     (u)  as (b), but each head taps on its own (its own GELU, GEMM and LayerNorm per layer): the
          per-head path the fused one replaces, side by side with it
+    (h)  the heads' own work without the base: the fused tap over the base's stored hidden states,
+         then every head's end() (t: the tap alone: GELU, the per-layer GEMM, LayerNorm, mixing); as
+         a ratio to (a) it splits the one-pass overhead into projection and head, with the base's
+         noise out of the measured interval
     (c)  N separately fine-tuned copies of the base (N full passes, each copy with its own classifier)
     (d)  output_hidden_states=True, then every head projects and stacks all layers (the original code's way)
     (e)  early exit: heads that use layers <= L only, the base stopped after layer L
@@ -43,7 +47,7 @@ from adalayers.config import Config  # noqa: E402
 from adalayers.run import write_json, atomic_write  # noqa: E402
 from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
 
-ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,c1,c2,d1,d4,e"
+ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,h4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
 
 
 def imdb_rows(data: Path, tokenizer, batch: int, length: int) -> dict:
@@ -95,6 +99,16 @@ def per_head(backbone, batch, heads):
         t.begin()
     backbone(batch, taps=[t.tap for t in heads])
     return [t.end(batch["attention_mask"]) for t in heads]
+
+
+def replay(states, mask, heads, end=True):
+    """(h)/(t): the fused tap over stored hidden states (no base pass), then each head's end()."""
+    for t in heads:
+        t.begin()
+    tap = shared_tap(heads)
+    for i, z in enumerate(states):
+        tap(i, z)
+    return [t.end(mask) for t in heads] if end else None
 
 
 def stacked(backbone, batch, heads):
@@ -166,9 +180,15 @@ def main() -> None:
     for T in args.lengths:
         batch = imdb_rows(Path(args.data), backbone.tokenizer, args.batch, T)
         B = batch["input_ids"].shape[0]
+        with torch.inference_mode():
+            states = backbone.model(**batch, output_hidden_states=True).hidden_states  # Z_0..Z_L for (h), (t)
         run = {"a": lambda: backbone(batch),
                "mixed4": lambda: one_pass(backbone, batch, mixed),
                "u4": lambda: per_head(backbone, batch, seq[:4]),
+               "h4": lambda: replay(states, batch["attention_mask"], seq[:4]),
+               "hmixed4": lambda: replay(states, batch["attention_mask"], mixed),
+               "t4": lambda: replay(states, batch["attention_mask"], seq[:4], end=False),
+               "tmixed4": lambda: replay(states, batch["attention_mask"], mixed, end=False),
                "umixed4": lambda: per_head(backbone, batch, mixed),
                "e": lambda: one_pass(backbone, batch, early, primary=False)}
         for n in (1, 2, 4, 8):
@@ -219,6 +239,10 @@ def main() -> None:
 LABELS = {"a": "(a) base alone", "mixed4": "(b) base + 4 mixed heads (cola, imdb, conll-token, stsb)",
           "u4": "(u) base + 4 sequence heads, one pass, a tap per head (not fused)",
           "umixed4": "(u) base + 4 mixed heads, a tap per head (not fused)",
+          "h4": "(h) 4 sequence heads alone on stored states: fused tap + heads",
+          "hmixed4": "(h) 4 mixed heads alone on stored states: fused tap + heads",
+          "t4": "(t) 4 sequence heads: the fused tap alone (GEMM, LayerNorm, mixing)",
+          "tmixed4": "(t) 4 mixed heads: the fused tap alone",
           "e": "(e) early exit, 1 head on layers <= {L}"}
 for _n in (1, 2, 4, 8):
     LABELS[f"b{_n}"] = f"(b) base + {_n} sequence head{'s' * (_n > 1)}, one pass"
