@@ -95,8 +95,14 @@ def quantize(src: Path, dst: Path, scheme: str = DEFAULT_INT8) -> list[str]:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     # nodes_to_include would ADD to every MatMul; the complement excluded selects exactly `nodes`
-    q = MatMulNBitsQuantizer(model, bits=8, block_size=s.block_size, is_symmetric=True,
-                             accuracy_level=s.accuracy_level, nodes_to_exclude=others)
-    q.process()
-    q.model.save_model_to_file(str(dst), False)
+    qlog = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = qlog.level
+    qlog.setLevel(logging.WARNING)  # it logs a line per node of the graph at INFO
+    try:
+        q = MatMulNBitsQuantizer(model, bits=8, block_size=s.block_size, is_symmetric=True,
+                                 accuracy_level=s.accuracy_level, nodes_to_exclude=others)
+        q.process()
+        q.model.save_model_to_file(str(dst), False)
+    finally:
+        qlog.setLevel(level)
     return nodes
