@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=list(INT8_SCHEMES), choices=list(INT8_SCHEMES))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--length", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (0: no timing, quality only)")
     ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
     ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
@@ -71,9 +71,9 @@ def main() -> None:
                              "about": INT8_SCHEMES[name].about}
             sides[f"int8:{name}"] = OnnxSideTasks.open(folder, threads=args.threads, graph=file)
         fp32_mib = (folder / MODEL).stat().st_size / 2**20
-        batch = imdb_rows(Path(args.data), base.tokenizer, args.batch, args.length)
+        batch = imdb_rows(Path(args.data), base.tokenizer, args.batch, args.length) if args.repeats else None
         t0 = time.perf_counter()
-        times = timing(sides, batch, [n for n, _ in heads], args.repeats)
+        times = timing(sides, batch, [n for n, _ in heads], args.repeats) if args.repeats else {k: {} for k in sides}
         print(f"timing took {time.perf_counter() - t0:.0f} s", flush=True)
         scores = []
         for n, p in heads:
@@ -91,9 +91,11 @@ def table(result: dict) -> str:
     s = result["settings"]
     metric = {q["task"]: ("f1" if "f1" in q["torch"] else "mcc") for q in result["quality"]}
     head = " | ".join(f"{q['task']} {metric[q['task']]} (agreement, n={q['n']})" for q in result["quality"])
-    lines = [f"### {s['base']}: int8 schemes against PyTorch fp32 (full test sets; time at {s['batch']} x "
-             f"{s['length']} tokens with every head, CPU, {s['threads']} thread(s), median of {s['repeats']}; "
-             f"torch {s['torch']}, onnxruntime {s['onnxruntime']})", "",
+    sets = f"the first {s['limit']} test examples of each task" if s["limit"] else "full test sets"
+    timed = (f"time at {s['batch']} x {s['length']} tokens with every head, CPU, {s['threads']} thread(s), median of "
+             f"{s['repeats']}" if s["repeats"] else "not timed")
+    lines = [f"### {s['base']}: int8 schemes against PyTorch fp32 ({sets}; {timed}; torch {s['torch']}, "
+             f"onnxruntime {s['onnxruntime']})", "",
              f"| backend | nodes int8 | MiB | time / PyTorch | {head} |",
              "|---|---:|---:|---:|" + "---:|" * len(result["quality"])]
     for key, t in result["timing"].items():
@@ -104,7 +106,8 @@ def table(result: dict) -> str:
             cells.append(f"{m:.4f}" + (f" ({q[key]['agreement_with_torch']:.4f})" if key != "torch" else ""))
         size = f"{sc['mib']:.1f}" if sc else (f"{result['fp32_mib']:.1f}" if key == "onnx" else "-")
         name = f"{key} (default)" if key == "int8:" + s["default_scheme"] else key
-        lines.append(f"| {name} | {sc.get('nodes_quantized', 0)} | {size} | {t['ratio_to_torch']:.2f} | "
+        ratio = f"{t['ratio_to_torch']:.2f}" if t else "-"
+        lines.append(f"| {name} | {sc.get('nodes_quantized', 0)} | {size} | {ratio} | "
                      + " | ".join(cells) + " |")
     lines += ["", "Schemes: " + "; ".join(f"`{k}`: {v['about']}" for k, v in result["schemes"].items()) + "."]
     return "\n".join(lines) + "\n"
