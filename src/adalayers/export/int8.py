@@ -52,8 +52,9 @@ INT8_SCHEMES: dict[str, Int8Scheme] = {
                                                            "per matrix"),
     "base-reduce-range": Int8Scheme(reduce_range=True, about="as base, 7-bit weights (reduce_range)"),
     "base-uint8": Int8Scheme(weight_type="QUInt8", about="as base, asymmetric uint8 weights"),
-    "no-ffn-out": Int8Scheme(exclude=r"/output/dense/", about="as base without each layer's FFN down-projection "
-                             "(its input is the GELU output, whose outliers dominate a per-tensor uint8 scale)"),
+    "no-ffn-out": Int8Scheme(exclude=r"/output/dense/", about="as base without the two output projections of each "
+                             "layer (`/output/dense/`: after attention and the FFN down-projection, whose input is the "
+                             "GELU output with outliers that dominate a per-tensor uint8 scale)"),
     "attention": Int8Scheme(include=r"^/model/.*/attention/", about="dynamic, only the attention projections "
                                                                     "(Q, K, V, output)"),
     "ffn-in": Int8Scheme(include=r"^/model/.*/intermediate/dense/", about="dynamic, only the FFN up-projections"),
