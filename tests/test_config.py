@@ -61,3 +61,17 @@ def test_missing_and_broken_files(tmp_path):
     bad.write_text("train: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         config.load(bad)
+
+
+def test_differences_read_a_stored_config_with_this_versions_defaults():
+    """What resume, tune and sweep compare: a field added since an old config was stored is no difference."""
+    from adalayers import config
+
+    new = config.from_dict({"train": {"lr": 0.01}}).to_dict()
+    old = config.from_dict({"train": {"lr": 0.01}}).to_dict()
+    del old["head"]["pooling"], old["cache"]
+    assert config.differences(old, new) == []
+    old["train"]["lr"] = 0.02
+    old["tune"]["seed"] = 5
+    assert config.differences(old, new, {"tune": None}) == ["train.lr: 0.02 there, 0.01 now"]
+    assert config.differences(old, new) == ["train.lr: 0.02 there, 0.01 now", "tune.seed: 5 there, 0 now"]

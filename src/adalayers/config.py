@@ -308,6 +308,39 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
+def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None = None) -> list[str]:
+    """The settings two config dicts disagree on, as 'section.field: OLD there, NEW now'.
+
+    `old` is a stored config (a run's resume state, a finished run, a tuning study) possibly written
+    by an older version: it is read through from_dict first, so a field added since holds its default
+    and is no difference. `ignore` maps a section to the fields left out of the comparison (None: the
+    whole section). A stored config this version cannot read is compared as it is.
+    """
+    ignore = ignore or {}
+    try:
+        old = from_dict(old).to_dict()
+    except ConfigError:
+        pass
+    try:
+        new = from_dict(new).to_dict()
+    except ConfigError:
+        pass
+    diffs = []
+    for section in sorted(set(old) | set(new)):
+        left_out = ignore.get(section, set())
+        if left_out is None:
+            continue
+        a, b = old.get(section) or {}, new.get(section) or {}
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            if a != b:
+                diffs.append(f"{section}: {a!r} there, {b!r} now")
+            continue
+        for key in sorted(set(a) | set(b)):
+            if key not in left_out and a.get(key) != b.get(key):
+                diffs.append(f"{section}.{key}: {a.get(key, '(absent)')!r} there, {b.get(key, '(absent)')!r} now")
+    return diffs
+
+
 def load_yaml(path: str | Path, build, overrides: list[str] | None = None):
     """Read a YAML config file and `build(data, overrides)` it; every error names the file."""
     path = Path(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adalayers import config as config_mod
 from adalayers import run as runlib
-from adalayers.errors import AdaLayersError, ConfigError, RunError
+from adalayers.errors import ConfigError, RunError
 from adalayers.figures import layer_names, pyplot, save_figure
 from adalayers.report import duration, parameters_used, read_metrics
 from adalayers.seeds import cell
@@ -23,20 +23,7 @@ _IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eva
 
 
 def _differences(old: dict, new: dict) -> list[str]:
-    try:  # a run saved before a field existed has that field's default
-        old = config_mod.from_dict(old).to_dict()
-    except AdaLayersError:
-        pass
-    diffs = []
-    for section in sorted(set(old) | set(new)):
-        ignored = _IGNORED.get(section, set())
-        if ignored is None:
-            continue
-        a, b = old.get(section, {}), new.get(section, {})
-        for key in sorted(set(a) | set(b)):
-            if key not in ignored and a.get(key) != b.get(key):
-                diffs.append(f"{section}.{key}: {a.get(key)!r} there, {b.get(key)!r} now")
-    return diffs
+    return config_mod.differences(old, new, _IGNORED)
 
 
 def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:

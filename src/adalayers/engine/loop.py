@@ -14,7 +14,8 @@ also holds its trainable tensors in memory and puts them back at the end). Train
 past `max_minutes` (judged by the longest epoch so far). With a run folder, one JSON line per epoch
 goes to log.jsonl; with a `config`, the full state goes to resume.pt after every epoch and
 `resume` continues from the last completed one exactly as if the run had never stopped (only the
-when-to-stop settings may change in between).
+when-to-stop settings, threads, TensorBoard and the tune section may change in between; the stored
+config is read through adalayers.config first, so a field added by a newer version is no change).
 
 Under torchrun (adalayers.engine.distributed) the model is wrapped in DistributedDataParallel, each
 rank trains on its share of every global batch, the metric is computed from every rank's outputs,
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from adalayers import checkpoint
+from adalayers import config as config_mod
 from adalayers import run as runlib
 from adalayers.engine import distributed
 from adalayers.engine.progress import bar
@@ -124,10 +126,14 @@ def trainable_state(model: nn.Module) -> dict:
     return {k: v for k, v in model.named_parameters() if v.requires_grad}
 
 
-def _without_stopping(config: dict) -> dict:
-    """The config minus when-to-stop settings: a resumed run may be given more or fewer epochs."""
-    train = config.get("train", {})
-    return {**config, "train": {k: v for k, v in train.items() if k not in STOPPING}}
+# what a resumed run may change: when to stop, how many threads, TensorBoard, and the tuner's section
+RESUME_FREE = {"train": {*STOPPING, "num_threads", "tensorboard"}, "tune": None}
+
+
+def resume_differences(stored: dict, config: dict) -> list[str]:
+    """The settings a resumed run would change that decide what it learns (adalayers.config.differences:
+    the stored config is read by this version first, so a field added since is no difference)."""
+    return config_mod.differences(stored, config, RESUME_FREE)
 
 
 def _keep_log_lines(log_path: Path, epochs: int) -> None:
@@ -162,10 +168,12 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
     log_path = run_dir / "log.jsonl" if run_dir is not None else None
     state = checkpoint.load(run_dir) if resume and run_dir is not None else None
     if state is not None:
-        if config is not None and _without_stopping(state["config"]) != _without_stopping(config):
-            raise TrainingError(f"{run_dir} holds an unfinished run with a different config (only "
-                                f"train.max_epochs, early_stopping and max_minutes may change on resume); "
-                                f"use another --out or delete {run_dir / checkpoint.NAME}")
+        diffs = resume_differences(state["config"], config) if config is not None else []
+        if diffs:
+            raise TrainingError(f"{run_dir} holds an unfinished run with a different config ({'; '.join(diffs)}; "
+                                f"only train.max_epochs, early_stopping, max_minutes, num_threads, tensorboard "
+                                f"and the tune section may change on resume); use another --out or delete "
+                                f"{run_dir / checkpoint.NAME}")
         checkpoint.restore(state, model, opt, sched, scaler, gen, distributed.rank())
         progress = Progress(**state["progress"])
         start, elapsed = state["epoch"] + 1, state["elapsed"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from adalayers import config as config_mod
 from adalayers import run as runlib
 from adalayers.errors import AdaLayersError, ConfigError
 from adalayers.tune import space as space_mod
@@ -72,12 +73,11 @@ def _open_study(cfg, out: Path):
     old = study.user_attrs.get("config")
     if old is None:
         study.set_user_attr("config", identity)
-    elif old != json.loads(json.dumps(identity)):  # as the study stored it (JSON)
-        diffs = [f"{s}.{k}" for s in sorted(set(old) | set(identity)) for k in
-                 sorted(set(old.get(s, {})) | set(identity.get(s, {})))
-                 if old.get(s, {}).get(k) != identity.get(s, {}).get(k)]
-        raise AdaLayersError(f"{out / 'study.db'} holds a study of another config (differs in "
-                             f"{', '.join(diffs) or 'its sections'}); use another --out or delete that folder")
+    else:  # compared as the study stored it (JSON), with the fields added since at their defaults
+        diffs = config_mod.differences(old, json.loads(json.dumps(identity)), _FREE)
+        if diffs:
+            raise AdaLayersError(f"{out / 'study.db'} holds a study of another config ({'; '.join(diffs)}); "
+                                 f"use another --out or delete that folder")
     return study
 
 
