@@ -10,8 +10,8 @@
 """
 from adalayers.engine.loop import FitSettings, fit, trainable_state
 from adalayers.engine.loss import IGNORE, task_loss
-from adalayers.engine.predict import predict, probabilities_or_values
+from adalayers.engine.predict import in_order, predict, probabilities_or_values
 from adalayers.engine.protocol import Trainable, count, trainable
 
-__all__ = ["FitSettings", "fit", "trainable_state", "IGNORE", "task_loss", "predict", "probabilities_or_values",
+__all__ = ["FitSettings", "fit", "trainable_state", "IGNORE", "task_loss", "in_order", "predict", "probabilities_or_values",
            "Trainable", "count", "trainable"]

@@ -60,8 +60,3 @@ def _pad(rows: list[dict], pad_id: int) -> dict:
 def collate(rows: TaskRows, idx: list[int], pad_id: int) -> dict:
     return {"sides": [_pad([side[i] for i in idx], pad_id) for side in rows.sides],
             "labels": torch.tensor([rows.labels[i] for i in idx]), "index": idx}
-
-
-def batch_indices(n: int, batch_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
-    order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
-    return [order[s: s + batch_size] for s in range(0, n, batch_size)]

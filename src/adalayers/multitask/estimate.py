@@ -21,7 +21,8 @@ import time
 import torch
 
 from adalayers.multitask import pcgrad, smart
-from adalayers.multitask.data import batch_indices, collate, encode_rows
+from adalayers.engine.predict import in_order
+from adalayers.multitask.data import collate, encode_rows
 from adalayers.multitask.model import MultitaskModel
 
 
@@ -47,7 +48,7 @@ def finetune_costs(vcfg, backbone, datas: dict, probe_steps: int = 2) -> dict:
                             data.kind, data.labels)
         val = encode_rows(data.splits["validation"][:ebs], backbone.tokenizer, vcfg.max_length, model.forms[t],
                           data.kind, data.labels)
-        batch = collate(train, batch_indices(len(train), bs)[0], model.pad_id)
+        batch = collate(train, in_order(len(train), bs)[0], model.pad_id)
 
         def step():
             model.train()

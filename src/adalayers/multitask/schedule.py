@@ -14,12 +14,12 @@ import random
 
 import torch
 
-from adalayers.multitask.data import batch_indices
+from adalayers.engine.predict import in_order
 
 
 def plan(kind: str, sizes: dict[str, int], batch_size: int, seed: int) -> list[list[tuple[str, list[int]]]]:
     gen = torch.Generator().manual_seed(seed)
-    per_task = {t: batch_indices(n, batch_size, gen) for t, n in sizes.items()}
+    per_task = {t: in_order(n, batch_size, gen) for t, n in sizes.items()}
     if kind == "round_robin":
         steps, i = [], 0
         while any(i < len(b) for b in per_task.values()):
@@ -39,7 +39,7 @@ def plan(kind: str, sizes: dict[str, int], batch_size: int, seed: int) -> list[l
             step = []
             for t in per_task:
                 if not queues[t]:
-                    queues[t] = batch_indices(sizes[t], batch_size, gen)
+                    queues[t] = in_order(sizes[t], batch_size, gen)
                 step.append((t, queues[t].pop(0)))
             steps.append(step)
         return steps

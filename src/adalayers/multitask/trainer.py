@@ -20,7 +20,8 @@ from adalayers.engine import predict as engine_predict
 from adalayers.precision import autocast_for
 from adalayers.multitask import heads as H
 from adalayers.multitask import pcgrad, smart
-from adalayers.multitask.data import batch_indices, collate, encode_rows
+from adalayers.engine.predict import in_order
+from adalayers.multitask.data import collate, encode_rows
 from adalayers.multitask.model import MultitaskModel
 from adalayers.multitask.schedule import plan
 from adalayers.tasks import load_task
@@ -128,7 +129,7 @@ def predict(model, name: str, rows, batch_size: int, autocast=None) -> list:
     kind = model.kinds[name]
     transform = (lambda out: out.argmax(-1).tolist()) if kind == "classes" else \
         (lambda out: (out > 0).long().tolist()) if kind == "binary" else (lambda out: out.tolist())
-    return engine_predict(OneTask(model, name), batch_indices(len(rows), batch_size),
+    return engine_predict(OneTask(model, name), in_order(len(rows), batch_size),
                           lambda idx: collate(rows, idx, model.pad_id), len(rows), lambda out: transform(out.cpu()),
                           autocast)
 

@@ -5,7 +5,8 @@
     # [{"text": ..., "base": {"embedding": [...]}, "tasks": {"cola": {"label", "probabilities"},
     #   "conll": {"words", "tags", "scores", "entities"}, ...}}]
 
-Per batch the base runs once; every head's accumulator is fed by the same layer taps.
+Per batch the base runs once; every head's accumulator is fed by the same layer taps. The batches go
+through the engine's one prediction loop (adalayers.engine.predict), whose model here is that pass.
 
 Tokenization (one for all heads). Sequence heads were trained on the plain text, token heads on
 the whitespace-split words (is_split_into_words). Each text is tokenized once, plainly, and the
@@ -30,6 +31,7 @@ from adalayers import run as runlib
 from adalayers.textcheck import check_texts
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate, word_windows
+from adalayers.engine.predict import in_order, predict
 from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
@@ -190,7 +192,6 @@ class SideTasks:
 
     def _pair_rows(self, texts: list[str], text_pairs: list[str]) -> list[dict]:
         """One row per pair, encoded as in training (the tokenizer's pair encoding, longest-first truncation)."""
-        tok = self.backbone.tokenizer
         enc = self._tokenize(texts, text_pairs, truncation=True, max_length=self.max_length)
         full = self._tokenize(texts, text_pairs, verbose=False)["input_ids"]
         rows = []
@@ -277,31 +278,37 @@ class SideTasks:
         return row
 
     def _run(self, rows: list[dict], heads: list[Head]) -> dict:
-        """One base pass per batch of rows, all heads tapping it. -> per row: base + each head's output."""
+        """One base pass per batch of rows, all heads tapping it (the engine's one predict loop, batches in
+        row order, in this process). -> per row: the base's own output and each head's output (class
+        probabilities, per-token probabilities, or the value), cut to the row's real tokens."""
         tasks = [h.task for h in heads]
         stop = None if self.primary or not tasks else max(max(t.used_layers()) for t in tasks)
         pad_id = self.backbone.tokenizer.pad_token_id or 0
-        base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
-        for s in range(0, len(rows), self.batch_size):
-            idx = list(range(s, min(s + self.batch_size, len(rows))))
-            left = self.backbone.is_causal  # a decoder's next token: read from the last column
-            batch = collate([rows[i] for i in idx], idx, pad_id, left=left)
-            own, logits = self._forward(batch, heads, stop)
+        left = self.backbone.is_causal  # a decoder's next token: read from the last column
+
+        def outputs(out) -> list[tuple]:
+            own, logits, size = out
             for h in heads:
                 if not torch.isfinite(logits[h.name]).all():  # never answered as NaN: a server-side fault
                     raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
-                vals = logits[h.name] if h.kind == "regression" else torch.softmax(logits[h.name], -1)
-                for j, i in enumerate(idx):
-                    head_rows[h.name][i] = _real(vals[j], len(rows[i]["input_ids"]), left) if h.kind == "token" \
-                        else vals[j]
-            if own is not None:
-                for j, i in enumerate(idx):
-                    if not rows[i]["window"]:
-                        base_rows[i] = _real(own[j], len(rows[i]["input_ids"]), left) if own.dim() == 3 \
-                            else own[j]
-                        base_rows[i] = base_rows[i].float().cpu()
-                        if not torch.isfinite(base_rows[i]).all():
-                            raise ModelError(f"the base {self.backbone.name!r} produced non-finite values")
+            vals = {h.name: logits[h.name] if h.kind == "regression" else torch.softmax(logits[h.name], -1)
+                    for h in heads}
+            return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()})
+                    for j in range(size)]
+
+        per_row = predict(lambda batch: (*self._forward(batch, heads, stop), len(batch["input_ids"])),
+                          in_order(len(rows), self.batch_size),
+                          lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),
+                          outputs, shard=False)
+        base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
+        for i, (row, (own, values)) in enumerate(zip(rows, per_row)):
+            n = len(row["input_ids"])
+            for h in heads:
+                head_rows[h.name][i] = _real(values[h.name], n, left) if h.kind == "token" else values[h.name]
+            if own is not None and not row["window"]:
+                base_rows[i] = (_real(own, n, left) if own.dim() == 2 else own).float().cpu()
+                if not torch.isfinite(base_rows[i]).all():
+                    raise ModelError(f"the base {self.backbone.name!r} produced non-finite values")
         return {"base": base_rows, "heads": head_rows}
 
     def _forward(self, batch: dict, heads: list[Head], stop: int | None):
