@@ -75,3 +75,42 @@ def test_differences_read_a_stored_config_with_this_versions_defaults():
     old["tune"]["seed"] = 5
     assert config.differences(old, new, {"tune": None}) == ["train.lr: 0.02 there, 0.01 now"]
     assert config.differences(old, new) == ["train.lr: 0.02 there, 0.01 now", "tune.seed: 5 there, 0 now"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"max_batch": 0}, "--max-batch: must be at least 1, got 0"),
+    ({"read_timeout_s": 0}, "--read-timeout: must be more than 0, got 0"),
+    ({"max_wait_ms": -1}, "--max-wait-ms: must be at least 0, got -1"),
+    ({"num_threads": 0}, "--threads: must be at least 1, got 0"),
+    ({"device": "tpu"}, "--device: Input should be 'auto', 'cpu' or 'cuda', got 'tpu'"),
+])
+def test_serve_config_is_validated_by_its_declaration(values, message):
+    from adalayers.config import ServeConfig
+
+    with pytest.raises(ConfigError) as e:
+        ServeConfig(**values)
+    assert str(e.value) == message
+    cfg = ServeConfig(max_batch=4)
+    with pytest.raises(ConfigError, match="--max-queue: must be at least 1"):
+        cfg.max_queue = 0
+    assert ServeConfig(**cfg.model_dump()) == cfg  # what a Ray Serve replica is built from
+
+
+def test_serve_flag_errors_are_one_line(capsys):
+    from adalayers import cli
+
+    assert cli.main(["serve", "--heads", "nowhere", "--max-batch-tokens", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --max-batch-tokens: must be at least 1, got 0"
+
+
+def test_the_old_name_epochs_is_refused_with_its_new_name():
+    """max_epochs is declared once (config.OptimSettings) for run and multi-task configs alike."""
+    from adalayers.multitask.config import from_dict as multitask_config
+    from adalayers.multitask.config import stored
+
+    with pytest.raises(ConfigError, match=r"train\.epochs: renamed to train\.max_epochs; rename it in your config"):
+        config.from_dict({"train": {"epochs": 3}})
+    with pytest.raises(ConfigError, match=r"- epochs: renamed to max_epochs; rename it in your config"):
+        multitask_config({"tasks": [{"name": "sst5"}], "epochs": 3})
+    assert multitask_config({"tasks": [{"name": "sst5"}], "max_epochs": 3}).max_epochs == 3
+    assert stored({"epochs": 3, "lr": 1e-3}) == {"max_epochs": 3, "lr": 1e-3}  # results stored before the rename

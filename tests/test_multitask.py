@@ -58,7 +58,7 @@ def mt_config(**kw) -> dict:
     tasks = [{"name": "t-sent", "head": "sentiment", "hidden": 8},
              {"name": "t-para", "head": "bilinear", "hidden": 8, "depends_on": ["t-sent"]},
              {"name": "t-sim", "head": "cosine", "hidden": 8, "depends_on": ["t-para"]}]
-    return {"tasks": tasks, "base": "tiny", "max_length": 16, "batch_size": 8, "epochs": 1, **kw}
+    return {"tasks": tasks, "base": "tiny", "max_length": 16, "batch_size": 8, "max_epochs": 1, **kw}
 
 
 def _model(cfg):
@@ -232,7 +232,7 @@ def test_linear_heads_read_the_cross_encoder_input_and_train(tmp_path):
     cfg = from_dict({"tasks": [{"name": "t-sent", "head": "linear"},
                                {"name": "t-para", "head": "linear", "depends_on": ["t-sent"], "weight": 0.5},
                                {"name": "t-sim", "head": "linear"}],
-                     "base": "tiny", "max_length": 16, "batch_size": 8, "epochs": 1, "schedule": "proportional",
+                     "base": "tiny", "max_length": 16, "batch_size": 8, "max_epochs": 1, "schedule": "proportional",
                      "freeze": "top:2", "smart": {"enabled": True, "eps": 0.01}})
     r = trainer.train(cfg, tiny_backbone(), log=lambda *a: None)
     assert r["forms"] == {"t-sent": "single", "t-para": "cross", "t-sim": "cross"}
@@ -255,7 +255,7 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     """Finished variants are kept and skipped; a missing one is run; other settings are refused."""
     from adalayers.multitask.compare import RESULTS, compare
 
-    cfg = from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=1))
+    cfg = from_dict(mt_config(max_train_examples=16, max_eval_examples=8, max_epochs=1))
     bb, out = tiny_backbone(), tmp_path / "cmp"
     caplog.set_level("INFO")
     compare(cfg, out, variants=["baseline", "freeze-top3"], backbone=bb)
@@ -284,7 +284,7 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     row = next(r for r in (out / "compare_multitask.md").read_text().splitlines() if r.startswith("| adalayers"))
     assert "unfinished: t-sent, t-sim only" in row and row.count("not run") == 2
     with pytest.raises(ConfigError, match="other settings"):
-        compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, epochs=2)), out,
+        compare(from_dict(mt_config(max_train_examples=16, max_eval_examples=8, max_epochs=2)), out,
                 variants=["baseline"], backbone=bb)
     with pytest.raises(ConfigError, match="other settings"):
         compare(cfg, out, variants=["baseline"], backbone=bb, adalayers_lr=1e-4)

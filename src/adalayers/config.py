@@ -9,10 +9,12 @@ import dataclasses
 import os
 import types
 import typing
+from typing import Literal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adalayers.errors import ConfigError
 from adalayers.kinds import ALIASES as TASK_KINDS  # every name of a TaskKind -> the TaskKind
@@ -122,20 +124,58 @@ class HeadConfig:
 
 
 @dataclass
-class TrainConfig:
+class OptimSettings:
+    """The optimiser and training-loop fields every trainable config shares, declared once: the run
+    config's train section and the multi-task config extend it (with_defaults changes a default)."""
+    RENAMED: typing.ClassVar[dict] = {"epochs": "max_epochs"}  # old name -> its name now (an error names both)
     lr: float = _f(1e-4, "AdamW learning rate.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     batch_size: int = _f(32, "Examples per step.")
     eval_batch_size: int = _f(128, "Examples per step when evaluating.")
-    max_epochs: int = _f(30, "Upper bound on epochs.")
-    lr_patience: int = _f(3, "Epochs without validation improvement before the learning rate is halved.")
-    early_stopping: int = _f(8, "Epochs without validation improvement before training stops.")
-    max_minutes: float | None = _f(None, "Stop before an epoch that would end past this many minutes of training "
-                                         "(judged by the longest epoch so far; None = no limit).")
+    max_epochs: int = _f(30, "Upper bound on epochs; the epoch with the best validation metric is kept.")
     grad_clip: float = _f(1.0, "Clip the gradient norm to this (0 = off).")
     seed: int = _f(0, "Seed for initialisation and batch order.")
     precision: str = _f("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16 (CUDA or CPU) "
                                 "or fp16 (CUDA only).")
+
+
+def with_defaults(**defaults):
+    """Class decorator (under @dataclass): inherited fields with other defaults, their type and help kept."""
+    def apply(cls):
+        hints = {}
+        for klass in reversed(cls.__mro__[1:]):
+            hints.update(getattr(klass, "__annotations__", {}))
+        known = {f.name: f for klass in cls.__mro__[1:] if dataclasses.is_dataclass(klass)
+                 for f in dataclasses.fields(klass)}
+        cls.__annotations__ = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in defaults.items():
+            cls.__annotations__[name] = hints[name]
+            setattr(cls, name, _f(value, known[name].metadata["help"]))
+        return cls
+    return apply
+
+
+def validate_optim(o: OptimSettings, where: str = "") -> list[str]:
+    """The checks of the shared fields (`where`: 'train.' in a run config, '' in a multi-task config)."""
+    p = []
+    if o.precision not in ("auto", "fp32", "fp16", "bf16"):
+        p.append(f"{where}precision: must be auto, fp32, fp16 or bf16, got {o.precision!r}")
+    for name in ("batch_size", "eval_batch_size", "max_epochs"):
+        if getattr(o, name) < 1:
+            p.append(f"{where}{name}: must be at least 1, got {getattr(o, name)}")
+    if o.lr <= 0:
+        p.append(f"{where}lr: must be positive, got {o.lr}")
+    if o.weight_decay < 0 or o.grad_clip < 0:
+        p.append(f"{where}weight_decay / {where}grad_clip: must be >= 0, got {o.weight_decay} / {o.grad_clip}")
+    return p
+
+
+@dataclass
+class TrainConfig(OptimSettings):
+    lr_patience: int = _f(3, "Epochs without validation improvement before the learning rate is halved.")
+    early_stopping: int = _f(8, "Epochs without validation improvement before training stops.")
+    max_minutes: float | None = _f(None, "Stop before an epoch that would end past this many minutes of training "
+                                         "(judged by the longest epoch so far; None = no limit).")
     device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
     tensorboard: bool = _f(False, "Also write TensorBoard scalars per epoch to <run>/tensorboard (loss, metrics, "
@@ -150,32 +190,82 @@ class CacheConfig:
     shard_mb: float = _f(256.0, "Size of one layer's file in one shard of the cache, in MB.")
 
 
-@dataclass
-class ServeConfig:
-    """Settings of `adalayers serve` (not part of a run's config)."""
-    host: str = _f("127.0.0.1", "Address to listen on (0.0.0.0 exposes the service to the network).")
-    port: int = _f(8000, "TCP port.")
-    max_batch: int = _f(32, "Texts per base pass: concurrent requests are batched together up to this.")
-    max_wait_ms: float = _f(5.0, "How long the first waiting request waits for others to join its batch.")
-    max_texts: int = _f(64, "Texts per request; more is answered 413.")
-    max_chars: int = _f(10_000, "Characters per text; longer is answered 413.")
-    max_length: int | None = _f(None, "Tokens per text in the base pass (default: the largest of the heads' "
-                                      "model.max_length); longer texts are truncated (token tasks: windows).")
-    primary: bool = _f(True, "Run the base to its end and return its own output; off: stop after the "
-                             "deepest layer any head uses (early exit).")
-    device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
-    num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
-    max_tokens: int = _f(16_384, "Tokens per request (plain rows plus token-head windows); more is answered 413.")
-    max_batch_tokens: int = _f(16_384, "Tokens per base pass: a batch stops growing at this many (one request "
-                                       "may fill it alone).")
-    max_queue: int = _f(64, "Requests pending (queued or running); one more is answered 503 with "
-                            "Retry-After.")
-    request_timeout_s: float = _f(30.0, "Server-side deadline of a request from arrival to answer; past it: 503.")
-    read_timeout_s: float = _f(10.0, "A request's headers and body must arrive within this many seconds "
-                                     "(from the connection or the previous answer); slower clients get 408.")
-    keep_alive_s: int = _f(5, "An idle keep-alive connection is closed after this many seconds (uvicorn).")
-    api_key_file: str | None = _f(None, "File holding the bearer token every request must send "
-                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
+# flags of `adalayers serve` whose name is not the field's (the rest: --field-name, without a trailing _s)
+SERVE_FLAGS = {"num_threads": "--threads", "primary": "--no-primary"}
+
+
+def serve_flag(name: str) -> str:
+    return SERVE_FLAGS.get(name) or "--" + name.removesuffix("_s").replace("_", "-")
+
+
+class ServeConfig(BaseModel):
+    """Settings of `adalayers serve` (not part of a run's config), declared and validated by pydantic:
+    a bad value is a ConfigError naming its flag, e.g. '--max-batch: must be at least 1, got 0'."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 exposes the service "
+                                                               "to the network).")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    max_batch: int = Field(32, ge=1, description="Texts per base pass: concurrent requests are batched together "
+                                                 "up to this.")
+    max_wait_ms: float = Field(5.0, ge=0, description="How long the first waiting request waits for others to "
+                                                      "join its batch.")
+    max_texts: int = Field(64, ge=1, description="Texts per request; more is answered 413.")
+    max_chars: int = Field(10_000, ge=1, description="Characters per text; longer is answered 413.")
+    max_length: int | None = Field(None, ge=8, description="Tokens per text in the base pass (default: the "
+                                                           "largest of the heads' model.max_length); longer texts "
+                                                           "are truncated (token tasks: windows).")
+    primary: bool = Field(True, description="Run the base to its end and return its own output; off: stop after "
+                                            "the deepest layer any head uses (early exit).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (CUDA when present), cpu or cuda.")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).")
+    max_tokens: int = Field(16_384, ge=1, description="Tokens per request (plain rows plus token-head windows); "
+                                                      "more is answered 413.")
+    max_batch_tokens: int = Field(16_384, ge=1, description="Tokens per base pass: a batch stops growing at this "
+                                                            "many (one request may fill it alone).")
+    max_queue: int = Field(64, ge=1, description="Requests pending (queued or running); one more is answered 503 "
+                                                 "with Retry-After.")
+    request_timeout_s: float = Field(30.0, gt=0, description="Server-side deadline of a request from arrival to "
+                                                             "answer; past it: 503.")
+    read_timeout_s: float = Field(10.0, gt=0, description="A request's headers and body must arrive within this "
+                                                          "many seconds (from the connection or the previous "
+                                                          "answer); slower clients get 408.")
+    keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this many "
+                                                   "seconds (uvicorn).")
+    api_key_file: str | None = Field(None, description="File holding the bearer token every request must send "
+                                                       "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
+
+    def __init__(self, **values):
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise ConfigError(one_line(e, lambda loc: serve_flag(str(loc[0])) if loc else "serve")) from None
+
+    def __setattr__(self, name, value):
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            raise ConfigError(one_line(e, lambda loc: serve_flag(name))) from None
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        f = cls.model_fields[name]
+        return f"{f.description} (default: {f.default})"
+
+
+_BOUNDS = {"greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
+           "less_than_equal": "must be at most {le}"}
+
+
+def one_line(e: ValidationError, where=lambda loc: ".".join(str(x) for x in loc)) -> str:
+    """A pydantic ValidationError as one line: 'WHERE: problem, got VALUE' (the first problem, and how
+    many more there are); `where(loc)` names the place (a flag, a config field)."""
+    err = e.errors()[0]
+    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in (err.get("ctx") or {}).items()}
+    msg = _BOUNDS[err["type"]].format(**ctx) if err["type"] in _BOUNDS else err["msg"].removeprefix("Value error, ")
+    got = f", got {err['input']!r}" if "input" in err and not isinstance(err["input"], dict) else ""
+    more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
+    return f"{where(err['loc'])}: {msg}{got}{more}"
 
 
 @dataclass
@@ -231,8 +321,11 @@ def _build(cls, data, where: str, problems: list[str]):
         return cls()
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    renamed = getattr(cls, "RENAMED", {})
     for key in data:
-        if key not in names:
+        if key in renamed and renamed[key] in names:
+            problems.append(f"{where}{key}: renamed to {where}{renamed[key]}; rename it in your config")
+        elif key not in names:
             problems.append(f"{where}{key}: unknown field (known: {', '.join(sorted(names))})")
     values = {}
     for f in dataclasses.fields(cls):
@@ -366,12 +459,10 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"head.kind: must be sequence, regression or token, got {cfg.head.kind!r}")
     if cfg.model.states not in ("encoder", "decoder"):
         p.append(f"model.states: must be encoder or decoder, got {cfg.model.states!r}")
-    if cfg.train.precision not in ("auto", "fp32", "fp16", "bf16"):
-        p.append(f"train.precision: must be auto, fp32, fp16 or bf16, got {cfg.train.precision!r}")
+    p += validate_optim(cfg.train, "train.")
     if cfg.train.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device: must be auto, cpu or cuda, got {cfg.train.device!r}")
     for name, value in [("mixer.k", cfg.mixer.k), ("head.num_heads", cfg.head.num_heads),
-                        ("train.batch_size", cfg.train.batch_size), ("train.max_epochs", cfg.train.max_epochs),
                         ("model.max_length", cfg.model.max_length or 8), ("head.encoder_layers", cfg.head.encoder_layers)]:
         if value < 1:
             p.append(f"{name}: must be at least 1, got {value}")
@@ -388,8 +479,6 @@ def validate(cfg: Config) -> list[str]:
     if not 0 < cfg.task.validation_fraction < 1:
         p.append(f"task.validation_fraction: must be in (0, 1), got {cfg.task.validation_fraction}")
     p += _validate_files_task(cfg.task)
-    if cfg.train.lr <= 0:
-        p.append(f"train.lr: must be positive, got {cfg.train.lr}")
     if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0:
         p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:

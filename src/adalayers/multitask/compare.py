@@ -30,6 +30,7 @@ import torch
 from adalayers import run as runlib
 from adalayers.errors import ConfigError
 from adalayers.multitask.adalayers import HEAD_LR
+from adalayers.multitask.config import stored as config_stored
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def finished(out: Path, name: str, want: dict) -> dict | None:
         row = json.loads(path.read_text(encoding="utf-8"))
         stored = row.pop("settings")
         stored.setdefault("adalayers_lr", HEAD_LR)  # stored before it could be set
+        stored["config"] = config_stored(stored["config"])
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
         raise ConfigError(f"{path}: not a result of compare-multitask ({e}); remove it to run {name} again") from None
     if not adalayers.same_settings(stored, want):
@@ -94,8 +96,8 @@ def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int
         if name in FROZEN:
             continue
         secs = estimate.finetune_seconds(estimate.finetune_costs(variant_config(mcfg, name), backbone, datas,
-                                                                 probe_steps), sizes, mcfg.epochs)
-        lines.append(f"  {name:22s} ~{secs / 60:7.1f} min ({mcfg.epochs} epochs)")
+                                                                 probe_steps), sizes, mcfg.max_epochs)
+        lines.append(f"  {name:22s} ~{secs / 60:7.1f} min ({mcfg.max_epochs} epochs)")
         total += secs
     frozen = [n for n in todo if n in FROZEN]
     if frozen:
@@ -126,7 +128,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
         raise ConfigError(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ada_epochs = adalayers_epochs or mcfg.epochs
+    ada_epochs = adalayers_epochs or mcfg.max_epochs
     want = settings(mcfg, ada_epochs, patience, adalayers_lr)
     done = {n: r for n in variants if (r := finished(out, n, want)) is not None}
     todo = [n for n in variants if n not in done] if train else []
@@ -168,11 +170,11 @@ def _summary(mcfg, rows, main, command, backbone) -> dict:
 
 def markdown(s: dict) -> str:
     tasks = list(s["main_metric"])
-    c = s["config"]
+    c = config_stored(s["config"])
     head = " | ".join(f"{t} dev {s['main_metric'][t]} | {t} test {s['main_metric'][t]}" for t in tasks)
     lines = [f"# Multi-task comparison on {c['base']}", "", f"Command: `{s['command']}`", "",
              f"Train rows per task {c['max_train_examples'] or 'all'}, eval rows {c['max_eval_examples'] or 'all'}, "
-             f"epochs {c['epochs']}, batch {c['batch_size']}, max_length {c['max_length']}, lr {c['lr']} "
+             f"epochs {c['max_epochs']}, batch {c['batch_size']}, max_length {c['max_length']}, lr {c['lr']} "
              f"(heads {c['head_lr']}), schedule {c['schedule']}, seed {c['seed']}, torch threads "
              f"{s['torch_threads']}. Base parameters {s['base_params']:,}.", "",
              f"| variant | {head} | trainable params | train s |",
@@ -251,7 +253,7 @@ def cmd_compare_multitask(args) -> int:
         torch.set_num_threads(args.threads)
     overrides = list(args.overrides)
     for field, value in (("max_train_examples", args.train_rows), ("max_eval_examples", args.eval_rows),
-                         ("epochs", args.epochs)):
+                         ("max_epochs", args.epochs)):
         if value is not None:
             overrides.append(f"{field}={value}")
     mcfg = load(args.config, overrides)

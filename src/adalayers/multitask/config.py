@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from adalayers.config import _build, _f, apply_overrides, load_yaml
+from adalayers.config import OptimSettings, _build, _f, apply_overrides, load_yaml, validate_optim, with_defaults
 from adalayers.errors import ConfigError
 
 HEADS = ("sentiment", "bilinear", "cosine", "linear")
@@ -36,7 +36,10 @@ class SmartConfig:
 
 
 @dataclass
-class MultitaskConfig:
+@with_defaults(lr=3e-5, weight_decay=0.01, batch_size=16, eval_batch_size=64, max_epochs=2, precision="fp32")
+class MultitaskConfig(OptimSettings):
+    """The shared optimiser fields (adalayers.config.OptimSettings: lr is the base's, max_epochs keeps the
+    epoch with the best mean validation metric over the tasks) with a multi-task run's defaults, then these."""
     tasks: list = _f([], "The tasks: a list of TaskSpec mappings.")
     base: str = _f("minilm-l6", "Shared base model (alias or folder).")
     max_length: int = _f(64, "Tokens per input (a cross-encoder pair shares them).")
@@ -45,16 +48,7 @@ class MultitaskConfig:
     pcgrad: bool = _f(False, "Gradient surgery on the shared parameters (a step = one batch of every task).")
     freeze_upstream: bool = _f(True, "Upstream heads get no gradient from a downstream task's loss.")
     smart: SmartConfig = field(default_factory=SmartConfig, metadata={"help": "SMART regularisation."})
-    lr: float = _f(3e-5, "AdamW learning rate of the base.")
     head_lr: float = _f(1e-3, "AdamW learning rate of the heads.")
-    weight_decay: float = _f(0.01, "AdamW weight decay.")
-    batch_size: int = _f(16, "Examples per batch.")
-    eval_batch_size: int = _f(64, "Examples per batch when evaluating.")
-    epochs: int = _f(2, "Epochs; the epoch with the best mean validation metric over the tasks is kept.")
-    grad_clip: float = _f(1.0, "Clip the gradient norm (0 = off).")
-    seed: int = _f(0, "Seed for initialisation and batch order.")
-    precision: str = _f("fp32", "fp32, bf16 (CUDA or CPU) or fp16 (CUDA only): autocast of the training and "
-                                "evaluation passes.")
     max_train_examples: int | None = _f(None, "Use only the first N training rows of each task.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test rows of each task.")
     data_dir: str = _f("../shared/data", "Folder of the datasets; ADALAYERS_DATA wins.")
@@ -90,11 +84,9 @@ def validate(cfg: MultitaskConfig) -> list[str]:
     if not (cfg.freeze in ("none", "all") or (cfg.freeze.startswith("top:") and cfg.freeze[4:].isdigit()
                                                and int(cfg.freeze[4:]) >= 1)):
         p.append(f"freeze: must be none, all or top:N (N >= 1), got {cfg.freeze!r}")
-    for name in ("max_length", "batch_size", "eval_batch_size", "epochs"):
-        if getattr(cfg, name) < 1:
-            p.append(f"{name}: must be at least 1, got {getattr(cfg, name)}")
-    if cfg.precision not in ("auto", "fp32", "bf16", "fp16"):
-        p.append(f"precision: must be auto, fp32, bf16 or fp16, got {cfg.precision!r}")
+    if cfg.max_length < 1:
+        p.append(f"max_length: must be at least 1, got {cfg.max_length}")
+    p += validate_optim(cfg)
     if cfg.smart.eps <= 0 or cfg.smart.steps < 0 or not 0 <= cfg.smart.beta < 1:
         p.append("smart: eps must be positive, steps at least 0, beta in [0, 1)")
     if not p:
@@ -108,7 +100,7 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> MultitaskConfig
     data = dict(data)
     problems: list[str] = []
     apply_overrides(data, overrides, problems, need_section=False,
-                    example="field=value, e.g. epochs=1 or smart.enabled=true")
+                    example="field=value, e.g. max_epochs=1 or smart.enabled=true")
     raw_tasks = data.pop("tasks", [])
     cfg = _build(MultitaskConfig, data, "", problems)
     if not isinstance(raw_tasks, list):
@@ -124,6 +116,16 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> MultitaskConfig
     if problems:
         raise ConfigError("invalid multi-task config:\n  - " + "\n  - ".join(problems))
     return cfg
+
+
+def stored(data: dict) -> dict:
+    """A multi-task config as a stored result holds it, in today's names (results written before `epochs`
+    was renamed max_epochs keep being reused; a user's config with the old name is refused instead)."""
+    data = dict(data)
+    for old, new in OptimSettings.RENAMED.items():
+        if old in data and new not in data:
+            data[new] = data.pop(old)
+    return data
 
 
 def load(path, overrides: list[str] | None = None) -> MultitaskConfig:

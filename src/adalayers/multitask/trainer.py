@@ -176,7 +176,7 @@ def train(mcfg, backbone, datas: dict | None = None, log=None) -> dict:
         log(f"  epoch {epoch}: {shown} mean {mean:.4f}")
         return mean, {"train_loss": steps.epoch_losses(), "validation": shown, "mean_main": mean}
 
-    settings = FitSettings(lr=mcfg.lr, max_epochs=mcfg.epochs, weight_decay=mcfg.weight_decay,
+    settings = FitSettings(lr=mcfg.lr, max_epochs=mcfg.max_epochs, weight_decay=mcfg.weight_decay,
                            grad_clip=mcfg.grad_clip, precision=mcfg.precision, seed=mcfg.seed, schedule="constant",
                            desc="multitask")
     summary = fit(steps, _Plan("joint" if mcfg.pcgrad else mcfg.schedule, sizes, mcfg, validate), settings,

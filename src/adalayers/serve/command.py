@@ -1,7 +1,6 @@
 """`adalayers serve`: load a base and its heads, then run the HTTP app under uvicorn."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from adalayers.config import ServeConfig
@@ -10,20 +9,18 @@ from adalayers.config import ServeConfig
 log = logging.getLogger(__name__)
 
 
-def _flag(name: str) -> str:
-    return name.removesuffix("_s").replace("_", "-")
-
-
 def _help(name: str) -> str:
-    f = {f.name: f for f in dataclasses.fields(ServeConfig)}[name]
-    return f"{f.metadata['help']} (default: {f.default})"
+    return ServeConfig.help(name)
+
+
+def _default(name: str):
+    return ServeConfig.model_fields[name].default
 
 
 def cmd_serve(args) -> int:
     import torch
     import uvicorn
 
-    from adalayers.errors import ConfigError
     from adalayers.serve.api import SideTasks
     from adalayers.serve.app import create_app
     from adalayers.serve.auth import read_api_key
@@ -35,13 +32,7 @@ def cmd_serve(args) -> int:
                       max_tokens=args.max_tokens, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
                       request_timeout_s=args.request_timeout, read_timeout_s=args.read_timeout,
                       keep_alive_s=args.keep_alive, api_key_file=args.api_key_file)
-    for name in ("max_batch", "max_texts", "max_chars", "max_tokens", "max_batch_tokens", "max_queue", "keep_alive_s"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{_flag(name)}: must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_wait_ms", "request_timeout_s", "read_timeout_s"):
-        if not getattr(cfg, name) >= 0 or (name != "max_wait_ms" and getattr(cfg, name) == 0):
-            raise ConfigError(f"--{_flag(name)}: must be {'>=' if name == 'max_wait_ms' else '>'} 0, "
-                              f"got {getattr(cfg, name)}")
+    # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
     api_key = read_api_key(cfg.api_key_file)
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without an API key: anyone who can reach it can use it "
@@ -93,29 +84,29 @@ def add_commands(sub) -> None:
                         "(default: minilm-l6)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
-    p.add_argument("--host", default=ServeConfig.host, help=_help("host"))
-    p.add_argument("--port", type=int, default=ServeConfig.port, help=_help("port"))
-    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch, help=_help("max_batch"))
-    p.add_argument("--max-wait-ms", type=float, default=ServeConfig.max_wait_ms, help=_help("max_wait_ms"))
-    p.add_argument("--max-texts", type=int, default=ServeConfig.max_texts, help=_help("max_texts"))
-    p.add_argument("--max-chars", type=int, default=ServeConfig.max_chars, help=_help("max_chars"))
+    p.add_argument("--host", default=_default("host"), help=_help("host"))
+    p.add_argument("--port", type=int, default=_default("port"), help=_help("port"))
+    p.add_argument("--max-batch", type=int, default=_default("max_batch"), help=_help("max_batch"))
+    p.add_argument("--max-wait-ms", type=float, default=_default("max_wait_ms"), help=_help("max_wait_ms"))
+    p.add_argument("--max-texts", type=int, default=_default("max_texts"), help=_help("max_texts"))
+    p.add_argument("--max-chars", type=int, default=_default("max_chars"), help=_help("max_chars"))
     p.add_argument("--max-length", type=int, default=None, help=_help("max_length"))
     p.add_argument("--no-primary", action="store_true",
                    help="stop the base after the deepest layer any head uses (early exit); answers then carry "
                         "no base output (default: off, the base runs to its end)")
-    p.add_argument("--device", default=ServeConfig.device, help=_help("device"))
+    p.add_argument("--device", default=_default("device"), help=_help("device"))
     p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
     p.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
                    help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
                         "then be a folder from 'adalayers export'; see docs/export.md)")
-    p.add_argument("--max-tokens", type=int, default=ServeConfig.max_tokens, help=_help("max_tokens"))
-    p.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help=_help("max_batch_tokens"))
-    p.add_argument("--max-queue", type=int, default=ServeConfig.max_queue, help=_help("max_queue"))
-    p.add_argument("--request-timeout", type=float, default=ServeConfig.request_timeout_s, metavar="SECONDS",
+    p.add_argument("--max-tokens", type=int, default=_default("max_tokens"), help=_help("max_tokens"))
+    p.add_argument("--max-batch-tokens", type=int, default=_default("max_batch_tokens"), help=_help("max_batch_tokens"))
+    p.add_argument("--max-queue", type=int, default=_default("max_queue"), help=_help("max_queue"))
+    p.add_argument("--request-timeout", type=float, default=_default("request_timeout_s"), metavar="SECONDS",
                    help=_help("request_timeout_s"))
-    p.add_argument("--read-timeout", type=float, default=ServeConfig.read_timeout_s, metavar="SECONDS",
+    p.add_argument("--read-timeout", type=float, default=_default("read_timeout_s"), metavar="SECONDS",
                    help=_help("read_timeout_s"))
-    p.add_argument("--keep-alive", type=int, default=ServeConfig.keep_alive_s, metavar="SECONDS",
+    p.add_argument("--keep-alive", type=int, default=_default("keep_alive_s"), metavar="SECONDS",
                    help=_help("keep_alive_s"))
     p.add_argument("--api-key-file", default=None, metavar="FILE", help=_help("api_key_file"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")

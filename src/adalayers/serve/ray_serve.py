@@ -12,7 +12,6 @@ within graceful_shutdown_timeout_s.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import time
@@ -170,7 +169,7 @@ def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1
     deployment = serve.deployment(SideTasksIngress, name="adalayers", ray_actor_options={"num_cpus": 0.5},
                                   max_ongoing_requests=max(100, 4 * cfg.max_batch), graceful_shutdown_timeout_s=30,
                                   health_check_period_s=10, **scale)
-    return deployment.bind(base, [str(h) for h in heads], dataclasses.asdict(cfg))
+    return deployment.bind(base, [str(h) for h in heads], cfg.model_dump())
 
 
 def start(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1, min_replicas: int | None = None,
