@@ -263,9 +263,10 @@ def one_line(e: ValidationError, where=lambda loc: ".".join(str(x) for x in loc)
     err = e.errors()[0]
     ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in (err.get("ctx") or {}).items()}
     msg = _BOUNDS[err["type"]].format(**ctx) if err["type"] in _BOUNDS else err["msg"].removeprefix("Value error, ")
-    got = f", got {err['input']!r}" if "input" in err and not isinstance(err["input"], dict) else ""
+    got = f", got {err['input']!r}" if "input" in err and not isinstance(err["input"], (dict, list)) else ""
     more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
-    return f"{where(err['loc'])}: {msg}{got}{more}"
+    place = where(err["loc"])
+    return f"{place + ': ' if place else ''}{msg}{got}{more}"
 
 
 @dataclass

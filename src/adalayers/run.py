@@ -192,11 +192,7 @@ def read_config(run_dir: Path) -> dict:
     try:
         RunMeta.model_validate(meta)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = "".join(f"{'.'.join(str(x) for x in err['loc'])}: " if err["loc"] else "")
-        more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        raise RunError(f"{path}: not a valid run config: {where}{msg}{more}") from None
+        raise RunError(f"{path}: not a valid run config: {config_mod.one_line(e)}") from None
     return meta
 
 
