@@ -2,6 +2,7 @@
 training examples whole, capped by the base, printed with the share that is cut."""
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -36,13 +37,14 @@ def test_choice_is_the_99th_percentile_within_floor_and_limit(tokenizer):
     assert words.max_length == 32
 
 
-def test_long_texts_get_a_length_from_the_data_and_it_is_printed(tiny_base, tmp_path, capsys):  # noqa: F811
+def test_long_texts_get_a_length_from_the_data_and_it_is_printed(tiny_base, tmp_path, caplog):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="adalayers")
     train = write_csv(tmp_path / "train.csv", rows(297, 3), ["text", "label"])
     cfg = config.from_dict({"task": {"train": str(train)}, "model": {"base": tiny_base},
                             "cache": {"enabled": False}})
     assert cfg.model.max_length is None
     backbone, data, encoded = recipes.prepare(cfg)
-    printed = capsys.readouterr().out
+    printed = caplog.text
     chosen = cfg.model.max_length
     lengths = sorted(len(backbone.tokenizer(e.text)["input_ids"]) for e in data.splits["train"])
     assert chosen == lengths[-(-99 * len(lengths) // 100) - 1] and chosen < 20   # short texts decide, not the 3 long
@@ -57,6 +59,6 @@ def test_long_texts_get_a_length_from_the_data_and_it_is_printed(tiny_base, tmp_
     assert cfg.model.max_length == 128  # the tiny base's 128 positions cap it
     set_by_hand = config.from_dict({"task": {"train": str(many_long)}, "model": {"base": tiny_base, "max_length": 40},
                                     "cache": {"enabled": False}})
-    capsys.readouterr()
+    caplog.clear()
     recipes.prepare(set_by_hand)
-    assert set_by_hand.model.max_length == 40 and "not set" not in capsys.readouterr().out
+    assert set_by_hand.model.max_length == 40 and "not set" not in caplog.text

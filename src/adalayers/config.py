@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adalayers.errors import ConfigError
-from adalayers.kinds import ALIASES as TASK_KINDS  # every name of a TaskKind -> the TaskKind
+from adalayers.kinds import ALIASES as TASK_KINDS, TaskKind  # every name of a TaskKind -> the TaskKind
 
 
 def _f(default, help: str, **kw):
@@ -456,7 +456,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
 
 def validate(cfg: Config) -> list[str]:
     p = []
-    if cfg.head.kind not in (None, "sequence", "regression", "token"):
+    if cfg.head.kind not in (None, *TaskKind):
         p.append(f"head.kind: must be sequence, regression or token, got {cfg.head.kind!r}")
     if cfg.model.states not in ("encoder", "decoder"):
         p.append(f"model.states: must be encoder or decoder, got {cfg.model.states!r}")
@@ -520,7 +520,7 @@ def _validate_files_task(t: TaskConfig) -> list[str]:
         p.append(f"task.kind: must be classification, regression or tokens, got {t.kind!r}")
     if t.tag_scheme not in ("iob1", "iob2"):
         p.append(f"task.tag_scheme: must be iob1 or iob2, got {t.tag_scheme!r}")
-    if t.label_names and TASK_KINDS.get(t.kind) in ("regression", "token"):
+    if t.label_names and TASK_KINDS.get(t.kind) in (TaskKind.REGRESSION, TaskKind.TOKENS):
         p.append("task.label_names: only for classification tasks")
     if t.metric is not None:
         from adalayers.metrics import MAIN_METRICS

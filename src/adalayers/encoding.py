@@ -17,6 +17,7 @@ import torch
 from adalayers.engine.loss import IGNORE
 from adalayers.tasks import Example
 from adalayers.templates import Template
+from adalayers.kinds import TaskKind
 
 
 @dataclass
@@ -31,7 +32,7 @@ class EncodedSplit:
 def encode(examples: list[Example], tokenizer, max_length: int, kind: str, labels: list[str],
            name: str = "", template: Template | None = None) -> EncodedSplit:
     """`template` (task.template) wraps each sequence example's text first (adalayers.templates)."""
-    if kind == "token":
+    if kind == TaskKind.TOKENS:
         return _encode_tokens(examples, tokenizer, max_length, labels, name)
     label_id = {name: i for i, name in enumerate(labels)}
     texts, pairs = _texts(examples, tokenizer, template)
@@ -42,7 +43,7 @@ def encode(examples: list[Example], tokenizer, max_length: int, kind: str, label
         if "token_type_ids" in enc:
             row["token_type_ids"] = enc["token_type_ids"][i]
         if e.label is not None:
-            row["label"] = float(e.label) if kind == "regression" else label_id[e.label]
+            row["label"] = float(e.label) if kind == TaskKind.REGRESSION else label_id[e.label]
         rows.append(row)
     # a row of exactly max_length tokens may have fit: count only texts that really lost tokens
     full = [i for i, r in enumerate(rows) if len(r["input_ids"]) >= max_length]
@@ -78,7 +79,7 @@ def choose_max_length(examples: list[Example], tokenizer, kind: str, limit: int,
     """
     import math
 
-    if kind == "token":
+    if kind == TaskKind.TOKENS:
         tok = word_tokenizer(tokenizer)
         lengths = [len(ids) for ids in tok([e.words for e in examples], is_split_into_words=True,
                                            verbose=False)["input_ids"]]

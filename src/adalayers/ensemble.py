@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from adalayers.kinds import TaskKind
 
 
 class _MeanWeights:
@@ -59,7 +60,7 @@ class EnsembleTask(nn.Module):
 
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         outs = [m.end(mask).float() for m in self.members]
-        if self.kind == "regression":
+        if self.kind == TaskKind.REGRESSION:
             return torch.stack(outs).mean(0)
         probs = torch.stack([torch.softmax(o, -1) for o in outs]).mean(0)
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()

@@ -12,6 +12,7 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from adalayers.config import HeadConfig
+from adalayers.kinds import TaskKind
 
 
 def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -99,6 +100,6 @@ class TokenHead(nn.Module):
 
 
 def build_head(kind: str, k: int, num_labels: int, cfg: HeadConfig) -> nn.Module:
-    if kind == "token":
+    if kind == TaskKind.TOKENS:
         return TokenHead(k, num_labels, cfg)
-    return SequenceHead(k, 1 if kind == "regression" else num_labels, cfg)
+    return SequenceHead(k, 1 if kind == TaskKind.REGRESSION else num_labels, cfg)

@@ -24,6 +24,7 @@ import yaml
 
 from adalayers import run as runlib
 from adalayers.errors import RunError
+from adalayers.kinds import TaskKind
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 FILES = ["config.json", runlib.HEAD, "metrics.json", "log.jsonl"]
@@ -68,7 +69,7 @@ def card_data(run: Path):
 
     meta, metrics = runlib.read_config(run), _metrics(run)
     task = meta["config"]["task"]["name"]
-    kind = meta.get("kind") or meta["config"]["head"].get("kind") or "sequence"
+    kind = meta.get("kind") or meta["config"]["head"].get("kind") or TaskKind.CLASSIFICATION
     dataset, dataset_config = DATASETS.get(task, (task, None))
     results = [EvalResult(task_type=TASK_TYPES[kind], dataset_type=dataset, dataset_name=task,
                           dataset_config=dataset_config, dataset_split="test", metric_type=name,
@@ -88,7 +89,7 @@ def model_card(run: Path, repo: str | None = None) -> str:
     meta, metrics = runlib.read_config(run), _metrics(run)
     data = card_data(run)
     task, base = meta["config"]["task"]["name"], meta["base"]
-    kind = meta.get("kind") or meta["config"]["head"].get("kind") or "sequence"
+    kind = meta.get("kind") or meta["config"]["head"].get("kind") or TaskKind.CLASSIFICATION
     repo = repo or f"user/adalayers-{task}"
     weights = metrics.get("layer_weights") or []
     figures = sorted(p.name for p in run.glob("*.png"))

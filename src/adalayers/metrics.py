@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+from adalayers.kinds import TaskKind
 
 # Per task kind: the metrics that can select the best epoch (higher is better); the first is the default.
-MAIN_METRICS = {"sequence": ["macro_f1", "accuracy", "mcc", "positive_f1"],  # positive_f1: binary tasks
-                "regression": ["pearson", "spearman"],
-                "token": ["f1", "precision", "recall"]}
+MAIN_METRICS = {TaskKind.CLASSIFICATION: ["macro_f1", "accuracy", "mcc", "positive_f1"],  # positive_f1: binary tasks
+                TaskKind.REGRESSION: ["pearson", "spearman"],
+                TaskKind.TOKENS: ["f1", "precision", "recall"]}
 
 
 def classification(y_true: list[int], y_pred: list[int], labels: list[str], positive: int | None = None) -> dict:

@@ -22,6 +22,7 @@ from adalayers.precision import autocast_for, precision_of
 from adalayers.train import fit
 from adalayers.core import pick_device, seed_everything
 from adalayers.engine import distributed
+from adalayers.kinds import TaskKind
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def resolve_head(cfg, data) -> None:
     elif data.kind != cfg.head.kind:
         raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
                              f"set head.kind: {data.kind}")
-    if cfg.head.kind == "regression" and cfg.head.target_mean is None:
+    if cfg.head.kind == TaskKind.REGRESSION and cfg.head.target_mean is None:
         cfg.head.target_mean, cfg.head.target_std = target_scale([e.label for e in data.splits["train"]])
 
 
@@ -82,11 +83,11 @@ def choose_max_length_from_data(cfg, backbone: Backbone, data) -> None:
     choice = choose_max_length(data.splits["train"], backbone.tokenizer, data.kind, base_token_limit(backbone),
                                template=Template.of(cfg))
     cfg.model.max_length = choice.max_length
-    what = "split into windows" if data.kind == "token" else "truncated"
-    print(f"[{data.name}] model.max_length not set: {choice.max_length} tokens, chosen from the data (holds 99% "
-          f"of the {choice.examples:,} training examples whole, at most the base's "
-          f"{base_token_limit(backbone)}; the longest has {choice.longest}); {100 * choice.share_over:.1f}% of "
-          f"them are {what}. Change it with --set model.max_length=N")
+    what = "split into windows" if data.kind == TaskKind.TOKENS else "truncated"
+    log.info("[%s] model.max_length not set: %d tokens, chosen from the data (holds 99%% of the %s training "
+             "examples whole, at most the base's %d; the longest has %d); %.1f%% of them are %s. Change it with "
+             "--set model.max_length=N", data.name, choice.max_length, f"{choice.examples:,}",
+             base_token_limit(backbone), choice.longest, 100 * choice.share_over, what)
 
 
 def make_source(cfg, backbone, data, encoded):
@@ -136,13 +137,13 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     task = build(cfg, backbone, data)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
-    # what the data is (part of the command's report, on stdout like its results)
-    for note in data.notes if distributed.is_main() else []:
-        print(f"[{data.name}] {note}")
-    for name, split in encoded.items() if distributed.is_main() else []:
+    # what the data is (messages: logging shows them on rank 0 only)
+    for note in data.notes:
+        log.info("[%s] %s", data.name, note)
+    for name, split in encoded.items():
         if split.num_truncated:
-            print(f"[{data.name}] {name}: {split.num_truncated} of {split.num_examples} texts reach "
-                  f"max_length={cfg.model.max_length} and are truncated")
+            log.info("[%s] %s: %d of %d texts reach max_length=%s and are truncated", data.name, name,
+                     split.num_truncated, split.num_examples, cfg.model.max_length)
     summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume, on_epoch=on_epoch)
     task, _, _ = runlib.load_head(out, backbone, build_task and build(cfg, backbone, data))
     task.to(backbone.device)
@@ -216,7 +217,7 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     from adalayers.encoding import encode as enc
     from adalayers.evaluate import example_predictions, row_outputs
 
-    if task.kind == "token":
+    if task.kind == TaskKind.TOKENS:
         examples = [Example(words=t.split()) for t in texts]
     else:
         examples = [Example(text=t, text_pair=text_pairs[i] if text_pairs else None) for i, t in enumerate(texts)]
@@ -229,10 +230,10 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     results = []
     for i, (text, p) in enumerate(zip(texts, preds)):
         given = {"text": text, "text_pair": text_pairs[i]} if text_pairs else {"text": text}
-        if task.kind == "sequence":
+        if task.kind == TaskKind.CLASSIFICATION:
             results.append({**given, "label": task.labels[p[0]],
                             "probabilities": dict(zip(task.labels, [round(x, 6) for x in p[1]]))})
-        elif task.kind == "regression":
+        elif task.kind == TaskKind.REGRESSION:
             results.append({**given, "value": p})
         else:
             results.append({**given, "tags": p})

@@ -14,6 +14,7 @@ from adalayers import run as runlib
 from adalayers.figures import (plot_confusion, plot_layer_history, plot_layer_weights, plot_per_class,
                                 plot_regression, plot_training_curves)
 from adalayers.errors import DataError, RunError
+from adalayers.kinds import TaskKind
 
 
 # --- reading the run folder -----------------------------------------------------------------
@@ -181,13 +182,13 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
                   f"(task.max_train_examples / max_eval_examples)")
     truncation = {}
     for name, enc in encoded.items():
-        if kind == "token":
+        if kind == TaskKind.TOKENS:
             truncation[name] = {"examples": enc.num_examples, "split_into_windows": enc.extra.get("split_examples", 0),
                                 "windows": enc.extra.get("windows", len(enc.rows))}
         else:
             truncation[name] = {"examples": enc.num_examples, "truncated": enc.num_truncated,
                                 "fraction": enc.num_truncated / max(1, enc.num_examples)}
-    if kind == "token":
+    if kind == TaskKind.TOKENS:
         md.append(f"- sentences longer than max_length = {cfg.model.max_length} sub-tokens are split into "
                   f"windows (never cut): " + ", ".join(
                       f"{k} {v['split_into_windows']:,} of {v['examples']:,}" for k, v in truncation.items()))
@@ -213,7 +214,7 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
 
     # --- per kind
     wrong: list[dict] = []
-    if kind == "sequence":
+    if kind == TaskKind.CLASSIFICATION:
         from sklearn.metrics import confusion_matrix
 
         label_id = {name: i for i, name in enumerate(labels)}
@@ -231,7 +232,7 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
         md += ["", f"## The {len(wrong)} most confident wrong predictions", ""]
         md += [f"{n}. predicted **{r['predicted']}** with probability {r['confidence']:.3f}, true "
                f"**{r['true']}**: “{_clip(r['text'])}”" for n, r in enumerate(wrong, 1)]
-    elif kind == "token":
+    elif kind == TaskKind.TOKENS:
         pc = scores["per_class"]
         figures["per_class"] = "per_class.png"
         plot_per_class(pc, f"{title}: entity scores per class ({split})", run_dir / figures["per_class"])
@@ -277,8 +278,8 @@ def duration(seconds: float) -> str:
 
 
 def _main_keys(kind: str, main: str) -> list[str]:
-    keys = {"sequence": ["accuracy", "mcc", "macro_f1"], "token": ["f1", "precision", "recall"],
-            "regression": ["pearson", "spearman", "mse"]}[kind]
+    keys = {TaskKind.CLASSIFICATION: ["accuracy", "mcc", "macro_f1"], TaskKind.TOKENS: ["f1", "precision", "recall"],
+            TaskKind.REGRESSION: ["pearson", "spearman", "mse"]}[kind]
     return [main] + [k for k in keys if k != main]
 
 

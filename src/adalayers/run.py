@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from adalayers import config as config_mod
 from adalayers.errors import ConfigError, ModelError, RunError
+from adalayers.kinds import TaskKind
 
 HEAD = "head.safetensors"
 
@@ -58,7 +59,7 @@ class RunMeta(BaseModel):
     @model_validator(mode="after")
     def _labels_fit_kind(self) -> "RunMeta":
         kind = self.config.get("head", {}).get("kind") if isinstance(self.config.get("head"), dict) else None
-        if kind != "regression" and len(self.labels) < 2:
+        if kind != TaskKind.REGRESSION and len(self.labels) < 2:
             raise ValueError(f"a {kind or 'classification'} head needs at least 2 labels, got {len(self.labels)}")
         return self
 

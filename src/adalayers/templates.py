@@ -22,6 +22,7 @@ import string
 from dataclasses import dataclass
 
 from adalayers.errors import ConfigError, DataError, ModelError
+from adalayers.kinds import TaskKind
 
 FIELDS = ("text", "text_pair")
 EXAMPLE = "'Review: {text}\\nSentiment:'"
@@ -83,7 +84,7 @@ class Template:
         problem = spec_problem(self.spec)
         if problem:
             raise ConfigError(f"task.template: {problem}")
-        if str(kind) == "token":
+        if kind == TaskKind.TOKENS:
             raise ConfigError("task.template: token tasks take no template (their heads tag the words of the text "
                               "as given); leave task.template unset")
         if self.spec == "chat" and pairs:

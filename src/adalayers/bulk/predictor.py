@@ -19,6 +19,7 @@ import logging
 import pyarrow as pa
 
 from adalayers.errors import DataError
+from adalayers.kinds import TaskKind
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,9 @@ def schema(heads: dict[str, str]) -> pa.Schema:
     """The output columns for heads {name: kind}."""
     fields = [pa.field("id", pa.string())]
     for name, kind in heads.items():
-        if kind == "token":
+        if kind == TaskKind.TOKENS:
             fields += [pa.field(f"{name}_words", pa.list_(pa.string())), pa.field(f"{name}_tags", pa.list_(pa.string()))]
-        elif kind == "regression":
+        elif kind == TaskKind.REGRESSION:
             fields.append(pa.field(f"{name}_value", pa.float64()))
         else:
             fields += [pa.field(f"{name}_label", pa.string()), pa.field(f"{name}_score", pa.float64())]
@@ -62,10 +63,10 @@ def to_table(ids: list[str], results: list[dict], heads: dict[str, str]) -> pa.T
     cols: dict[str, list] = {"id": ids}
     for name, kind in heads.items():
         outs = [r["tasks"][name] for r in results]
-        if kind == "token":
+        if kind == TaskKind.TOKENS:
             cols[f"{name}_words"] = [o["words"] for o in outs]
             cols[f"{name}_tags"] = [o["tags"] for o in outs]
-        elif kind == "regression":
+        elif kind == TaskKind.REGRESSION:
             cols[f"{name}_value"] = [o["value"] for o in outs]
         else:
             cols[f"{name}_label"] = [o["label"] for o in outs]

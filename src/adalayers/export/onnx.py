@@ -27,6 +27,7 @@ from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize
+from adalayers.kinds import TaskKind
 
 log = logging.getLogger(__name__)
 META = "export.json"
@@ -88,7 +89,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                    if primary else [])
         described = {}
         for name, task, (path, cfg, meta) in zip(names, tasks, metas):
-            shape = {"token": ["batch", "sequence", len(task.labels)], "regression": ["batch"]}.get(
+            shape = {TaskKind.TOKENS: ["batch", "sequence", len(task.labels)], TaskKind.REGRESSION: ["batch"]}.get(
                 task.kind, ["batch", len(task.labels)])
             outputs.append({"name": output_name(name), "task": name, "kind": task.kind, "labels": task.labels,
                             "shape": shape})

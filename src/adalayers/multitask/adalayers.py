@@ -27,8 +27,9 @@ from adalayers.config import Config
 from adalayers.multitask.graph import order
 from adalayers.multitask.heads import feature
 from adalayers.sidetask import SideTask
+from adalayers.kinds import TaskKind
 
-OUT_OF_KIND = {"sequence": "classes", "regression": "value"}
+OUT_OF_KIND = {TaskKind.CLASSIFICATION: "classes", TaskKind.REGRESSION: "value"}
 HEAD_LR = 1e-3
 
 
@@ -63,7 +64,7 @@ class ProgressiveTask(SideTask):
         for p in self.upstream.parameters():
             p.requires_grad_(False)
         width = sum(_width(u) for u in upstream.values())
-        self.extra = nn.Linear(width, 1 if self.kind == "regression" else max(len(labels), 1))
+        self.extra = nn.Linear(width, 1 if self.kind == TaskKind.REGRESSION else max(len(labels), 1))
         nn.init.zeros_(self.extra.weight)
         nn.init.zeros_(self.extra.bias)
         self.upstream.eval()
@@ -101,13 +102,13 @@ class ProgressiveTask(SideTask):
             feats = torch.cat([feature(OUT_OF_KIND[u.kind], u.end(mask).float()) for u in self.upstream.values()], -1)
         out = super().end(mask)
         extra = self.extra(feats.to(self.extra.weight.dtype))
-        if self.kind == "regression":
+        if self.kind == TaskKind.REGRESSION:
             return out + self.target_scale[1] * extra.squeeze(-1)
         return out + extra
 
 
 def _width(task: SideTask) -> int:
-    return 1 if task.kind == "regression" else max(len(task.labels), 1)
+    return 1 if task.kind == TaskKind.REGRESSION else max(len(task.labels), 1)
 
 
 def same_settings(stored, want) -> bool:

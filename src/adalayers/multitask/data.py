@@ -12,6 +12,7 @@ import torch
 
 from adalayers.encoding import collate as encoding_collate
 from adalayers.errors import ConfigError
+from adalayers.kinds import TaskKind
 
 
 @dataclass
@@ -47,7 +48,7 @@ def encode_rows(examples, tokenizer, max_length: int, form: str, kind: str, labe
     else:
         sides = [enc(first), enc(second)]
     label_id = {n: i for i, n in enumerate(labels)}
-    ys = [float(e.label) if kind == "regression" else label_id[e.label] for e in examples]
+    ys = [float(e.label) if kind == TaskKind.REGRESSION else label_id[e.label] for e in examples]
     return TaskRows(form, sides, ys)
 
 

@@ -23,6 +23,7 @@ from adalayers.heads import masked_mean
 from adalayers.multitask import graph
 from adalayers.multitask.data import input_form
 from adalayers.multitask.heads import as_feature, make_head, out_dim
+from adalayers.kinds import TaskKind
 
 
 class MultitaskModel(nn.Module):
@@ -44,11 +45,11 @@ class MultitaskModel(nn.Module):
             n = max(len(data.labels), 1)
             if s.head == "bilinear" and len(data.labels) != 2:
                 raise ConfigError(f"task {name}: a bilinear head needs two labels, {name} has {len(data.labels)}")
-            if (s.head == "cosine") != (data.kind == "regression") and s.head != "linear" \
-                    or data.kind == "token":
+            if (s.head == "cosine") != (data.kind == TaskKind.REGRESSION) and s.head != "linear" \
+                    or data.kind == TaskKind.TOKENS:
                 raise ConfigError(f"task {name}: head {s.head} does not fit a {data.kind} task")
             d_in = d + sum(widths[u] for u in s.depends_on)
-            head = make_head(s.head, d_in, n, s.hidden, s.dropout, data.kind == "regression")
+            head = make_head(s.head, d_in, n, s.hidden, s.dropout, data.kind == TaskKind.REGRESSION)
             for u in s.depends_on:
                 if self.heads[u].sides == 2 and head.sides == 1:
                     raise ConfigError(f"task {name}: its {s.head} head reads one input and cannot take the "

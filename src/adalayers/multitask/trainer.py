@@ -26,6 +26,7 @@ from adalayers.multitask.model import MultitaskModel
 from adalayers.multitask.schedule import plan
 from adalayers.tasks import load_task
 from adalayers.core import seed_everything
+from adalayers.kinds import TaskKind
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def predict(model, name: str, rows, batch_size: int, autocast=None) -> list:
 
 def score(model, name: str, rows, data, batch_size: int, autocast=None) -> dict:
     preds = predict(model, name, rows, batch_size, autocast)
-    if data.kind == "regression":
+    if data.kind == TaskKind.REGRESSION:
         return metrics.regression(rows.labels, preds)
     return metrics.classification(rows.labels, preds, data.labels)
 

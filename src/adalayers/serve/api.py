@@ -36,6 +36,7 @@ from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
 from adalayers.templates import Template
+from adalayers.kinds import TaskKind
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
 
@@ -93,7 +94,7 @@ class SideTasks:
                              + "; ".join(f"{h.name}: {h.template.describe()}" for h in heads)
                              + "); serve them separately")
         self.template = templates.pop() if templates else Template()
-        if any(h.kind == "token" for h in heads) and not backbone.tokenizer.is_fast:
+        if any(h.kind == TaskKind.TOKENS for h in heads) and not backbone.tokenizer.is_fast:
             raise ModelError(f"{backbone.name}: token heads need a fast tokenizer (for character offsets)")
 
     # --- loading ---------------------------------------------------------------------------
@@ -176,7 +177,7 @@ class SideTasks:
         if second is not None:
             rows, spans = self._pair_rows(wrapped, second), [[] for _ in texts]
         else:
-            rows, spans = self._rows(wrapped, any(h.kind == "token" for h in heads))
+            rows, spans = self._rows(wrapped, any(h.kind == TaskKind.TOKENS for h in heads))
         with self._lock, torch.inference_mode():
             outs = self._run(rows, heads)
         results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(wrapped)]
@@ -228,7 +229,7 @@ class SideTasks:
         if text_pairs is not None:
             return [min(len(ids), self.max_length) for ids in
                     self._tokenize(texts, text_pairs, verbose=False)["input_ids"]]
-        windows = any(self.heads[n].kind == "token" for n in self.check_tasks(tasks))
+        windows = any(self.heads[n].kind == TaskKind.TOKENS for n in self.check_tasks(tasks))
         special = self.backbone.tokenizer.num_special_tokens_to_add(pair=False)
         budget = max(1, self.max_length - special)
         counts = []
@@ -291,7 +292,7 @@ class SideTasks:
             for h in heads:
                 if not torch.isfinite(logits[h.name]).all():  # never answered as NaN: a server-side fault
                     raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
-            vals = {h.name: logits[h.name] if h.kind == "regression" else torch.softmax(logits[h.name], -1)
+            vals = {h.name: logits[h.name] if h.kind == TaskKind.REGRESSION else torch.softmax(logits[h.name], -1)
                     for h in heads}
             return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()})
                     for j in range(size)]
@@ -304,7 +305,7 @@ class SideTasks:
         for i, (row, (own, values)) in enumerate(zip(rows, per_row)):
             n = len(row["input_ids"])
             for h in heads:
-                head_rows[h.name][i] = _real(values[h.name], n, left) if h.kind == "token" else values[h.name]
+                head_rows[h.name][i] = _real(values[h.name], n, left) if h.kind == TaskKind.TOKENS else values[h.name]
             if own is not None and not row["window"]:
                 base_rows[i] = (_real(own, n, left) if own.dim() == 2 else own).float().cpu()
                 if not torch.isfinite(base_rows[i]).all():
@@ -331,7 +332,7 @@ class SideTasks:
             result["base"] = self._base_output(outs["base"][i], text, spans, plain)
         result["tasks"] = {}
         for h in heads:
-            if h.kind == "token":  # the plain row when the text fits, else the text's windows
+            if h.kind == TaskKind.TOKENS:  # the plain row when the text fits, else the text's windows
                 mine = [(rows[r], outs["heads"][h.name][r]) for r in [i] + plain.get("windows", [])
                         if rows[r]["token_rows"]]
                 result["tasks"][h.name] = _tag_words(h.task.labels, text, spans, mine)
@@ -355,7 +356,7 @@ class SideTasks:
             if "pair_truncated" in row:
                 return None  # words of a sentence pair: not tagged
             return _tag_words(labels, text, spans, [(row, torch.softmax(out, -1))])
-        return _sequence_output("sequence", labels, torch.softmax(out, -1))
+        return _sequence_output(TaskKind.CLASSIFICATION, labels, torch.softmax(out, -1))
 
 
 def _input(head: Head) -> str:
@@ -381,7 +382,7 @@ def _word_ids(offsets, spans, shift: int) -> list[int | None]:
 
 
 def _sequence_output(kind: str, labels: list[str], values: torch.Tensor) -> dict:
-    if kind == "regression":
+    if kind == TaskKind.REGRESSION:
         return {"value": float(values)}
     probs = values.tolist()
     best = max(range(len(probs)), key=probs.__getitem__)

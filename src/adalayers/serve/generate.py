@@ -32,6 +32,7 @@ import torch
 from adalayers.backbone import positions
 from adalayers.errors import DataError, ModelError
 from adalayers.sidetask import shared_tap
+from adalayers.kinds import TaskKind
 
 
 def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
@@ -73,7 +74,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     heads = [side.heads[n] for n in names]
     guard = {n: (lab, float(th)) for n, (lab, th) in (guard or {}).items()}
     for n, (lab, _) in guard.items():
-        if side.heads[n].kind == "token" or lab not in side.heads[n].task.labels:
+        if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
             raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
                             f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
     tok, model = backbone.tokenizer, backbone.model
@@ -113,7 +114,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             mask = mask.clone()
             mask[:, :prompt_len] = False
         out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
-        return out if task.kind == "regression" else torch.softmax(out, -1)
+        return out if task.kind == TaskKind.REGRESSION else torch.softmax(out, -1)
 
     out = forward(ids, attn, None)
     prompt_out = {h.name: read(h.name, real) for h in heads}
@@ -123,7 +124,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     generated = [[] for _ in range(B)]
     finish = [None] * B
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)
-    step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != "token"
+    step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != TaskKind.TOKENS
                    and (steps or n in guard)}
     for s in range(max_new_tokens):
         nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
@@ -224,7 +225,7 @@ def _output(head, values: torch.Tensor, enc, b: int, text: str,
     """
     from adalayers.serve.api import _sequence_output, _tag_words, _word_ids
 
-    if head.kind != "token":
+    if head.kind != TaskKind.TOKENS:
         return _sequence_output(head.kind, head.task.labels, values)
     spans = [m.span() for m in re.finditer(r"\S+", text)]
     offsets = [tuple(o) for o in enc["offset_mapping"][b].tolist()] + list(answer_offsets or [])

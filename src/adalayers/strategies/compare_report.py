@@ -5,8 +5,9 @@ from pathlib import Path
 
 from adalayers import run as runlib
 from adalayers.seeds import cell
+from adalayers.kinds import TaskKind
 
-SHOWN = {"sequence": ("mcc", "accuracy"), "token": ("f1",), "regression": ("pearson", "spearman")}
+SHOWN = {TaskKind.CLASSIFICATION: ("mcc", "accuracy"), TaskKind.TOKENS: ("f1",), TaskKind.REGRESSION: ("pearson", "spearman")}
 
 
 def _metrics(r: dict) -> list[str]:

@@ -18,6 +18,7 @@ from adalayers.heads import masked_mean
 from adalayers.strategies.base import HarnessStrategy, save_run
 from adalayers.engine import task_loss
 from adalayers.strategies.harness import OptimConfig, SharedPassModel, Trained, _f, train_and_score
+from adalayers.kinds import TaskKind
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ConcatSide(nn.Module):
     def __init__(self, num_layers: int, hidden_size: int, kind: str, num_labels: int, group_lasso: float):
         super().__init__()
         self.kind, self.num_layers, self.d, self.group_lasso = kind, num_layers, hidden_size, group_lasso
-        self.linear = nn.Linear(num_layers * hidden_size, 1 if kind == "regression" else num_labels)
+        self.linear = nn.Linear(num_layers * hidden_size, 1 if kind == TaskKind.REGRESSION else num_labels)
         self.register_buffer("keep", torch.ones(num_layers * hidden_size))
         self._feats: list[torch.Tensor] = []
 
@@ -57,10 +58,10 @@ class ConcatSide(nn.Module):
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         x = torch.cat(self._feats, dim=-1)            # (B, T, L*d)
         self._feats = []
-        if self.kind != "token":
+        if self.kind != TaskKind.TOKENS:
             x = masked_mean(x, mask.to(x.device))    # (B, L*d)
         out = self.linear(x * self.keep)
-        return out.squeeze(-1) if self.kind == "regression" else out
+        return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
 
     def group_norms(self) -> torch.Tensor:
         return self.linear.weight.norm(dim=0)
@@ -108,7 +109,7 @@ class Concat(HarnessStrategy):
     def extra(self, model) -> dict:
         side = model.side
         width = side.keep.numel()
-        unit = "token" if side.kind == "token" else "example"
+        unit = "token" if side.kind == TaskKind.TOKENS else "example"
         return {"feature_width": width, "features_kept": int(side.keep.sum().item()),
                 f"feature_bytes_per_{unit}": width * 4,
                 "memory_note": f"the head holds all {side.num_layers} layers' states of a batch at once "

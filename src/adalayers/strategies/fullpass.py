@@ -17,6 +17,7 @@ from adalayers.backbone import Backbone
 from adalayers.errors import ConfigError
 from adalayers.heads import masked_mean
 from adalayers.engine import task_loss, trainable
+from adalayers.kinds import TaskKind
 
 
 class StandardHead(nn.Module):
@@ -28,10 +29,10 @@ class StandardHead(nn.Module):
         self.out = nn.Linear(d, num_outputs)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.kind != "token":
+        if self.kind != TaskKind.TOKENS:
             h = masked_mean(h, mask)
         out = self.out(self.dropout(self.hidden(h)))
-        return out.squeeze(-1) if self.kind == "regression" else out
+        return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
 
 
 class FullPassModel(nn.Module):
@@ -43,7 +44,7 @@ class FullPassModel(nn.Module):
         self.pad_id = backbone.tokenizer.pad_token_id or 0
         # Backbone() freezes every weight of the copy; strategies unfreeze what they train
         self.base = Backbone(copy.deepcopy(backbone.model), backbone.tokenizer, backbone.name, backbone.states)
-        self.head = StandardHead(backbone.hidden_size, 1 if kind == "regression" else max(len(labels), 1),
+        self.head = StandardHead(backbone.hidden_size, 1 if kind == TaskKind.REGRESSION else max(len(labels), 1),
                                  kind, dropout, tanh_hidden)
 
     def core(self) -> nn.Module:

@@ -15,6 +15,7 @@ from adalayers.heads import build_head
 from adalayers.strategies.base import HarnessStrategy
 from adalayers.engine import task_loss
 from adalayers.strategies.harness import OptimConfig, SharedPassModel
+from adalayers.kinds import TaskKind
 
 
 @dataclass
@@ -48,7 +49,7 @@ class ScalarMixSide(nn.Module):
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         out = self.head(self.gamma * self._acc, mask.to(self._acc.device))
         self._acc = None
-        return out.squeeze(-1) if self.kind == "regression" else out
+        return out.squeeze(-1) if self.kind == TaskKind.REGRESSION else out
 
     def loss(self, logits, labels):
         return task_loss(self.kind, logits, labels)

@@ -108,7 +108,7 @@ def load_task(cfg) -> TaskData:
             raise ConfigError(f"task.metric: a {data.kind} task can select on {', '.join(MAIN_METRICS[data.kind])}, "
                               f"not {cfg.task.metric!r}")
         data.main_metric = cfg.task.metric
-    binary = data.kind == "sequence" and len(data.labels) == 2
+    binary = data.kind == TaskKind.CLASSIFICATION and len(data.labels) == 2
     if (cfg.task.positive_label is not None or cfg.task.metric == "positive_f1") and not binary:
         raise ConfigError(f"task.positive_label / positive_f1: task {data.name} is not a binary classification "
                           f"task ({data.kind}, {len(data.labels)} labels)")
@@ -134,9 +134,9 @@ def load_task(cfg) -> TaskData:
 
 def check_classes(data: TaskData) -> None:
     """A classifier needs at least two classes among its training labels (one class: loss 0, F1 1.0, nothing learnt)."""
-    if data.kind == "regression":
+    if data.kind == TaskKind.REGRESSION:
         return
-    seen = {t for e in data.splits["train"] for t in (e.tags or [])} if data.kind == "token" \
+    seen = {t for e in data.splits["train"] for t in (e.tags or [])} if data.kind == TaskKind.TOKENS \
         else {e.label for e in data.splits["train"]}
     if len(seen) < 2:
         raise DataError(f"task {data.name}: every training example has the {'tag' if data.kind == 'token' else 'label'} "

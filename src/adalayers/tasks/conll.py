@@ -12,6 +12,7 @@ from pathlib import Path
 from adalayers.errors import DataError
 from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
 from adalayers.tasks.tables import conll_sentences
+from adalayers.kinds import TaskKind
 
 TYPES = ["LOC", "MISC", "ORG", "PER"]
 LABELS = ["O"] + [f"{p}-{t}" for t in TYPES for p in ("B", "I")]
@@ -62,7 +63,7 @@ def conll2003(cfg) -> TaskData:
     splits = {split: read_conll(path) for split, path in paths.items()}
     counts = ", ".join(f"{s} {len(ex):,} sentences / {sum(len(e.words) for e in ex):,} words"
                        for s, ex in splits.items())
-    return TaskData("conll2003", "token", LABELS, splits, main_metric="f1", files=list(paths.values()),
+    return TaskData("conll2003", TaskKind.TOKENS, LABELS, splits, main_metric="f1", files=list(paths.values()),
                     notes=["train = eng.train, validation = eng.testa, test = eng.testb; "
                            "-DOCSTART- lines dropped; IOB1 tags converted to IOB2",
                            counts,

@@ -21,8 +21,9 @@ from adalayers.errors import DataError
 from adalayers.metrics import MAIN_METRICS
 from adalayers.tasks import Example, TaskData, register, stratified_split
 from adalayers.tasks.tables import Table, is_number, read_tables
+from adalayers.kinds import TaskKind
 
-KIND_WORDS = {"sequence": "classification", "regression": "regression", "token": "tokens"}
+KIND_WORDS = {TaskKind.CLASSIFICATION: "classification", TaskKind.REGRESSION: "regression", TaskKind.TOKENS: "tokens"}
 
 
 # --- tables -> examples ---------------------------------------------------------------------------
@@ -66,32 +67,32 @@ def _finite(v) -> float | None:
     return n if n is not None and math.isfinite(n) else None
 
 
-def guess_kind(t, fmt: str, train: Table) -> tuple[str, str]:
+def guess_kind(t, fmt: str, train: Table) -> tuple[TaskKind, str]:
     """(kind, why): the configured kind, or one read off the training labels."""
     if t.kind:
         return TASK_KINDS[t.kind], "set in task.kind"
     if fmt == "conll":
-        return "token", "a CoNLL file"
+        return TaskKind.TOKENS, "a CoNLL file"
     label = "label" if t.label is None else t.label
     first_loc, first = train.rows[0]
     if train.where_columns and not (t.label is None and "tags" in train.columns):
         _key(label, train.columns, train.where_columns)  # a missing column, reported at the header
     if label not in first and "tags" in first and isinstance(first["tags"], list):
-        return "token", "lists of tags"
+        return TaskKind.TOKENS, "lists of tags"
     v = _value(first_loc, first, label)
     if isinstance(v, list):
-        return "token", "the labels are lists"
+        return TaskKind.TOKENS, "the labels are lists"
     if label in (train.names or {}):
-        return "sequence", "class names in the dataset"
+        return TaskKind.CLASSIFICATION, "class names in the dataset"
     values = [(loc, _value(loc, row, label)) for loc, row in train.rows]
     decimal = next(((loc, x) for loc, x in values if (n := _number(x)) is not None and not n.is_integer()), None)
     if decimal is None:
-        return "sequence", "the labels are names or whole numbers"
+        return TaskKind.CLASSIFICATION, "the labels are names or whole numbers"
     bad = next(((loc, x) for loc, x in values if _number(x) is None), None)
     if bad:
         raise DataError(f"{bad[0]}: label {bad[1]!r} is not a number, but column {label!r} holds numbers (e.g. "
                         f"{decimal[1]!r} at {decimal[0]}); fix the row, or set task.kind: classification")
-    return "regression", "the labels are numbers with decimals"
+    return TaskKind.REGRESSION, "the labels are numbers with decimals"
 
 
 def _label_name(t, loc, v, names: list[str] | None) -> str:
@@ -112,17 +113,17 @@ def _label_name(t, loc, v, names: list[str] | None) -> str:
 
 def to_examples(t, table: Table, kind: str) -> tuple[list[Example], list[str]]:
     """Examples and their locations (for messages about a row)."""
-    text = t.text if t.text is not None else ("tokens" if kind == "token" else "text")
-    label = t.label if t.label is not None else ("tags" if kind == "token" else "label")
+    text = t.text if t.text is not None else ("tokens" if kind == TaskKind.TOKENS else "text")
+    label = t.label if t.label is not None else ("tags" if kind == TaskKind.TOKENS else "label")
     if table.where_columns:  # a header: check it once, naming its line
         for spec in (text, t.text_pair, label):
             if spec is not None:
                 _key(spec, table.columns, table.where_columns)
     examples, locs = [], []
     for loc, row in table.rows:
-        if kind == "token":
+        if kind == TaskKind.TOKENS:
             examples.append(_token_example(t, table, loc, row, text, label))
-        elif kind == "regression":
+        elif kind == TaskKind.REGRESSION:
             v = _value(loc, row, label)
             n = _finite(v)
             if n is None:
@@ -134,7 +135,7 @@ def to_examples(t, table: Table, kind: str) -> tuple[list[Example], list[str]]:
             names = (table.names or {}).get(label)
             examples.append(Example(text=_text(loc, row, text, "text"),
                                     label=_label_name(t, loc, _value(loc, row, label), names)))
-        if t.text_pair is not None and kind != "token":
+        if t.text_pair is not None and kind != TaskKind.TOKENS:
             examples[-1].text_pair = _text(loc, row, t.text_pair, "text_pair")
         locs.append(loc)
     return examples, locs
@@ -163,15 +164,15 @@ def _token_example(t, table, loc, row, text, label) -> Example:
 
 
 def _label_order(t, kind: str, train: list[Example], table: Table, label) -> list[str]:
-    if kind == "regression":
+    if kind == TaskKind.REGRESSION:
         return []
     if t.label_names:
         return [str(n) for n in dict.fromkeys(t.label_names.values())]
     names = (table.names or {}).get(label)
     if names:
         return names
-    seen = {x for e in train for x in (e.tags if kind == "token" else [e.label])}
-    if kind == "token":  # O first, then each entity type's B- and I- together (as the built-in CoNLL reader)
+    seen = {x for e in train for x in (e.tags if kind == TaskKind.TOKENS else [e.label])}
+    if kind == TaskKind.TOKENS:  # O first, then each entity type's B- and I- together (as the built-in CoNLL reader)
         return sorted(seen, key=lambda x: ("", "") if x == "O" else (x[2:], x[:2]))
     numeric = all(is_number(x) for x in seen)
     return sorted(seen, key=lambda x: (int(x), x) if numeric else (0, x))
@@ -185,12 +186,12 @@ def files(cfg) -> TaskData:
     splits, locs = {}, {}
     for split, table in tables.items():
         splits[split], locs[split] = to_examples(t, table, kind)
-    label = t.label if t.label is not None else ("tags" if kind == "token" else "label")
+    label = t.label if t.label is not None else ("tags" if kind == TaskKind.TOKENS else "label")
     labels = _label_order(t, kind, splits["train"], tables["train"], label)
     _check_unseen(kind, labels, splits, locs)
     notes = [f"{KIND_WORDS[kind]} task ({why}), {fmt} format; train: {tables['train'].source} "
              f"({len(splits['train'])} {'sentences' if kind == 'token' else 'rows'})"]
-    if kind == "token" and t.tag_scheme == "iob2":
+    if kind == TaskKind.TOKENS and t.tag_scheme == "iob2":
         notes += _iob1_hint(splits["train"], locs["train"])
     if labels:
         notes.append(f"labels ({len(labels)}): {', '.join(labels[:20])}{' ...' if len(labels) > 20 else ''}")
@@ -201,7 +202,7 @@ def files(cfg) -> TaskData:
         except ValueError as e:
             raise DataError(f"{tables['train'].source}: cannot hold out a validation_fraction of "
                             f"{t.validation_fraction} ({e}); give a validation file or more rows") from None
-        how = "stratified " if kind == "sequence" else ""
+        how = "stratified " if kind == TaskKind.CLASSIFICATION else ""
         notes.append(f"validation = {how}{t.validation_fraction:.0%} of train (seed {t.split_seed}): "
                      f"{len(splits['validation'])} rows")
     else:
@@ -216,12 +217,12 @@ def files(cfg) -> TaskData:
 
 
 def _check_unseen(kind, labels, splits, locs) -> None:
-    if kind == "regression":
+    if kind == TaskKind.REGRESSION:
         return
     known = set(labels)
     for split in ("train", "validation", "test"):
         for e, loc in zip(splits.get(split, []), locs.get(split, [])):
-            for x in (e.tags if kind == "token" else [e.label]):
+            for x in (e.tags if kind == TaskKind.TOKENS else [e.label]):
                 if x not in known:
                     shown = ", ".join(labels[:20]) + (" ..." if len(labels) > 20 else "")
                     what = "is not in task.label_names" if split == "train" else "does not occur in train"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from adalayers.errors import DataError
 from adalayers.tasks import Example, TaskData, bad_row, read_lines, register, stratified_split
+from adalayers.kinds import TaskKind
 
 COLA_LABELS = ["unacceptable", "acceptable"]
 
@@ -51,7 +52,7 @@ def _glue_note(cfg, splits: dict) -> str:
 def cola(cfg) -> TaskData:
     folder = cfg.data_dir() / "glue" / "CoLA"
     splits = _glue_splits(cfg, folder, _cola_rows)
-    return TaskData("cola", "sequence", COLA_LABELS, splits, main_metric="mcc",
+    return TaskData("cola", TaskKind.CLASSIFICATION, COLA_LABELS, splits, main_metric="mcc",
                     files=[folder / "train.tsv", folder / "dev.tsv"], notes=[_glue_note(cfg, splits)])
 
 
@@ -87,5 +88,5 @@ def _stsb_rows(path: Path) -> list[Example]:
 def stsb(cfg) -> TaskData:
     folder = cfg.data_dir() / "glue" / "STS-B"
     splits = _glue_splits(cfg, folder, _stsb_rows)
-    return TaskData("stsb", "regression", [], splits, main_metric="pearson",
+    return TaskData("stsb", TaskKind.REGRESSION, [], splits, main_metric="pearson",
                     files=[folder / "train.tsv", folder / "dev.tsv"], notes=[_glue_note(cfg, splits)])

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from adalayers.errors import DataError
 from adalayers.tasks import Example, TaskData, register, stratified_split
+from adalayers.kinds import TaskKind
 
 LABELS = ["negative", "positive"]
 _NAME = re.compile(r"(?:^|/)aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
@@ -91,7 +92,7 @@ def imdb(cfg) -> TaskData:
     test = list(reviews["test"])
     for rows in (train, validation, test):
         rng.shuffle(rows)
-    return TaskData("imdb", "sequence", LABELS, {"train": train, "validation": validation, "test": test},
+    return TaskData("imdb", TaskKind.CLASSIFICATION, LABELS, {"train": train, "validation": validation, "test": test},
                     main_metric="accuracy", files=[source],
                     notes=[f"validation = stratified {cfg.task.validation_fraction:.0%} of the {len(reviews['train']):,} "
                            f"train reviews (seed {cfg.task.split_seed}); test = the {len(test):,} test reviews",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from adalayers.errors import DataError
 from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.kinds import TaskKind
 
 QQP_LABELS = ["not_duplicate", "duplicate"]
 _JOINED_LABEL = re.compile(r"^(.*\S)\s+([01])$")
@@ -59,6 +60,6 @@ def split_80_10_10(examples: list[Example], seed: int) -> dict[str, list[Example
 def qqp(cfg) -> TaskData:
     path = cfg.data_dir() / "qqp" / "subset.tsv"
     splits = split_80_10_10(read_pairs(path), cfg.task.split_seed)
-    return TaskData("qqp", "sequence", QQP_LABELS, splits, main_metric="accuracy", files=[path],
+    return TaskData("qqp", TaskKind.CLASSIFICATION, QQP_LABELS, splits, main_metric="accuracy", files=[path],
                     notes=[f"stratified 80/10/10 split of subset.tsv (seed {cfg.task.split_seed}): "
                            f"{', '.join(f'{k} {len(v)}' for k, v in splits.items())}"])

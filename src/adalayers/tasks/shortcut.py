@@ -9,9 +9,10 @@ from pathlib import Path
 
 from adalayers.tasks.files import KIND_WORDS, guess_kind
 from adalayers.tasks.tables import is_number, read_tables
+from adalayers.kinds import TaskKind
 
 
-CLOSEST_CONFIG = {"sequence": "cola.yaml", "regression": "stsb.yaml", "token": "conll.yaml"}
+CLOSEST_CONFIG = {TaskKind.CLASSIFICATION: "cola.yaml", TaskKind.REGRESSION: "stsb.yaml", TaskKind.TOKENS: "conll.yaml"}
 
 
 def _configs_dir() -> Path | None:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from adalayers.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.kinds import TaskKind
 
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 SST2_LABELS = ["negative", "positive"]
@@ -70,7 +71,7 @@ def _load(cfg, name: str, fine: bool) -> TaskData:
         else:
             splits[split] = [Example(text=t, label=SST2_LABELS[y >= 3]) for y, t in trees if y != 2]
     note = "root labels 0-4" if fine else "root labels 0-1 negative, 3-4 positive; neutral (2) dropped"
-    return TaskData(name, "sequence", SST5_LABELS if fine else SST2_LABELS, splits,
+    return TaskData(name, TaskKind.CLASSIFICATION, SST5_LABELS if fine else SST2_LABELS, splits,
                     main_metric="accuracy", files=files,
                     notes=[f"{note}; validation = dev.txt, test = test.txt"])
 

@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass
 
 from adalayers.errors import ConfigError
+from adalayers.kinds import TaskKind
 
 # The thesis tuned for RoBERTa-large; these ranges surround its settings for the small bases.
 DEFAULTS: dict = {
@@ -110,7 +111,7 @@ def parse(name: str, spec) -> Param | None:
 def merged(cfg) -> dict:
     """DEFAULTS (+ TOKEN_DEFAULTS for token heads) with the config's tune.space over them."""
     space = dict(DEFAULTS)
-    if cfg.head.kind == "token":
+    if cfg.head.kind == TaskKind.TOKENS:
         space.update(TOKEN_DEFAULTS)
     space.update(cfg.tune.space or {})
     return space
