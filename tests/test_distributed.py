@@ -110,3 +110,22 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
     for split in ("validation", "test"):
         for metric in ("accuracy", "mcc"):
             assert abs(two[split][metric] - one[split][metric]) <= METRIC_TOL, (split, metric, one, two)
+
+
+@pytest.mark.parametrize("argv, name", [(["compare", "cfg.yaml", "--out", "x"], "compare"),
+                                        (["compare-multitask", "mt.yaml", "--out", "x"], "compare-multitask"),
+                                        (["cache", "ls"], "cache ls")])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_commands_that_do_not_run_under_torchrun_say_so_in_one_line(argv, name, rank, monkeypatch, capsys, tmp_path):
+    """What torchrun sets (WORLD_SIZE, RANK): compare and compare-multitask run each strategy in a process of
+    its own and time inference in one, so they stop at once, rank 0 saying why, before any file is written."""
+    from adalayers import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == ("" if rank else f"error: 'adalayers {name}' does not run under torchrun; under torchrun: train, "
+                                   f"sweep-layers, cache build (launch this one without torchrun)\n")
+    assert list(tmp_path.iterdir()) == []

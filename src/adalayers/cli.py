@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adalayers.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config
-    p.set_defaults(fn=cmd_train)
+    p.set_defaults(fn=cmd_train, torchrun=True)
 
     p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")
     p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
@@ -212,6 +212,21 @@ def _verbose_everywhere(sub) -> None:
             _verbose_everywhere(action)
 
 
+# Commands that run under torchrun (their parsers set torchrun=True): one data-parallel training, or each
+# process building its shard of the cache. compare and compare-multitask run each strategy in a process of
+# its own and time inference and memory in one, so they are refused there with a one-line message.
+TORCHRUN_COMMANDS = ("train", "sweep-layers", "cache build")
+
+
+def _command_words(argv: list[str] | None) -> list[str]:
+    words = []
+    for a in sys.argv[1:] if argv is None else argv:
+        if a.startswith("-") or len(words) == 2:
+            break
+        words.append(a)
+    return words[:1] if words[:1] != ["cache"] else words
+
+
 def main(argv: list[str] | None = None) -> int:
     from adalayers.engine import distributed
     from adalayers.engine.progress import setup_logging
@@ -220,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from adalayers import progress
 
+    if distributed.launched() and not getattr(args, "torchrun", False):
+        if distributed.is_main():  # every process stops; one says why
+            print(f"error: 'adalayers {' '.join(_command_words(argv))}' does not run under torchrun; under torchrun: "
+                  f"{', '.join(TORCHRUN_COMMANDS)} (launch this one without torchrun)", file=sys.stderr)
+        return 2
     restore = progress.configure(verbose=args.verbose)
     try:
         return args.fn(args)

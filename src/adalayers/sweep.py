@@ -252,7 +252,7 @@ def add_commands(sub) -> None:
     p.add_argument("--adalayers", metavar="RUN_DIR", help="reuse this finished AdaLayers run instead of training one")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="train every layer (and AdaLayers) with N seeds; tables show medians and min-max")
-    p.set_defaults(fn=_cmd_sweep)
+    p.set_defaults(fn=_cmd_sweep, torchrun=True)
 
 
 def _cmd_sweep(args) -> int:

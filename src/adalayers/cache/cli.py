@@ -128,7 +128,7 @@ def add_commands(sub) -> None:
                    help="build only part I of N (0-based) of every split, e.g. one task of a job array; the last "
                         "part to finish writes the entry's manifest (under torchrun the ranks split the work "
                         "without this)")
-    b.set_defaults(fn=cmd_build)
+    b.set_defaults(fn=cmd_build, torchrun=True)
     for name, fn, help in [("ls", cmd_ls, "list cached entries"), ("rm", cmd_rm, "remove cached entries")]:
         c = csub.add_parser(name, help=help)
         c.add_argument("--dir", help="cache folder (default: $ADALAYERS_CACHE or ~/.cache/adalayers)")
