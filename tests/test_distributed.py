@@ -29,11 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(cfg: Path, out: Path, env: dict, nproc: int = 2) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
-           "-m", "adalayers", "train", str(cfg), "--out", str(out)]
-    log = open(f"{out}.out", "a+")
+def torchrun(cfg: Path, out: Path, env: dict, nproc: int = 2, nodes: int = 1, port: int | None = None,
+             log_name: str = "", extra: tuple = ()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port or free_port()}", "--rdzv-id", out.name,
+           "--max-restarts", "0", "-m", "adalayers", "train", str(cfg), "--out", str(out), *extra]
+    log = open(f"{out}{log_name}.out", "a+")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.output = lambda: (log.seek(0), log.read())[1]
     return proc
@@ -110,6 +111,23 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
     for split in ("validation", "test"):
         for metric in ("accuracy", "mcc"):
             assert abs(two[split][metric] - one[split][metric]) <= METRIC_TOL, (split, metric, one, two)
+
+
+def test_two_nodes_through_a_c10d_rendezvous_write_one_complete_run_folder(setup):
+    """Multi-node as torchrun does it: two launchers (two "nodes", one process each) meet at one c10d
+    rendezvous endpoint (here 127.0.0.1; across machines, a host all of them reach) and train together."""
+    tmp, cfg_path, _, env = setup
+    port, out = free_port(), tmp / "nodes"
+    nodes = [torchrun(cfg_path, out, env, nproc=1, nodes=2, port=port, log_name=f"-node{n}",
+                      extra=("--set", "train.max_epochs=2")) for n in range(2)]
+    for node in nodes:
+        assert node.wait(timeout=600) == 0, node.output()
+    outputs = "".join(node.output() for node in nodes)
+    assert "process 0 of 2 joined" in outputs and outputs.count('"trainable_params"') == 1  # rank 0 reports
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"]
+    lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in lines] == [1, 2]  # each epoch logged once, by one process
+    assert {"validation", "test"} <= set(json.loads((out / "metrics.json").read_text()))
 
 
 @pytest.mark.parametrize("argv, name", [(["compare", "cfg.yaml", "--out", "x"], "compare"),
