@@ -6,6 +6,7 @@ rows whose labels depend on words, so a head that reads the right columns must l
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def sentiment_rows(n: int, seed: int) -> list[list]:
 
 # --- training from files ---------------------------------------------------------------------------
 
-def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, tmp_path, capsys):
+def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="adalayers")
     train = write_csv(tmp_path / "train.csv", sentiment_rows(300, 1), ["text", "label"])
     metrics = recipes.train(tiny(tiny_base, {"train": str(train)}), tmp_path / "run")
     assert metrics["validation"]["n"] == 30                      # stratified 10% of train
@@ -85,7 +87,7 @@ def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, t
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["labels"] == ["neg", "pos"] and saved["kind"] == "sequence"
     assert saved["config"]["head"]["kind"] == "sequence"          # the head followed the data
-    assert "no test file" in capsys.readouterr().out
+    assert "no test file" in caplog.text  # the data's notes are logged
     pred = recipes.predict(tmp_path / "run", ["the film was superb", "the film was terrible"])
     assert [p["label"] for p in pred] == ["pos", "neg"]
 
@@ -190,13 +192,14 @@ def test_cli_shortcut_without_config(tiny_base, tmp_path, capsys):
     rc = cli.main(["train", "--data", str(train), "--text", "review", "--label", "sentiment", "--out", str(out),
                    "--set", f"model.base={tiny_base}", "--set", "mixer.k=16", "--set", "head.num_heads=2",
                    "--set", "train.max_epochs=1", "--set", "cache.enabled=false", "--set", "train.device=cpu"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed, logged = captured.out, captured.err
     assert rc == 0
     assert "settings from" in printed and "cola.yaml" in printed
     assert "no test split: the numbers above are validation only" in printed
     saved = json.loads((out / "config.json").read_text())["config"]
     assert saved["task"]["train"] == str(train.resolve())
-    assert "model.max_length not set" in printed  # not cola.yaml's 64: chosen from these short sentences
+    assert "model.max_length not set" in logged  # not cola.yaml's 64: chosen from these short sentences
     assert 8 <= saved["model"]["max_length"] < 20
     assert json.loads((out / "metrics.json").read_text())["validation"]["n"] == 20
 

@@ -1,6 +1,5 @@
 """The HTTP service: good and bad requests (test client, and the same app on Ray Serve), micro-batching over real HTTP."""
 import asyncio
-import dataclasses
 import socket
 
 import httpx
@@ -50,7 +49,7 @@ def client(request, side, runs):
     from adalayers.serve import ray_serve
 
     port = _free_port()
-    cfg = dataclasses.replace(LIMITS, port=port, device="cpu", num_threads=1)
+    cfg = LIMITS.model_copy(update={"port": port, "device": "cpu", "num_threads": 1})
     started = not ray.is_initialized()
     url = ray_serve.start(runs[1], runs[2], cfg, replicas=2)
     try:
