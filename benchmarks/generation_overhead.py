@@ -9,7 +9,9 @@
 
 Tokens/s = generated tokens / wall time of the call. Every configuration runs once per repeat in a
 rotating order (drift in a shared machine's load hits all alike); reported: medians over repeats,
-and each configuration's time relative to `gen` in the same repeat (median of the ratios). Greedy
+and each configuration's time relative to `gen` in the same repeat (median of the ratios). With one
+torch thread the process's CPU time is the work itself, whatever else the machine runs: it is
+reported beside the wall time (`cpu_vs_gen`), the figure to quote from a busy machine. Greedy
 decoding, a fixed number of new tokens (eos ignored: all rows run to the end).
 
 Heads have configs/cola.yaml's settings and freshly initialised weights with uniform layer weights:
@@ -56,14 +58,15 @@ def heads_for(backbone: Backbone, n: int) -> list[Head]:
     return heads
 
 
-def run_once(side: SideTasks, prompts, new: int, tasks, steps: bool) -> tuple[float, int]:
-    """Seconds and generated tokens of one generate call (eos ignored: every row makes `new` tokens)."""
-    t0 = time.perf_counter()
+def run_once(side: SideTasks, prompts, new: int, tasks, steps: bool) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and generated tokens of one generate call (eos ignored: every row
+    makes `new` tokens)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     res = side.generate(prompts, new, tasks, steps=steps, ignore_eos=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(r["tokens"] for r in res)
     assert tokens == new * len(prompts), (tokens, new, len(prompts))
-    return seconds, tokens
+    return seconds, cpu, tokens
 
 
 def main() -> None:
@@ -86,31 +89,36 @@ def main() -> None:
                             "machine": platform.processor() or platform.machine(), "base_load_s": round(load_s, 1),
                             "base_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
                             "decoding": "greedy, eos ignored", "heads": "configs/cola.yaml, initial weights, "
-                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter"},
+                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter; cpu_vs_gen is insensitive to the load"},
                "batches": {}}
     tok = backbone.tokenizer
     for bs in [int(b) for b in args.batch.split(",")]:
         prompts = PROMPTS[:bs]
         times = {c: [] for c in configs}
+        cpus = {c: [] for c in configs}
         ratios = {c: [] for c in configs if c != "gen"}
+        cpu_ratios = {c: [] for c in configs if c != "gen"}
         tokens = {}
         order = list(configs)
         for rep in range(args.repeats):
             order = order[1:] + order[:1]
-            mine = {}
+            mine, mine_cpu = {}, {}
             for c in order:
                 names, steps = configs[c]
-                s, n = run_once(side, prompts, args.new, names, steps)
+                s, cpu, n = run_once(side, prompts, args.new, names, steps)
                 if c == "gen+sep":
-                    t1 = time.perf_counter()
+                    t1, c1 = time.perf_counter(), time.process_time()
                     side.predict(prompts, tasks=["head0"])
-                    s += time.perf_counter() - t1
-                mine[c] = s
+                    s, cpu = s + time.perf_counter() - t1, cpu + time.process_time() - c1
+                mine[c], mine_cpu[c] = s, cpu
                 tokens[c] = n
                 times[c].append(s)
+                cpus[c].append(cpu)
             for c in ratios:
                 ratios[c].append(mine[c] / mine["gen"])
-            print(f"batch {bs} repeat {rep + 1}: " + ", ".join(f"{c} {mine[c]:.2f}s" for c in configs), flush=True)
+                cpu_ratios[c].append(mine_cpu[c] / mine_cpu["gen"])
+            print(f"batch {bs} repeat {rep + 1}: " + ", ".join(f"{c} {mine[c]:.2f}s (cpu {mine_cpu[c]:.2f}s)"
+                                                               for c in configs), flush=True)
         # memory per head: parameters + the accumulator after the last step (B, prompt + new, k) fp32
         T = len(tok(prompts, padding=True)["input_ids"][0]) + args.new
         k = side.heads["head0"].task.mixer.k
@@ -121,6 +129,8 @@ def main() -> None:
             "median_seconds": {c: round(statistics.median(v), 3) for c, v in times.items()},
             "tokens_per_s": {c: round(tokens[c] / statistics.median(v), 2) for c, v in times.items()},
             "time_vs_gen": {c: round(statistics.median(v), 3) for c, v in ratios.items()},
+            "median_cpu_seconds": {c: round(statistics.median(v), 3) for c, v in cpus.items()},
+            "cpu_vs_gen": {c: round(statistics.median(v), 3) for c, v in cpu_ratios.items()},
             "memory_per_head_bytes": {"parameters": head_params, "accumulator": bs * T * k * 4,
                                       "accumulator_shape": [bs, T, k]},
         }
