@@ -120,6 +120,26 @@ def quality(all_sides: dict, name: str, run: Path, limit: int | None, split: str
     return out
 
 
+def add_run_args(ap: argparse.ArgumentParser, out_name: str) -> None:
+    """The options every backend benchmark shares (this script and int8_options.py)."""
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
+    ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out_name))
+
+
+def start(args, **extra) -> dict:
+    """Set the threads, print and return the settings line of a run."""
+    torch.set_num_threads(args.threads)
+    import onnxruntime
+
+    settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
+                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine(), **extra}
+    print("settings:", json.dumps(settings), flush=True)
+    return settings
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="minilm-l6")
@@ -127,20 +147,10 @@ def main() -> None:
     ap.add_argument("--fresh-heads", action="store_true",
                     help="time fresh cola- and conll-shaped heads instead (no trained heads for this base; no quality)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
-    ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "backends"))
+    add_run_args(ap, "backends")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    import onnxruntime
-
-    settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
-                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine(),
-                "int8_scheme": DEFAULT_INT8}
-    print("settings:", json.dumps(settings), flush=True)
+    settings = start(args, int8_scheme=DEFAULT_INT8)
     if bool(args.heads) == args.fresh_heads:
         sys.exit("give --heads NAME=RUN ... or --fresh-heads")
     base = Backbone.load(args.base)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize  # noqa: 
 from adalayers.export.onnx import MODEL, export  # noqa: E402
 from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
 from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
-from backends import quality, timing  # noqa: E402
+from backends import add_run_args, quality, start, timing  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 
 
@@ -42,20 +41,10 @@ def main() -> None:
     ap.add_argument("--heads", nargs="+", required=True, help="NAME=RUN folders")
     ap.add_argument("--schemes", nargs="+", default=list(INT8_SCHEMES), choices=list(INT8_SCHEMES))
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (0: no timing, quality only)")
-    ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
-    ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "int8_options"))
+    add_run_args(ap, "int8_options")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    import onnxruntime
-
-    settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
-                "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine(),
-                "default_scheme": DEFAULT_INT8}
-    print("settings:", json.dumps(settings), flush=True)
+    settings = start(args, default_scheme=DEFAULT_INT8)
     base = Backbone.load(args.base)
     heads = [parse_head_arg(h) for h in args.heads]
     with tempfile.TemporaryDirectory() as tmp:
