@@ -4,6 +4,8 @@ One process and two processes train the same global batches (dropout off, so the
 is the order of float sums): the per-epoch training losses agree to 1e-4 and the validation and
 test metrics to 0.02. The 2-process run is killed (rank 1, SIGKILL) after its first epoch and
 resumed by the same command; the run folder is then complete and every file written once.
+Retraining a finished run with --overwrite under torchrun: rank 0 alone makes the new folder and
+swaps it in, the other rank builds into that same folder, and one run folder results.
 """
 import json
 import os
@@ -147,3 +149,28 @@ def test_commands_that_do_not_run_under_torchrun_say_so_in_one_line(argv, name, 
     assert err == ("" if rank else f"error: 'adalayers {name}' does not run under torchrun; under torchrun: train, "
                                    f"sweep-layers, cache build (launch this one without torchrun)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup, monkeypatch):
+    from adalayers import recipes
+
+    tmp, cfg_path, cfg, env = setup
+    monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
+    cfg.train.max_epochs = 1
+    recipes.train(cfg, tmp / "run")  # a finished run, made by one process
+    old = json.loads((tmp / "run" / "metrics.json").read_text())
+
+    refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2"))
+    assert refused.wait(timeout=300) != 0
+    assert "give --overwrite" in refused.output()
+    assert json.loads((tmp / "run" / "metrics.json").read_text()) == old  # refused: untouched
+
+    again = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", "--overwrite"))
+    assert again.wait(timeout=600) == 0, again.output()
+    assert again.output().count('"trainable_params"') == 1  # rank 0 alone reports
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".run.")) == []  # no new-/old- folder left
+    files = sorted(p.name for p in (tmp / "run").iterdir())
+    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    new = json.loads((tmp / "run" / "metrics.json").read_text())
+    assert (old["epochs"], new["epochs"]) == (1, 2)
+    assert [json.loads(line)["epoch"] for line in (tmp / "run" / "log.jsonl").read_text().splitlines()] == [1, 2]

@@ -116,11 +116,15 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     `build_task(cfg, backbone, data)` builds a SideTask subclass instead of a plain SideTask.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    unfinished = (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file()
+    distributed.start(pick_device(cfg.train.device))  # under torchrun: rank 0 decides about `out` for all
+    if distributed.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+    finished, unfinished = distributed.broadcast(
+        ((out / "metrics.json").is_file(), (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file())
+        if distributed.is_main() else None)
     if resume and not unfinished:
         raise AdaLayersError(f"--resume: {out} holds no unfinished run")
-    if (out / "metrics.json").is_file():
+    if finished:
         if not overwrite:
             raise RunError(f"{out} holds a finished run (metrics.json); give --overwrite to replace it (it stays "
                            f"intact until the new run has finished), or choose another --out")
@@ -129,6 +133,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     if not resume and distributed.is_main():
         for name in ("metrics.json", checkpoint.NAME):
             (out / name).unlink(missing_ok=True)
+    distributed.barrier()  # `out` is ready before any rank reads it
     seed_everything(cfg.train.seed)
     backbone, data, encoded = prepared or prepare(cfg, backbone)
     resolve_head(cfg, data)  # a shared `prepared` was resolved on another config

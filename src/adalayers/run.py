@@ -123,23 +123,34 @@ def replace_run(out: Path, build) -> dict:
 
     Until build returns, `out` is untouched (a failed or killed build leaves only a `.NAME.new-*` folder).
     The swap is two renames on one file system: `out` -> `.NAME.old-*`, the new folder -> `out`; then the
-    old run is deleted. If the second rename fails the old run is renamed back."""
+    old run is deleted. If the second rename fails the old run is renamed back.
+    Under torchrun (a started process group) rank 0 alone makes the new folder, whose name every rank
+    is given to build into, and rank 0 alone swaps and deletes; the others wait at barriers."""
+    from adalayers.engine import distributed  # imported here: the engine imports this module
+
     out = Path(out)
-    new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
-    os.chmod(new, 0o777 & ~_umask())
+    new = None
+    if distributed.is_main():
+        new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+        os.chmod(new, 0o777 & ~_umask())
+    new = distributed.broadcast(new)
     try:
         result = build(new)
     except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
+        if distributed.is_main():
+            shutil.rmtree(new, ignore_errors=True)
         raise
-    old = out.parent / f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()  # every rank has finished with the new folder
+    if distributed.is_main():
+        old = out.parent / f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}"
+        os.rename(out, old)
+        try:
+            os.rename(new, out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()  # no rank returns before `out` holds the new run
     return result
 
 
