@@ -120,6 +120,15 @@ def test_tasks_health_and_openapi(client, side):
     assert tasks["fingerprint"] == side.backbone.fingerprint()
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["tasks"] == ["acc", "ner"]
+    assert health["memory"]["rss_mb"] > 0  # the serving process's (under Ray Serve: a replica's)
+    if isinstance(client, TestClient):  # the app runs in this process: 64 MB more, written to, shows in /health
+        held = bytearray(64 * 2**20)
+        held[::4096] = b"x" * len(held[::4096])
+        after = client.get("/health").json()["memory"]
+        assert after["rss_mb"] - health["memory"]["rss_mb"] > 60
+        if after["heap_in_use_mb"] is not None:  # glibc
+            assert after["heap_in_use_mb"] - health["memory"]["heap_in_use_mb"] > 60
+        del held
     schema = client.get("/openapi.json").json()
     assert "/predict" in schema["paths"] and "PredictRequest" in schema["components"]["schemas"]
 

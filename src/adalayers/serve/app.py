@@ -3,7 +3,7 @@
     POST /predict  {"texts": [...], "tasks": [...optional subset...]}  -> {"results": [one object per text]}
                    sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
     GET  /tasks    the heads: names, kinds, labels, layer weights (never the server's run folder paths)
-    GET  /health   liveness and counters (open even when an API key is set)
+    GET  /health   liveness, counters and memory (serve/memory.py; open even when an API key is set)
     GET  /openapi.json, /docs
 
 Requests wait in a bounded asyncio queue (full: 503 with Retry-After); one worker takes the first,
@@ -35,6 +35,7 @@ from adalayers.errors import AdaLayersError, DataError
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.limits import BodyLimit, has_non_finite, json_safe
+from adalayers.serve.memory import process_memory
 from adalayers.textcheck import text_problem
 
 log = logging.getLogger(__name__)
@@ -360,6 +361,6 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                 "clients_gone": batcher.gone, "deadlines_passed": batcher.expired, "busy": batcher.busy,
                 "largest_batch_tokens": batcher.largest_tokens, "max_batch_tokens": batcher.max_batch_tokens,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
-                "uptime_s": round(time.time() - app.state.started, 1)}
+                "uptime_s": round(time.time() - app.state.started, 1), "memory": process_memory()}
 
     return app
