@@ -1,13 +1,38 @@
-"""Soak `adalayers serve`: 50 concurrent clients for 60 s mixing good and bad requests, over 127.0.0.1.
+"""Soak `adalayers serve`: 50 concurrent clients mixing good, bad and (--poison) poison requests, over 127.0.0.1.
 
 Each client loops over a fixed mix: valid requests, too many texts (413), a too-long text (413),
-malformed JSON (422), an empty text (422) and an unknown task (400). Bounded by --seconds and
---max-requests; it starts and stops its own server. Pass criteria (printed, exit code 1 if not met):
-no 5xx answer, every bad request gets its expected 4xx, and the server's resident memory at the end
-is within 10% of its memory after warm-up (the whole process tree: with --engine ray, the driver, Ray's
-daemons and the replicas).
+malformed JSON (422), an empty text (422) and an unknown task (400). With --poison, a second phase
+runs the same mix with requests meant to hurt other clients interleaved (one after every two):
 
-    python benchmarks/soak.py --clients 50 --seconds 60
+    lone_surrogate     {"texts": ["x \\ud800"]}: valid JSON, not valid Unicode            -> 422
+    nan, infinity, 1e999  a non-finite number in the JSON (NaN, Infinity, an overflowing 1e999) -> 422
+    chunked_oversized  a chunked body (no Content-Length) sent until the server stops it  -> 413, or a
+                       reset: the server answers 413 and closes while the client is still sending, and
+                       TCP may then reset the connection before the client reads the 413
+                       (at most --poison-body-mb MB are offered)
+    abandoned          a whole heavy request (max-texts texts of max-chars characters), then a hang-up
+                       -> none: the server should drop it unrun (its /health `clients_gone`)
+    slow_client        headers one byte every 0.5 s                    -> 408 (--read-timeout)
+    no_body            headers with a Content-Length, then the body never comes -> 408 (--read-timeout)
+
+One invocation, one server: a warm-up (the most varied mix of the run, so every request kind and
+batch shape has been seen once), then --rounds rounds of the plain phase and, with --poison, the
+poison phase right after it, side by side, so the valid requests' p50/p99 latency with poison is
+a ratio to the plain phase's measured on the same machine minutes apart. The server's resident
+memory (its whole process tree: with --engine ray the driver, Ray's daemons and the replicas) is
+sampled every --rss-every seconds from start to end. Every phase is bounded by --seconds and
+--max-requests, every poison body by --poison-body-mb. It starts and stops its own server.
+
+After every phase the server's own /health gives its C heap (serve/memory.py): bytes in use, and
+bytes freed but kept by the allocator. Resident memory that grows while the heap in use stays flat is
+the allocator keeping freed memory (fragmentation), not a leak.
+
+Pass criteria (printed, exit code 1 if not met): no 5xx answer, every valid request answered 200,
+every bad or poison request its expected answer, and the server's memory at the end within
+--max-rss-growth-pct of its memory after the warm-up. With --rounds >= 2 the growth of each round
+is reported too: growth that stops after the first round is warm-up, growth that goes on is a leak.
+
+    python benchmarks/soak.py --clients 50 --seconds 60 --poison
     python benchmarks/soak.py --engine ray --replicas 2 --out benchmarks/results/soak_ray2   # Ray Serve
 """
 from __future__ import annotations
@@ -19,6 +44,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,9 +56,10 @@ from serve_load import ROOT, sentences, start_server, untrained_heads  # noqa: E
 from adalayers.run import atomic_write, write_json  # noqa: E402
 
 MAX_TEXTS, MAX_CHARS = 16, 2000
+Expected = int | str | tuple
 
 
-def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, int]]:
+def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, Expected]]:
     """(kind, httpx request kwargs, expected status); `task` is one the server knows."""
     return [
         ("valid", {"json": {"texts": texts[:3]}}, 200),
@@ -44,6 +71,36 @@ def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, int]]:
         ("unknown_task", {"json": {"texts": texts[:1], "tasks": ["sentiment-xyz"]}}, 400),
         ("valid", {"json": {"texts": texts[5:13]}}, 200),
     ]
+
+
+def poison_mix(texts: list[str]) -> list[tuple[str, dict, Expected]]:
+    """Poison requests, interleaved with the plain mix (one after every two of its entries)."""
+    heavy = json.dumps({"texts": [(" ".join(texts) * 3)[:MAX_CHARS]] * MAX_TEXTS}).encode()
+    one = json.dumps(texts[0])
+
+    def raw_json(body: str) -> dict:
+        return {"content": body.encode(), "headers": {"content-type": "application/json"}}
+
+    return [
+        ("lone_surrogate", raw_json('{"texts": ["x \\ud800"]}'), 422),
+        ("nan", raw_json('{"texts": [%s], "base": NaN}' % one), 422),
+        ("chunked_oversized", {"raw": "chunked"}, (413, "reset")),
+        ("infinity", raw_json('{"texts": [%s], "tasks": [Infinity]}' % one), 422),
+        ("abandoned", {"raw": "abandon", "body": heavy}, "dropped"),
+        ("1e999", raw_json('{"texts": [%s], "base": 1e999}' % one), 422),
+        ("slow_client", {"raw": "slow"}, 408),
+        ("no_body", {"raw": "no_body"}, 408),
+    ]
+
+
+def interleave(plain: list, poison: list) -> list:
+    out, k = [], 0
+    for i, entry in enumerate(plain):
+        out.append(entry)
+        if i % 2 == 1 and k < len(poison):
+            out.append(poison[k])
+            k += 1
+    return out + poison[k:]
 
 
 def rss_mb(pid: int) -> float:
@@ -59,8 +116,97 @@ def rss_mb(pid: int) -> float:
     return total / 2**20
 
 
-async def soak(url: str, clients: int, seconds: float, max_requests: int, mix) -> dict:
-    codes = collections.Counter()
+def heap_mb(url: str) -> dict | None:
+    """The serving process's C heap from /health (serve/memory.py): bytes in use and bytes freed but kept.
+    With --engine ray: one replica's."""
+    memory = httpx.get(f"{url}/health", timeout=120).json().get("memory") or {}
+    return {"rss": memory.get("rss_mb"), "in_use": memory.get("heap_in_use_mb"), "free": memory.get("heap_free_mb")}
+
+
+class RssSampler(threading.Thread):
+    """Samples rss_mb(pid) every `every` seconds into `samples` as (seconds since start, phase, MB)."""
+
+    def __init__(self, pid: int, every: float):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.phase, self.samples = pid, every, "start", []
+        self._stop_event, self._t0 = threading.Event(), time.perf_counter()
+
+    def sample(self) -> float:
+        mb = rss_mb(self.pid)
+        self.samples.append((round(time.perf_counter() - self._t0, 1), self.phase, round(mb, 1)))
+        return mb
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.every):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+async def _status(reader: asyncio.StreamReader, limit_s: float) -> int | str:
+    try:
+        line = await asyncio.wait_for(reader.readline(), limit_s)
+    except asyncio.TimeoutError:
+        return "no answer"
+    except ConnectionError:
+        return "reset"
+    if not line:
+        return "closed"
+    parts = line.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else "closed"
+
+
+async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64, limit_s: float = 120) -> int | str:
+    """A request httpx will not send: a chunked body without end, a hang-up, a dribble of header bytes, a
+    body that never comes. The answer is read while sending (a server that answers early and closes would
+    otherwise reset it away); nothing waits longer than `limit_s`."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    answer = asyncio.create_task(_status(reader, limit_s))
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    try:
+        if how == "abandon":
+            writer.write(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            return "dropped"
+        if how == "no_body":
+            writer.write(head + b"Content-Length: 100\r\n\r\n")
+            await writer.drain()
+            return await answer
+        if how == "chunked":
+            writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+            chunk = b'{"texts": ["' + b"a" * (64 * 1024) + b'"], '
+            pieces, pace = [f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"] * int(max_mb * 16), 0.0
+        elif how == "slow":
+            data = b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 100
+            pieces, pace = [data[i:i + 1] for i in range(len(data))], 0.5
+        else:
+            raise ValueError(how)
+        try:
+            for piece in pieces:
+                if answer.done():
+                    break
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(pace)
+        except ConnectionError:
+            pass
+        return await answer
+    finally:
+        answer.cancel()
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except ConnectionError:
+            pass
+
+
+async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, max_mb: float) -> dict:
+    """Closed-loop clients over `mix` until `seconds` or `max_requests`; the raw record of one phase."""
+    by_kind = collections.defaultdict(collections.Counter)
     wrong: list[str] = []
     latencies = collections.defaultdict(list)
     sent = 0
@@ -73,11 +219,18 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix) -
             sent += 1
             kind, kwargs, expected = mix[i % len(mix)]
             t0 = time.perf_counter()
-            r = await c.post("/predict", **kwargs)
+            if "raw" in kwargs:
+                status, text = await raw_request(url, kwargs["raw"], kwargs.get("body", b""), max_mb), ""
+            else:
+                try:
+                    r = await c.post("/predict", **kwargs)
+                    status, text = r.status_code, r.text
+                except httpx.HTTPError as e:
+                    status, text = type(e).__name__, str(e)
             latencies[kind].append(time.perf_counter() - t0)
-            codes[r.status_code] += 1
-            if r.status_code != expected:
-                wrong.append(f"{kind}: expected {expected}, got {r.status_code} {r.text[:200]}")
+            by_kind[kind][status] += 1
+            if status not in (expected if isinstance(expected, tuple) else (expected,)):
+                wrong.append(f"{kind}: expected {expected}, got {status} {text[:200]}")
             i += 1
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -85,15 +238,60 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix) -
         t0 = time.perf_counter()
         await asyncio.gather(*[client(c, k) for k in range(clients)])
         wall = time.perf_counter() - t0
+    return {"seconds": wall, "by_kind": by_kind, "latencies": latencies, "wrong": wrong}
+
+
+def summary(records: list[dict]) -> dict:
+    """One phase's records (one per round) pooled: answers by code and kind, valid latency quantiles."""
+    by_kind, latencies, wrong = collections.defaultdict(collections.Counter), collections.defaultdict(list), []
+    for r in records:
+        for kind, counts in r["by_kind"].items():
+            by_kind[kind].update(counts)
+        for kind, values in r["latencies"].items():
+            latencies[kind].extend(values)
+        wrong += r["wrong"]
+    codes = sum(by_kind.values(), collections.Counter())
     all_lat = sorted(x for v in latencies.values() for x in v)
-    q = statistics.quantiles(all_lat, n=100, method="inclusive")
     valid = sorted(latencies["valid"])
-    qv = statistics.quantiles(valid, n=100, method="inclusive")
-    return {"requests": sum(codes.values()), "seconds": round(wall, 1), "codes": dict(sorted(codes.items())),
+    q, qv = (statistics.quantiles(v, n=100, method="inclusive") for v in (all_lat, valid))
+    return {"requests": sum(codes.values()), "seconds": round(sum(r["seconds"] for r in records), 1),
+            "codes": {str(k): v for k, v in sorted(codes.items(), key=str)},
+            "codes_by_kind": {k: {str(s): n for s, n in sorted(v.items(), key=str)} for k, v in sorted(by_kind.items())},
             "wrong": wrong[:20], "n_wrong": len(wrong),
+            "valid_failed": sum(n for s, n in by_kind["valid"].items() if s != 200),
+            "fivexx": sum(n for s, n in codes.items() if isinstance(s, int) and s >= 500),
             "p50_ms": 1000 * statistics.median(all_lat), "p99_ms": 1000 * q[98],
-            "valid_p50_ms": 1000 * statistics.median(valid), "valid_p99_ms": 1000 * qv[98],
-            "by_kind": {k: len(v) for k, v in sorted(latencies.items())}}
+            "valid_p50_ms": 1000 * statistics.median(valid), "valid_p99_ms": 1000 * qv[98]}
+
+
+def report(title: str, phases: dict[str, dict], rss: dict, rounds: list[dict], health: dict, heap: dict) -> list[str]:
+    plain = phases["plain"]
+    lines = [title, "",
+             "| phase | requests | answers by code | wrong answer | valid not 200 | p50 / p99 ms (valid) "
+             "| valid p50 / p99 vs plain |", "|---|---:|---|---:|---:|---|---|"]
+    for name, r in phases.items():
+        lines.append(f"| {name} | {r['requests']} | {', '.join(f'{k}: {v}' for k, v in r['codes'].items())} | "
+                     f"{r['n_wrong']} | {r['valid_failed']} | {r['valid_p50_ms']:.0f} / {r['valid_p99_ms']:.0f} | "
+                     f"{r['valid_p50_ms'] / plain['valid_p50_ms']:.2f} / "
+                     f"{r['valid_p99_ms'] / plain['valid_p99_ms']:.2f} |")
+    if "poison" in phases:
+        lines += ["", "| poison phase: kind | answers |", "|---|---|"]
+        lines += [f"| {k} | {', '.join(f'{s}: {n}' for s, n in v.items())} |"
+                  for k, v in phases["poison"]["codes_by_kind"].items()]
+    lines += ["", "| server RSS, MB | " + " | ".join(["start", "after warm-up", *[f"after {r['name']}" for r in rounds]])
+              + " |", "|---|" + "---:|" * (2 + len(rounds)),
+              "| | " + " | ".join(f"{v:.0f}" for v in [rss["start_mb"], rss["after_warmup_mb"],
+                                                       *[r["rss_mb"] for r in rounds]]) + " |",
+              "| server's C heap in use / freed but kept, MB | " + " | ".join(
+                  "-" if h is None or h["in_use"] is None else f"{h['in_use']:.0f} / {h['free']:.0f}"
+                  for h in heap.values()) + " |", "",
+              f"Memory: {rss['start_mb']:.0f} MB at start (server up, no request yet), {rss['after_warmup_mb']:.0f} MB "
+              f"after the warm-up, {rss['end_mb']:.0f} MB at the end: {rss['growth_pct']:+.1f}% after the warm-up "
+              f"(criterion: within {rss['criterion_pct']:g}%), peak {rss['peak_mb']:.0f} MB; "
+              f"5xx answers: {sum(p['fivexx'] for p in phases.values())}; "
+              f"requests dropped unrun (client gone or deadline passed): {health.get('requests_dropped')}, "
+              f"clients gone: {health.get('clients_gone')}."]
+    return lines
 
 
 def main() -> int:
@@ -101,8 +299,16 @@ def main() -> int:
     ap.add_argument("--base", default="minilm-l6")
     ap.add_argument("--heads", nargs="*", help="run folders (default: untrained cola- and conll-shaped heads)")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--max-requests", type=int, default=20000)
+    ap.add_argument("--seconds", type=float, default=60.0, help="time budget of each phase")
+    ap.add_argument("--max-requests", type=int, default=20000, help="request budget of each phase")
+    ap.add_argument("--poison", action="store_true", help="add the poison phase after each plain phase")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of plain (+ poison) phases")
+    ap.add_argument("--warmup-seconds", type=float, default=10.0)
+    ap.add_argument("--poison-body-mb", type=float, default=64, help="most MB one chunked poison body offers")
+    ap.add_argument("--read-timeout", type=float, default=10.0, help="serve --read-timeout")
+    ap.add_argument("--rss-every", type=float, default=1.0, help="seconds between samples of the server's memory")
+    ap.add_argument("--max-rss-growth-pct", type=float, default=10.0,
+                    help="pass criterion: memory at the end within this of memory after the warm-up")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"], help="serve --engine")
     ap.add_argument("--replicas", type=int, default=1, help="serve --replicas (--engine ray)")
@@ -114,37 +320,61 @@ def main() -> int:
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))
     flags = ["--max-batch", "32", "--max-wait-ms", "5", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS),
-             "--engine", args.engine] + (["--replicas", str(args.replicas)] if args.engine == "ray" else [])
+             "--read-timeout", str(args.read_timeout), "--engine", args.engine]
+    flags += ["--replicas", str(args.replicas)] if args.engine == "ray" else []
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "server.log", "w") as log:
         heads = args.heads or untrained_heads(args.base, Path(tmp))
-        server, url = start_server(args.base, heads, args.threads, flags, log, timeout=600)
+        server, url = start_server(args.base, heads, args.threads, flags, log, timeout=600)  # a busy machine
+        sampler = RssSampler(server.pid, args.rss_every)
         try:
-            mix = requests_mix(texts, httpx.get(f"{url}/tasks").json()["tasks"][0]["name"])
-            asyncio.run(soak(url, args.clients, 10.0, 500, mix))  # warm-up: same traffic, 10 s
-            rss_warm = rss_mb(server.pid)
-            result = asyncio.run(soak(url, args.clients, args.seconds, args.max_requests, mix))
-            rss_end = rss_mb(server.pid)
+            mixes = {"plain": requests_mix(texts, httpx.get(f"{url}/tasks").json()["tasks"][0]["name"])}
+            if args.poison:
+                mixes["poison"] = interleave(mixes["plain"], poison_mix(texts))
+            rss, heap = {"start_mb": sampler.sample()}, {"start": heap_mb(url)}
+            sampler.start()
+            sampler.phase = "warm-up"
+            asyncio.run(soak(url, args.clients, args.warmup_seconds, 500, mixes[list(mixes)[-1]], args.poison_body_mb))
+            rss["after_warmup_mb"], heap["after warm-up"] = sampler.sample(), heap_mb(url)
+            records, rounds = collections.defaultdict(list), []
+            for k in range(args.rounds):
+                for name, mix in mixes.items():
+                    sampler.phase = f"{name} {k + 1}"
+                    records[name].append(asyncio.run(soak(url, args.clients, args.seconds, args.max_requests, mix,
+                                                          args.poison_body_mb)))
+                    rounds.append({"name": sampler.phase, "rss_mb": round(sampler.sample(), 1)})
+                    heap[f"after {sampler.phase}"] = heap_mb(url)
+            sampler.phase = "end"
+            health = httpx.get(f"{url}/health").json()
         finally:
+            sampler.stop()
             server.terminate()
             server.wait(timeout=180)  # Ray Serve drains its replicas and stops Ray first
-    result.update(rss_after_warmup_mb=round(rss_warm, 1), rss_end_mb=round(rss_end, 1),
-                  rss_growth_pct=round(100 * (rss_end - rss_warm) / rss_warm, 2))
-    fivexx = sum(n for code, n in result["codes"].items() if code >= 500)
-    result["passed"] = fivexx == 0 and result["n_wrong"] == 0 and abs(result["rss_growth_pct"]) <= 10
+    phases = {name: summary(r) for name, r in records.items()}
+    rss = {k: round(v, 1) for k, v in rss.items()}
+    rss.update(end_mb=rounds[-1]["rss_mb"], peak_mb=max(mb for _, _, mb in sampler.samples),
+               criterion_pct=args.max_rss_growth_pct)
+    rss["growth_pct"] = round(100 * (rss["end_mb"] - rss["after_warmup_mb"]) / rss["after_warmup_mb"], 2)
+    rss["start_to_end_pct"] = round(100 * (rss["end_mb"] - rss["start_mb"]) / rss["start_mb"], 2)
+    per = len(mixes)  # growth over each whole round after the first: a leak keeps growing, warm-up does not
+    rss["round_growth_pct"] = [round(100 * (rounds[i + per - 1]["rss_mb"] - rounds[i - 1]["rss_mb"])
+                                     / rounds[i - 1]["rss_mb"], 2) for i in range(per, len(rounds), per)]
+    fivexx = sum(p["fivexx"] for p in phases.values())
+    passed = (fivexx == 0 and all(p["n_wrong"] == 0 and p["valid_failed"] == 0 for p in phases.values())
+              and abs(rss["growth_pct"]) <= args.max_rss_growth_pct)
+    result = {"phases": phases, "rss": rss, "server_heap_mb": heap, "rounds": rounds, "fivexx": fivexx, "server_health_at_end": health,
+              "passed": passed, "rss_samples": sampler.samples}
+    if "poison" in phases:
+        result["poison_vs_plain"] = {q: round(phases["poison"][f"valid_{q}_ms"] / phases["plain"][f"valid_{q}_ms"], 3)
+                                     for q in ("p50", "p99")}
     engine = "uvicorn" if args.engine == "uvicorn" else f"Ray Serve, {args.replicas} replica(s)"
-    lines = [f"### Soak ({engine}): {args.clients} clients, {result['seconds']} s, {args.base}, CPU {args.threads} "
-             f"thread(s)", "",
-             "| requests | req/s | answers by code | wrong code | p50 / p99 ms (all) | p50 / p99 ms (valid) | RSS after warm-up → end |",
-             "|---:|---:|---|---:|---|---|---|",
-             f"| {result['requests']} | {result['requests'] / result['seconds']:.1f} | {', '.join(f'{k}: {v}' for k, v in result['codes'].items())} | "
-             f"{result['n_wrong']} | {result['p50_ms']:.0f} / {result['p99_ms']:.0f} | "
-             f"{result['valid_p50_ms']:.0f} / {result['valid_p99_ms']:.0f} | {result['rss_after_warmup_mb']:.0f} → "
-             f"{result['rss_end_mb']:.0f} MB ({result['rss_growth_pct']:+.1f}%) |"]
+    lines = report(f"### Soak ({engine}): {args.clients} clients, {args.rounds} x {args.seconds:g} s per phase, "
+                   f"{args.base}, heads {', '.join(Path(h).name for h in heads)}, CPU {args.threads} thread(s)",
+                   phases, rss, rounds, health, heap)
     write_json(Path(args.out + ".json"), {"settings": settings, "result": result})
     atomic_write(Path(args.out + ".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
-    print("PASSED" if result["passed"] else f"FAILED: {result['wrong'][:5]}")
-    return 0 if result["passed"] else 1
+    print("PASSED" if passed else f"FAILED: {[w for p in phases.values() for w in p['wrong']][:5]}")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
