@@ -1,5 +1,6 @@
 """The HTTP service: good and bad requests (test client, and the same app on Ray Serve), micro-batching over real HTTP."""
 import asyncio
+import json
 import socket
 
 import httpx
@@ -183,3 +184,27 @@ def test_a_head_producing_nan_fails_only_its_own_requests(tokenizer, tmp_path):
         answers, health = asyncio.run(clients())
         assert [a.status_code for a in answers[:4]] == [200] * 4
         assert answers[4].status_code == 500 and "'broken' produced non-finite values" in answers[4].text
+
+
+def test_request_whose_client_hung_up_while_checked_is_never_queued(side):
+    """The whole body, then the hang-up, before the handler has queued the request: it is dropped unqueued
+    (no worker runs here, so a queued request would stay in the queue)."""
+    app = create_app(side, LIMITS)
+    batcher = app.state.batcher
+    body = json.dumps({"texts": ["john sees the dog"]}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}, {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/predict", "raw_path": b"/predict", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(app(scope, receive, send))
+    assert (batcher.gone, batcher.dropped, batcher.queue.qsize(), batcher.pending) == (1, 1, 0, 0)
+    assert sent[0]["status"] == 499

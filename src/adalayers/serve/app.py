@@ -11,8 +11,8 @@ gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_
 tokens), and runs them as one base pass in a thread, so the event loop keeps accepting requests
 while the model runs. One request never fails another: each is validated alone before it is
 queued, and when a batch still fails its requests are rerun one by one, so only the faulty one
-gets the error. A request whose client has disconnected, or whose deadline (request_timeout_s)
-has passed, is dropped from the queue unrun.
+gets the error. A request whose client has disconnected (before it is queued, or while it waits),
+or whose deadline (request_timeout_s) has passed, is dropped unrun.
 """
 from __future__ import annotations
 
@@ -313,6 +313,10 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
         if tokens > cfg.max_tokens:
             raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
                                      f"{cfg.max_tokens} (--max-tokens)")
+        if await request.is_disconnected():  # hung up while it was being checked: never queued, never run
+            batcher.gone += 1
+            batcher.dropped += 1
+            return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
         try:
             job = batcher.submit(texts, tasks, tokens, text_pairs)
         except Busy:
