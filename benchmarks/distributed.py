@@ -6,7 +6,8 @@ hidden-state cache build time. Writes benchmarks/results/distributed_cola.json a
 Training reads the hidden-state cache (the default one, built first if missing, outside the timings),
 so an epoch is the head's own work: what DDP splits. The cache builds write to OUT/cache-Nproc. Every command runs with nice -n 10, on the loopback
 interface (gloo, GLOO_SOCKET_IFNAME=lo, a c10d rendezvous on 127.0.0.1). The two runs of each pair
-run one after the other in this one invocation; on a shared machine only their ratio means anything.
+run one after the other in this one invocation; on a shared machine only their ratio means anything (the
+load average at the start and the end is recorded).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def main() -> None:
                                                              "(to see how much the order, i.e. the machine's load, moves the ratio)")
     ap.add_argument("--name", default="distributed_cola", help="results file name (without extension)")
     a = ap.parse_args()
+    load_start = round(os.getloadavg()[0], 2)
     a.out.mkdir(parents=True, exist_ok=True)
     sets = ["--set", "train.num_threads=1", "--set", f"train.max_epochs={a.epochs}",
             "--set", f"train.early_stopping={a.epochs}", "--set", "train.device=cpu"]
@@ -94,7 +96,8 @@ def main() -> None:
         "settings": {"config": os.path.relpath(a.config, ROOT), "epochs": a.epochs, "order": list(order), "train_rows": a.train_rows or "all",
                      "cache_rows": a.cache_rows, "threads_per_process": 1, "nice": 10, "backend": "gloo (CPU)",
                      "cpu_count": os.cpu_count(), "machine": platform.platform(),
-                     "note": "shared machine (7 other engineers' jobs ran at the same time); ratios only"},
+                     "load_average_1min": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+                     "note": "ratios of runs made one after the other; the load average says how busy the machine was"},
         "train": {f"{n}proc": v for n, v in train.items()},
         "epoch_time_ratio_1proc_over_2proc": round(train[1]["median_epoch_seconds"] / train[2]["median_epoch_seconds"], 3),
         "test_mcc_difference_2proc_minus_1proc": round(train[2]["test"]["mcc"] - train[1]["test"]["mcc"], 4),
@@ -105,7 +108,7 @@ def main() -> None:
     (a.results / f"{a.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     t1, t2 = train[1], train[2]
     md = [f"CoLA, {a.epochs} epochs from the hidden-state cache ({a.train_rows or 'all'} training rows), 1 thread per "
-          f"process, nice 10, shared machine; run order {order}",
+          f"process, nice 10, load average {load_start} at the start; run order {order}",
           "", "| | 1 process | torchrun, 2 processes | ratio 1/2 |", "|---|---|---|---|",
           f"| median epoch (s) | {t1['median_epoch_seconds']:.1f} | {t2['median_epoch_seconds']:.1f} | "
           f"{result['epoch_time_ratio_1proc_over_2proc']:.2f} |",
