@@ -176,7 +176,11 @@ def main() -> None:
         scores = [] if args.fresh_heads else [quality(all_sides, n, p, args.limit) for n, p in given]
         for s in scores:
             print(json.dumps(s), flush=True)
-    result = {"settings": settings, "model_mib": sizes, "timing": rows, "quality": scores}
+    save({"settings": settings, "model_mib": sizes, "timing": rows, "quality": scores}, args, table)
+
+
+def save(result: dict, args, table) -> None:
+    """OUT_<base>.json with every setting and number, OUT_<base>.md with the table; the table printed."""
     out = Path(f"{args.out}_{args.base}")
     runlib.write_json(out.with_suffix(".json"), result)
     runlib.atomic_write(out.with_suffix(".md"), table(result))

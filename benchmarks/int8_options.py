@@ -25,13 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from adalayers import run as runlib  # noqa: E402
 from adalayers.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize  # noqa: E402
 from adalayers.export.onnx import MODEL, export  # noqa: E402
 from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
 from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
-from backends import add_run_args, quality, start, timing  # noqa: E402
+from backends import add_run_args, quality, save, start, timing  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 
 
@@ -69,11 +68,8 @@ def main() -> None:
             t0 = time.perf_counter()
             scores.append(quality(sides, n, p, args.limit))
             print(json.dumps(scores[-1]), f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    result = {"settings": settings, "fp32_mib": fp32_mib, "schemes": schemes, "timing": times, "quality": scores}
-    out = Path(f"{args.out}_{args.base}")
-    runlib.write_json(out.with_suffix(".json"), result)
-    runlib.atomic_write(out.with_suffix(".md"), table(result))
-    print(table(result))
+    save({"settings": settings, "fp32_mib": fp32_mib, "schemes": schemes, "timing": times, "quality": scores},
+         args, table)
 
 
 def table(result: dict) -> str:
