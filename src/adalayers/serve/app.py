@@ -28,21 +28,20 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from adalayers.config import ServeConfig
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.limits import BodyLimit, has_non_finite, json_safe
+from adalayers.serve.limits import BodyLimit, FiniteRequest, json_safe
 from adalayers.serve.memory import process_memory
 from adalayers.textcheck import text_problem
 
 log = logging.getLogger(__name__)
 
 
-class PredictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PredictRequest(FiniteRequest):
     texts: list[str | list[str]] = Field(description="Texts to run; each is split into words on whitespace for token "
                                                      "tasks. For heads trained on sentence pairs: [text, second] "
                                                      "lists, or texts plus text_pairs.")
@@ -50,13 +49,6 @@ class PredictRequest(BaseModel):
                                                            "sentence pairs (or give [text, second] lists in texts).")
     tasks: list[str] | None = Field(None, description="Names of the side tasks to answer (default: all).")
     base: bool = Field(True, description="Include the base model's own output (e.g. its sentence embedding).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _finite_numbers(cls, data):
-        if has_non_finite(data):
-            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
-        return data
 
 
 class PredictResponse(BaseModel):

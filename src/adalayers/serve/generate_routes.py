@@ -18,11 +18,11 @@ import json
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from adalayers.errors import AdaLayersError, ModelError
 from adalayers.serve.generate import stream
-from adalayers.serve.limits import has_non_finite
+from adalayers.serve.limits import FiniteRequest
 from adalayers.textcheck import text_problem
 
 MAX_NEW_TOKENS = 256
@@ -34,8 +34,7 @@ class GuardRule(BaseModel):
     threshold: float = Field(ge=0.0, le=1.0, description="... at least this probability.")
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class GenerateRequest(FiniteRequest):
     prompts: list[str] = Field(description="Prompts, generated as one left-padded batch.")
     max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Tokens to generate per prompt at most.")
     tasks: list[str] | None = Field(None, description="Side tasks to answer (default: all).")
@@ -46,13 +45,6 @@ class GenerateRequest(BaseModel):
     steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
     answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
     guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _finite_numbers(cls, data):
-        if has_non_finite(data):
-            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
-        return data
 
 
 def _check(req: GenerateRequest, side, cfg) -> None:

@@ -19,6 +19,7 @@ import json
 import math
 
 import h11
+from pydantic import BaseModel, ConfigDict, model_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -122,6 +123,20 @@ def has_non_finite(value) -> bool:
     if isinstance(value, (list, tuple)):
         return any(has_non_finite(v) for v in value)
     return False
+
+
+class FiniteRequest(BaseModel):
+    """A request body: unknown fields refused, and any non-finite number in it (JSON NaN, Infinity,
+    an overflowing 1e999) a 422 before the fields are read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data):
+        if has_non_finite(data):
+            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
+        return data
 
 
 def json_safe(value):
