@@ -25,6 +25,7 @@ live when the pass began. "extra" is a configuration's peak minus (a)'s.
 
     python benchmarks/one_pass.py --lengths 128 --repeats 5
     python benchmarks/one_pass.py --lengths 512 --repeats 3 --configs a,b1,b4,c1,d1,d4
+    python benchmarks/one_pass.py --lengths 128 --precision bf16   # every configuration under bf16 autocast
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import statistics
 import sys
 import tarfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -44,6 +46,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers.backbone import Backbone, resolve  # noqa: E402
 from adalayers.config import Config  # noqa: E402
+from adalayers.precision import autocast_for  # noqa: E402
 from adalayers.run import write_json, atomic_write  # noqa: E402
 from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
 
@@ -148,6 +151,8 @@ def main() -> None:
     ap.add_argument("--early-layer", type=int, default=2, help="(e): the deepest layer its heads use")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: base and heads under bf16 autocast (worth it on CPUs with AVX512-BF16 or AMX)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "one_pass"),
                     help="writes OUT_<base>_T<length>.json and .md")
@@ -159,7 +164,9 @@ def main() -> None:
         sys.exit(f"--configs: must include a; unknown: {sorted(unknown)}")
     settings = {"base": args.base, "batch": args.batch, "repeats": args.repeats, "threads": args.threads,
                 "configs": configs, "early_layer": args.early_layer, "torch": torch.__version__,
-                "cpu": platform.processor() or platform.machine(), "device": "cpu"}
+                "cpu": platform.processor() or platform.machine(), "device": "cpu",
+                "precision": args.precision}
+    autocast = autocast_for(args.precision, torch.device("cpu")) or nullcontext
     print("settings:", json.dumps(settings), flush=True)
 
     backbone = Backbone.load(args.base)
@@ -180,7 +187,7 @@ def main() -> None:
     for T in args.lengths:
         batch = imdb_rows(Path(args.data), backbone.tokenizer, args.batch, T)
         B = batch["input_ids"].shape[0]
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast():
             states = backbone.model(**batch, output_hidden_states=True).hidden_states  # Z_0..Z_L for (h), (t)
         run = {"a": lambda: backbone(batch),
                "mixed4": lambda: one_pass(backbone, batch, mixed),
@@ -196,7 +203,7 @@ def main() -> None:
             run[f"c{n}"] = lambda n=n: [c(**batch).logits for c in copies[:n]]
             run[f"d{n}"] = lambda n=n: stacked(backbone, batch, seq[:n])
         times = {c: [] for c in configs}
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast():
             run["a"]()  # warm-up
             t_start = time.perf_counter()
             for r in range(args.repeats):
@@ -253,7 +260,7 @@ for _n in (1, 2, 4, 8):
 def table(result: dict) -> str:
     s = result["settings"]
     lines = [f"### {s['base']}, batch {s['batch']} x {s['length']} tokens, CPU, {s['threads']} thread(s), "
-             f"{s['repeats']} repeats (torch {s['torch']})", "",
+             f"{s['repeats']} repeats, {s.get('precision', 'fp32')} (torch {s['torch']})", "",
              "| configuration | median s | time / (a) | peak MiB | extra MiB over (a) |", "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
         label = LABELS[r["config"]].format(L=s["early_layer"])
