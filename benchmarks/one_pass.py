@@ -141,6 +141,20 @@ def peak_bytes(fn) -> int:
     return peak
 
 
+def operator_shares(fn, runs: int = 3, top: int = 8) -> list[dict]:
+    """The operators taking most self CPU time over `runs` calls of fn: name, ms per call, share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [{"op": e.key, "ms_per_call": e.self_cpu_time_total / runs / 1e3, "share": e.self_cpu_time_total / total}
+            for e in events[:top]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="minilm-l6")
@@ -150,6 +164,8 @@ def main() -> None:
     ap.add_argument("--configs", default=ALL, help=f"comma list from {ALL}")
     ap.add_argument("--early-layer", type=int, default=2, help="(e): the deepest layer its heads use")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    ap.add_argument("--profile", action="store_true",
+                    help="also split the (h) rows by operator (torch.profiler, self CPU time over 3 runs)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: base and heads under bf16 autocast (worth it on CPUs with AVX512-BF16 or AMX)")
@@ -215,6 +231,7 @@ def main() -> None:
                 print(f"T={T} repeat {r + 1}/{args.repeats}: " + "  ".join(f"{c} {times[c][-1]:.2f}s" for c in configs),
                       flush=True)
             timing_s = time.perf_counter() - t_start
+            profiles = {c: operator_shares(run[c]) for c in configs if args.profile and c.startswith("h")}
             memory = {}
             if not args.no_memory:
                 for c in [c for c in ("a", "b1", "b4", "d1", "d4", "e") if c in configs]:
@@ -235,7 +252,7 @@ def main() -> None:
                                "timing_seconds": round(timing_s, 1),
                                "accumulator_mib_per_head": B * T * k * 4 / 2**20,
                                "all_states_mib": L * B * T * d * 4 / 2**20},
-                  "rows": rows}
+                  "rows": rows, "profiles": profiles}
         out = Path(f"{args.out}_{args.base}_T{T}")
         write_json(out.with_suffix(".json"), result)
         atomic_write(out.with_suffix(".md"), table(result))
@@ -272,6 +289,13 @@ def table(result: dict) -> str:
     lines += ["", f"One accumulator (B x T x k floats) = {s['accumulator_mib_per_head']:.1f} MiB; "
               f"all {s['layers']} hidden states (B x T x d) = {s['all_states_mib']:.1f} MiB."]
     rows = {r["config"]: r for r in result["rows"]}
+    a = rows["a"].get("median_s")
+    for c, ops in result.get("profiles", {}).items():
+        lines += ["", f"{LABELS[c]}, by operator (torch.profiler, self CPU time; % of (a) from its median):", "",
+                  "| operator | ms per call | share of the heads' time | % of (a) |", "|---|---:|---:|---:|"]
+        lines += [f"| {o['op']} | {o['ms_per_call']:.1f} | {o['share']:.1%} | "
+                  f"{o['ms_per_call'] / 1e3 / a:.1%} |" if a else f"| {o['op']} | {o['ms_per_call']:.1f} | "
+                  f"{o['share']:.1%} | - |" for o in ops]
     for n in (1, 4):
         b, dd = rows.get(f"b{n}", {}), rows.get(f"d{n}", {})
         if b.get("extra_mib") and dd.get("extra_mib"):
