@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--base", default="minilm-l6")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--metric", help="main metric (default: mcc for cola, accuracy otherwise)")
+    ap.add_argument("--tag", default="", help="appended to the result's name: probes_<task>_<base><tag>.json")
     args = ap.parse_args()
     cfg = config.load(args.config, [f"model.base={args.base}", *args.overrides])
     backbone, data, encoded = recipes.prepare(cfg)
@@ -140,7 +141,7 @@ def main() -> int:
         best = max(layers, key=lambda i: result[kind][i]["validation"])
         result[f"best_{kind}"] = {"layer": best, **result[kind][best]}
     result["seconds"] = time.perf_counter() - t0
-    out = HERE / "results" / f"probes_{data.name}_{args.base}.json"
+    out = HERE / "results" / f"probes_{data.name}_{args.base}{args.tag}.json"
     write_json(out, result)
     print(f"{data.name} on {args.base} ({main_metric}, test): best mean-pooled layer {result['best_mean']['layer']} "
           f"{result['best_mean']['test']:.3f}, best last-token layer {result['best_last']['layer']} "

@@ -1,10 +1,11 @@
 """The README's decoder-vs-encoder table, from the results benchmarks/llm_tables.sh leaves.
 
-    python benchmarks/llm_table.py --base gemma3-270m minilm-l6 mpnet-base
+    python benchmarks/llm_table.py --base gemma3-270m minilm-l6 mpnet-base minilm-l6_subset mpnet-base_subset
 
 Reads benchmarks/results/sweep_<task>_<base>/sweep.json (AdaLayers and the single-layer runs of
 `adalayers sweep-layers`) and benchmarks/results/probes_<task>_<base>.json (benchmarks/linear_probes.py)
-for every task found, and writes benchmarks/results/llm_table.md: the test metric of AdaLayers, of the
+for every task found (a name with a tag, e.g. minilm-l6_subset, reads what `TAG=_subset
+benchmarks/llm_tables.sh` left), and writes benchmarks/results/llm_table.md: the test metric of AdaLayers, of the
 single layer chosen on validation, of the last layer, and of the linear probes (layer chosen on
 validation), with AdaLayers' trainable parameters, training time and the layers it weighs most.
 """

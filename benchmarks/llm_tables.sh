@@ -2,6 +2,10 @@
 # Side tasks on a decoder LLM base, next to the encoders: AdaLayers vs single layers vs linear probes.
 #
 #   BASE=gemma3-270m OUT=runs/llm THREADS=1 bash benchmarks/llm_tables.sh [cola] [conll] [imdb]
+#   BASE=minilm-l6 TAG=_subset CONLL_LAYERS=3,6 IMDB_LAYERS=3,6 bash benchmarks/llm_tables.sh conll imdb
+#
+# TAG (default empty) is appended to every run and result name (<task>_<BASE><TAG>): an encoder run on
+# the decoder's subsets then sits beside, not over, that encoder's full-data results.
 #
 # For each task: the AdaLayers run (configs/<task>.yaml on BASE), `adalayers sweep-layers` on the layers in
 # <TASK>_LAYERS (the same head pinned to one layer; the last state is the final norm's output), and for
@@ -18,6 +22,7 @@
 set -euo pipefail
 BASE=${BASE:-gemma3-270m}
 OUT=${OUT:-runs/llm}
+TAG=${TAG:-}
 THREADS=${THREADS:-1}
 COLA_LAYERS=${COLA_LAYERS:-9,12,18}
 CONLL_LAYERS=${CONLL_LAYERS:-9,18}
@@ -25,7 +30,7 @@ IMDB_LAYERS=${IMDB_LAYERS:-9,18}
 CONLL_TRAIN=${CONLL_TRAIN:-3000}; CONLL_EVAL=${CONLL_EVAL:-1000}; CONLL_EPOCHS=${CONLL_EPOCHS:-20}
 IMDB_TRAIN=${IMDB_TRAIN:-1000}; IMDB_EVAL=${IMDB_EVAL:-500}; IMDB_LEN=${IMDB_LEN:-128}
 TASKS=("$@"); [ ${#TASKS[@]} -gt 0 ] || TASKS=(cola conll imdb)
-echo "settings: BASE=$BASE OUT=$OUT THREADS=$THREADS COLA_LAYERS=$COLA_LAYERS CONLL_LAYERS=$CONLL_LAYERS" \
+echo "settings: BASE=$BASE TAG=$TAG OUT=$OUT THREADS=$THREADS COLA_LAYERS=$COLA_LAYERS CONLL_LAYERS=$CONLL_LAYERS" \
      "IMDB_LAYERS=$IMDB_LAYERS CONLL_TRAIN=$CONLL_TRAIN CONLL_EVAL=$CONLL_EVAL CONLL_EPOCHS=$CONLL_EPOCHS" \
      "IMDB_TRAIN=$IMDB_TRAIN IMDB_EVAL=$IMDB_EVAL IMDB_LEN=$IMDB_LEN tasks=${TASKS[*]}"
 
@@ -33,16 +38,16 @@ run_task() {  # task config layers probes? extra --set...
   local task=$1 config=$2 layers=$3 probes=$4; shift 4
   local sets=(--set "model.base=$BASE" --set "train.num_threads=$THREADS")
   for s in "$@"; do sets+=(--set "$s"); done
-  local run="$OUT/${task}_$BASE"
+  local name="$BASE$TAG" run="$OUT/${task}_$BASE$TAG"
   if [ ! -f "$run/metrics.json" ]; then
     adalayers train "$config" "${sets[@]}" --out "$run" --overwrite
   fi
-  adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --adalayers "$run" --out "$OUT/sweep_${task}_$BASE"
-  mkdir -p "benchmarks/results/sweep_${task}_$BASE"
-  cp "$OUT/sweep_${task}_$BASE"/sweep.{json,md,png} "benchmarks/results/sweep_${task}_$BASE/"
+  adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --adalayers "$run" --out "$OUT/sweep_${task}_$name"
+  mkdir -p "benchmarks/results/sweep_${task}_$name"
+  cp "$OUT/sweep_${task}_$name"/sweep.{json,md,png} "benchmarks/results/sweep_${task}_$name/"
   if [ "$probes" = yes ]; then
     local psets=(); for s in "$@"; do psets+=(--set "$s"); done
-    python benchmarks/linear_probes.py "$config" --base "$BASE" --set "train.num_threads=$THREADS" "${psets[@]}"
+    python benchmarks/linear_probes.py "$config" --base "$BASE" --tag "$TAG" --set "train.num_threads=$THREADS" "${psets[@]}"
   fi
 }
 
@@ -56,4 +61,4 @@ for t in "${TASKS[@]}"; do
     *) echo "unknown task $t (cola, conll, imdb)" >&2; exit 2 ;;
   esac
 done
-python benchmarks/llm_table.py --base "$BASE"
+python benchmarks/llm_table.py --base "$BASE$TAG"
