@@ -38,7 +38,8 @@ run_task() {  # task config layers probes? extra --set...
   local task=$1 config=$2 layers=$3 probes=$4; shift 4
   local sets=(--set "model.base=$BASE" --set "train.num_threads=$THREADS")
   for s in "$@"; do sets+=(--set "$s"); done
-  local name="$BASE$TAG" run="$OUT/${task}_$BASE$TAG"
+  local name="$BASE$TAG"
+  local run="$OUT/${task}_$name"
   if [ ! -f "$run/metrics.json" ]; then
     adalayers train "$config" "${sets[@]}" --out "$run" --overwrite
   fi
