@@ -81,7 +81,7 @@ def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, t
     train = write_csv(tmp_path / "train.csv", sentiment_rows(300, 1), ["text", "label"])
     metrics = recipes.train(tiny(tiny_base, {"train": str(train)}), tmp_path / "run")
     assert metrics["validation"]["n"] == 30                      # stratified 10% of train
-    assert metrics["validation"]["accuracy"] > 0.9
+    assert metrics["validation"]["accuracy"] >= 0.9                # 27 of 30 or better (chance: ~15)
     assert "test" not in metrics
     assert any("no test file" in n for n in metrics["notes"])
     saved = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -49,4 +49,48 @@ def test_token_head_feed_forward_on_real_tokens_matches_the_padded_encoder():
     g_got = torch.autograd.grad(got[mask].square().sum(), [F, *head.parameters()])
     g_want = torch.autograd.grad(want[mask].square().sum(), [F, *head.parameters()])
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_got, g_want))
-    assert not torch.allclose(got[~mask], want[~mask], atol=1e-3)  # padding is simply not computed
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))  # padding is simply not computed
+
+
+@pytest.mark.parametrize("padding", ["right", "left", "holes"])
+def test_attention_in_length_groups_equals_one_padded_call(padding, monkeypatch):
+    """A training token head attends in groups of rows of similar length (attend_packed); values and
+    gradients equal the one padded call that eval mode makes, whatever the padding: right, left (a
+    decoder's), a mask with holes, and a row without any real token."""
+    from adalayers import heads
+
+    monkeypatch.setattr(heads, "ATTENTION_GROUP", 3)
+    torch.manual_seed(0)
+    head = heads.TokenHead(16, 5, HeadConfig(num_heads=4, encoder_layers=2, dim_feedforward=24, dropout=0.0))
+    B, T = 11, 13
+    lengths = torch.tensor([13, 1, 7, 0, 4, 9, 2, 13, 5, 6, 3])
+    cols = torch.arange(T)[None, :]
+    mask = cols < lengths[:, None] if padding == "right" else cols >= T - lengths[:, None]
+    if padding == "holes":
+        mask = torch.rand(B, T) < 0.6
+        mask[3] = False
+    F = torch.randn(B, T, 16, requires_grad=True)
+    out = {}
+    for mode in ("train", "eval"):
+        getattr(head, mode)()
+        got = head(F, mask)
+        out[mode] = (got, torch.autograd.grad(got[mask].square().sum(), [F, *head.parameters()]))
+    (a, ga), (b, gb) = out["train"], out["eval"]
+    assert torch.allclose(a, b, atol=1e-5) and torch.equal(a[~mask], torch.zeros_like(a[~mask]))
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(ga, gb))
+
+
+def test_written_out_attention_with_dropout_is_the_fused_formula(monkeypatch):
+    """Training with attention dropout on a CPU, attend() writes the attention out (for the cheap mask);
+    with the mask taken out it equals scaled_dot_product_attention, padding keys masked."""
+    from adalayers import heads
+
+    torch.manual_seed(0)
+    attn = torch.nn.MultiheadAttention(16, 4, dropout=0.3, batch_first=True).train()
+    qkv = torch.randn(3, 7, 48)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:], mask[2, 1:] = False, False
+    monkeypatch.setattr(heads, "dropout", lambda x, p: x)
+    got = heads.attend(attn, qkv, mask)
+    attn.eval()
+    assert torch.allclose(got, heads.attend(attn, qkv, mask), atol=1e-6)

@@ -44,20 +44,39 @@ def regression(y_true: list[float], y_pred: list[float]) -> dict:
 
 
 def entities(tags_true: list[list[str]], tags_pred: list[list[str]]) -> dict:
-    """Entity-level precision/recall/F1 (micro over entities, and per class), via seqeval.
+    """Entity-level precision/recall/F1 (micro over entities, and per class), as seqeval scores them.
 
-    seqeval's default mode follows the CoNLL shared task's conlleval script (the numbers papers
-    report): a predicted I-X after O still opens an entity. The strict IOB2 mode would drop such
-    entities and score a little lower than the literature; gold tags are valid IOB2 either way.
+    Entities are seqeval's (get_entities, its default mode, which follows the CoNLL shared task's
+    conlleval script, the numbers papers report: a predicted I-X after O still opens an entity; the
+    strict IOB2 mode would drop such entities and score a little lower than the literature). They are
+    extracted once per side and counted here: seqeval's classification_report plus its three micro
+    scores extract them 16 times, which made scoring CoNLL's validation set (4 s) cost more than
+    running the head over it. tests/test_metrics.py checks every number against seqeval's own.
     """
-    from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
+    from seqeval.metrics.sequence_labeling import get_entities
 
-    kw = {"zero_division": 0}
-    report = classification_report(tags_true, tags_pred, output_dict=True, **kw)
-    per_class = {name: {"precision": float(v["precision"]), "recall": float(v["recall"]),
-                        "f1": float(v["f1-score"]), "support": int(v["support"])}
-                 for name, v in report.items() if not name.endswith("avg")}
-    return {"f1": float(f1_score(tags_true, tags_pred, **kw)),
-            "precision": float(precision_score(tags_true, tags_pred, **kw)),
-            "recall": float(recall_score(tags_true, tags_pred, **kw)),
+    true, pred = _entity_sets(get_entities(tags_true)), _entity_sets(get_entities(tags_pred))
+    per_class = {name: _prf(len(true.get(name, set()) & pred.get(name, set())), len(pred.get(name, ())),
+                            len(true.get(name, ())))
+                 for name in sorted(true.keys() | pred.keys())}
+    tp, n_pred, n_true = (sum(c[key] for c in per_class.values()) for key in ("tp", "pred", "support"))
+    micro = _prf(tp, n_pred, n_true)
+    for c in per_class.values():
+        del c["tp"], c["pred"]
+    return {"f1": micro["f1"], "precision": micro["precision"], "recall": micro["recall"],
             "per_class": per_class, "n": len(tags_true), "words": sum(len(t) for t in tags_true)}
+
+
+def _entity_sets(spans) -> dict[str, set]:
+    out: dict[str, set] = {}
+    for kind, start, end in spans:
+        out.setdefault(kind, set()).add((start, end))
+    return out
+
+
+def _prf(tp: int, pred: int, true: int) -> dict:
+    """Precision, recall and F1 from counts; 0 where a denominator is 0 (seqeval's zero_division=0)."""
+    p = tp / pred if pred else 0.0
+    r = tp / true if true else 0.0
+    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "support": true,
+            "tp": tp, "pred": pred}

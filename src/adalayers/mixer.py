@@ -16,6 +16,7 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from adalayers.config import MixerConfig
+from adalayers.dropout import Dropout
 
 
 def sinusoidal_positions(length: int, dim: int, device=None) -> torch.Tensor:
@@ -40,7 +41,7 @@ class AdaLayersMixer(nn.Module):
         self.num_layers, self.k = num_layers, cfg.k
         self.proj = nn.ModuleList(nn.Linear(hidden_size, cfg.k, bias=False) for _ in range(num_layers))
         self.p = nn.Parameter(torch.ones(num_layers))
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         pinned = torch.zeros(num_layers, dtype=torch.bool)
         if cfg.pin_layer is not None:
             pinned[:] = True

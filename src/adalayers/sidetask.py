@@ -13,7 +13,7 @@ from torch import nn
 from adalayers.config import Config
 from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
 from adalayers.engine.protocol import count, trainable
-from adalayers.heads import build_head
+from adalayers.heads import build_head, unpack
 from adalayers.kinds import TaskKind
 from adalayers.mixer import AdaLayersMixer
 
@@ -56,7 +56,7 @@ class SideTask(nn.Module):
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         acc, mask = self._acc, mask.to(self._acc.device).bool()
         if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
-            acc = acc.new_zeros(*mask.shape, acc.shape[-1]).masked_scatter(mask.unsqueeze(-1), acc)
+            acc = unpack(acc, mask)
         self._acc = None
         return self.read(acc, mask)
 
