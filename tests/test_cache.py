@@ -317,12 +317,13 @@ class PaddedSideTask(SideTask):
     packed_ok = False
 
 
-@pytest.mark.parametrize("kind", ["sequence", "token"])
-def test_packed_tokens_give_the_padded_result(setup, kind):
-    """The cache hands heads only the real tokens; outputs and gradients equal the padded path's."""
+@pytest.mark.parametrize("kind,skip_bos", [("sequence", False), ("token", False), ("token", True)])
+def test_packed_tokens_give_the_padded_result(setup, kind, skip_bos):
+    """The cache hands heads only the real tokens (a token head takes them packed, SideTask.read_packed,
+    less each row's first with head.skip_bos); outputs and gradients equal the padded path's."""
     cfg, data, encoded = setup("mixer.positional=true", "mixer.gelu_after_sum=true")
     source = cached_source(cfg, setup.backbone, data, encoded)
-    head_cfg = config.from_dict(cfg.to_dict(), [f"head.kind={kind}"])
+    head_cfg = config.from_dict(cfg.to_dict(), [f"head.kind={kind}", f"head.skip_bos={str(skip_bos).lower()}"])
     torch.manual_seed(0)
     packed = SideTask(head_cfg, setup.backbone.num_layers, setup.backbone.hidden_size, data.labels).eval()
     padded = PaddedSideTask(head_cfg, setup.backbone.num_layers, setup.backbone.hidden_size, data.labels).eval()
@@ -335,7 +336,7 @@ def test_packed_tokens_give_the_padded_result(setup, kind):
         source.run(batch, [task])
         shape = tuple(task._acc.shape)
         out = task.end(mask)
-        out = out[mask] if kind == "token" else out  # a token head's padding outputs are never read
+        out = out[packed.seen(mask)] if kind == "token" else out  # a token head's padding outputs are never read
         out.sum().backward()
         results.append((shape, out.detach(), task.mixer.proj[1].weight.grad))
     assert results[0][0] == (int(mask.sum()), cfg.mixer.k) and results[1][0] == (*mask.shape, cfg.mixer.k)

@@ -131,6 +131,8 @@ ATTENTION_GROUP = 8  # rows per attention call when a token head trains (attend_
 
 
 class TokenHead(nn.Module):
+    takes_packed = True  # forward() also takes F as the real tokens' rows (N, k) (SideTask.read_packed)
+
     def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
         super().__init__()
         layer = nn.TransformerEncoderLayer(k, cfg.num_heads, cfg.dim_feedforward, cfg.dropout,
@@ -154,7 +156,7 @@ class TokenHead(nn.Module):
         at every real token as nn.TransformerEncoder(F, src_key_padding_mask=~mask); zeros on padding.
         """
         keep = mask.bool()
-        x = F[keep]
+        x = F[keep] if F.dim() == 3 else F  # (N, k) already: the real tokens' rows, in the order of F[keep]
         group = ATTENTION_GROUP if self.training else None  # eval: one call (an exported graph keeps B, T dynamic)
         for layer in self.encoder.layers:
             attn = layer.self_attn

@@ -55,10 +55,29 @@ class SideTask(nn.Module):
 
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         acc, mask = self._acc, mask.to(self._acc.device).bool()
-        if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
-            acc = unpack(acc, mask)
         self._acc = None
+        if acc.dim() == 2:  # packed tokens (N, k)
+            if getattr(self.head, "takes_packed", False):
+                return self.read_packed(acc, mask)
+            acc = unpack(acc, mask)  # back to (B, T, k), zeros on padding
         return self.read(acc, mask)
+
+    def read_packed(self, acc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """read() for the real tokens' rows (N, k), in the order of mask, and a head that takes them
+        packed (the token head): the same values, without spreading F over the padding for the
+        positions, the dropout and the head to skip again."""
+        seen = self.seen(mask)
+        if self.skip_bos:
+            acc = acc[seen[mask]]
+        positions = (seen.long().cumsum(1) - 1)[seen] if self.cfg.mixer.positional else None
+        return self.head(self.mixer.finish(acc, positions), seen)
+
+    def seen(self, mask: torch.Tensor, skip_bos: bool | None = None) -> torch.Tensor:
+        """The tokens the head sees: the real ones, less each row's first with head.skip_bos."""
+        mask = mask.bool()
+        if self.skip_bos if skip_bos is None else skip_bos:
+            mask = mask & (mask.long().cumsum(1) > 1)  # drop each row's first real token
+        return mask
 
     def take(self) -> torch.Tensor | None:
         """The accumulator of the pass just tapped, (B, T, k), handed over and cleared (generation
@@ -74,9 +93,7 @@ class SideTask(nn.Module):
         count the tokens the head sees, so a text's output does not depend on its batch's padding.
         skip_bos=None follows the config (False: the mask holds no BOS, e.g. a generated answer alone).
         """
-        mask = mask.to(acc.device).bool()
-        if self.skip_bos if skip_bos is None else skip_bos:
-            mask = mask & (mask.long().cumsum(1) > 1)  # drop each row's first real token
+        mask = self.seen(mask.to(acc.device), skip_bos)
         acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
         out = self.head(self.mixer.finish(acc, positions), mask)
