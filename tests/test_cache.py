@@ -345,6 +345,26 @@ def test_packed_tokens_give_the_padded_result(setup, kind, skip_bos):
 
 
 
+def test_training_token_head_draws_the_same_dropout_live_and_cached(setup):
+    """In training a token head gets the cache's packed rows, or the live base's rows gathered to the same
+    packed shape: the same seed then draws the same dropout masks, so a run trains the same head either
+    way (up to the fp16 rounding of cached states), as benchmarks/cache_speedup.py checks end to end."""
+    cfg, data, encoded = setup("mixer.positional=true")
+    head_cfg = config.from_dict(cfg.to_dict(), ["head.kind=token", "head.dropout=0.3", "mixer.dropout=0.3"])
+    torch.manual_seed(0)
+    task = SideTask(head_cfg, setup.backbone.num_layers, setup.backbone.hidden_size, data.labels).train()
+    batch = next(batches(encoded["train"], 5, 0))
+    mask = batch["attention_mask"].bool()
+    outs = []
+    for source in (cached_source(cfg, setup.backbone, data, encoded), LiveStates(setup.backbone)):
+        torch.manual_seed(1)
+        source.run(batch, [task])
+        outs.append(task.end(mask)[mask].detach())
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-2, atol=1e-2)
+    torch.manual_seed(2)  # another draw: far apart, so the check above is not loose enough to pass anyway
+    LiveStates(setup.backbone).run(batch, [task])
+    assert (task.end(mask)[mask].detach() - outs[1]).abs().max() > 0.1
+
 def test_bf16_states_get_an_entry_of_their_own(setup):
     cfg, data, encoded = setup()
     fp32 = cached_source(cfg, setup.backbone, data, encoded)

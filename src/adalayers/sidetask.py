@@ -56,16 +56,18 @@ class SideTask(nn.Module):
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         acc, mask = self._acc, mask.to(self._acc.device).bool()
         self._acc = None
-        if acc.dim() == 2:  # packed tokens (N, k)
-            if getattr(self.head, "takes_packed", False):
-                return self.read_packed(acc, mask)
-            acc = unpack(acc, mask)  # back to (B, T, k), zeros on padding
+        if getattr(self.head, "takes_packed", False):  # the cache's packed rows, or the live base's gathered:
+            return self.read_packed(acc if acc.dim() == 2 else acc[mask], mask)  # one shape, one dropout draw
+        if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
+            acc = unpack(acc, mask)
         return self.read(acc, mask)
 
     def read_packed(self, acc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """read() for the real tokens' rows (N, k), in the order of mask, and a head that takes them
         packed (the token head): the same values, without spreading F over the padding for the
-        positions, the dropout and the head to skip again."""
+        positions, the dropout and the head to skip again. The live base's padded F comes here too,
+        gathered: its dropout then draws exactly what a cached run's does, so a run trains the same
+        head from the cache as live (benchmarks/cache_speedup.py compares their test metrics)."""
         seen = self.seen(mask)
         if self.skip_bos:
             acc = acc[seen[mask]]
