@@ -3,9 +3,9 @@
     y = x * keep / (1 - q)      keep ~ Bernoulli(1 - q),  q = round(p * 2^15) / 2^15
 
 torch's CPU dropout draws one 32-bit Mersenne-twister number per value (bernoulli_), which costs
-several times the matrix multiply next to it: in the token head's training step on CoNLL-2003 it
-was a quarter of the step. Here one 32-bit draw gives two values' 15-bit uniforms, and the keep
-mask is an integer compare, so the mask costs about a third. The distribution is Bernoulli as
+more than the matrix multiply next to it: in the token head's training step on CoNLL-2003 it was
+the largest single cost. Here one 32-bit draw gives two values' 15-bit uniforms, and the keep mask
+is an integer compare written straight into x's dtype. The distribution is Bernoulli as
 before, with p rounded to a multiple of 2^-15 (0.2 -> 0.200012) and the scale 1 / (1 - q) exact for
 that q. Off the CPU (CUDA's dropout is cheap) and in eval mode it is torch's own dropout.
 

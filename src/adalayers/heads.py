@@ -51,7 +51,7 @@ def attend(attn: nn.MultiheadAttention, qkv: torch.Tensor, mask: torch.Tensor) -
 def unpack(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The real tokens' rows (N, c), in the order of x[keep], back to (B, T, c) with zeros on padding.
 
-    index_copy, not masked_scatter: on a CPU masked_scatter's forward and backward took ~10x as long.
+    index_copy, not masked_scatter: on a CPU masked_scatter's forward and backward take several times as long.
     """
     rows = keep.flatten().nonzero().squeeze(1)
     return values.new_zeros(keep.numel(), values.shape[-1]).index_copy(0, rows, values).view(*keep.shape, -1)
@@ -63,8 +63,8 @@ def attend_packed(attn: nn.MultiheadAttention, qkv: torch.Tensor, keep: torch.Te
 
     group=None: one call on the batch spread to (B, T, 3k). group=G: the rows sorted by length and
     attended G at a time, each group padded only to its own longest row. Attention never mixes rows,
-    so the values are the same; the work on padding is not: the score tensor is (G, heads, T_g, T_g)
-    instead of (B, heads, T, T), about a third on shuffled CoNLL-2003 batches of 32 with G = 8.
+    so the values are the same; the work on padding is not: the score tensors are (G, heads, T_g, T_g)
+    instead of (B, heads, T, T), and a shuffled batch's rows differ widely in length.
     """
     if group is None:
         return attend(attn, unpack(qkv, keep), keep)[keep]

@@ -50,19 +50,16 @@ def entities(tags_true: list[list[str]], tags_pred: list[list[str]]) -> dict:
     conlleval script, the numbers papers report: a predicted I-X after O still opens an entity; the
     strict IOB2 mode would drop such entities and score a little lower than the literature). They are
     extracted once per side and counted here: seqeval's classification_report plus its three micro
-    scores extract them 16 times, which made scoring CoNLL's validation set (4 s) cost more than
-    running the head over it. tests/test_metrics.py checks every number against seqeval's own.
+    scores extract them 16 times, which made scoring CoNLL's validation set cost more than running
+    the head over it. tests/test_entity_metrics.py checks every number against seqeval's own.
     """
     from seqeval.metrics.sequence_labeling import get_entities
 
     true, pred = _entity_sets(get_entities(tags_true)), _entity_sets(get_entities(tags_pred))
-    per_class = {name: _prf(len(true.get(name, set()) & pred.get(name, set())), len(pred.get(name, ())),
-                            len(true.get(name, ())))
-                 for name in sorted(true.keys() | pred.keys())}
-    tp, n_pred, n_true = (sum(c[key] for c in per_class.values()) for key in ("tp", "pred", "support"))
-    micro = _prf(tp, n_pred, n_true)
-    for c in per_class.values():
-        del c["tp"], c["pred"]
+    counts = {name: (len(true.get(name, set()) & pred.get(name, set())), len(pred.get(name, ())), len(true.get(name, ())))
+              for name in sorted(true.keys() | pred.keys())}  # (true positives, predicted, true) per class
+    per_class = {name: _prf(*c) for name, c in counts.items()}
+    micro = _prf(*(sum(c[i] for c in counts.values()) for i in range(3)))
     return {"f1": micro["f1"], "precision": micro["precision"], "recall": micro["recall"],
             "per_class": per_class, "n": len(tags_true), "words": sum(len(t) for t in tags_true)}
 
@@ -78,5 +75,4 @@ def _prf(tp: int, pred: int, true: int) -> dict:
     """Precision, recall and F1 from counts; 0 where a denominator is 0 (seqeval's zero_division=0)."""
     p = tp / pred if pred else 0.0
     r = tp / true if true else 0.0
-    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "support": true,
-            "tp": tp, "pred": pred}
+    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "support": true}
