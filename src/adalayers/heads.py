@@ -57,34 +57,44 @@ def unpack(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(keep.numel(), values.shape[-1]).index_copy(0, rows, values).view(*keep.shape, -1)
 
 
-def attend_packed(attn: nn.MultiheadAttention, qkv: torch.Tensor, keep: torch.Tensor,
-                  group: int | None = None) -> torch.Tensor:
-    """attend() on packed (N, 3k) q, k, v of the real tokens (keep: (B, T) mask) -> packed (N, k).
-
-    group=None: one call on the batch spread to (B, T, 3k). group=G: the rows sorted by length and
-    attended G at a time, each group padded only to its own longest row. Attention never mixes rows,
-    so the values are the same; the work on padding is not: the score tensors are (G, heads, T_g, T_g)
-    instead of (B, heads, T, T), and a shuffled batch's rows differ widely in length.
-    """
-    if group is None:
-        return attend(attn, unpack(qkv, keep), keep)[keep]
-    n = qkv.shape[0]
+def length_groups(keep: torch.Tensor, group: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batch's rows sorted by length, `group` at a time: per group, (idx, real), both (G, T_g) with
+    T_g the group's longest row. idx holds each real token's row in the packed order (N for padding),
+    real says which are real. Any mask: right or left padding, holes, empty rows (skipped)."""
+    n = int(keep.sum())
     rank = keep.flatten().cumsum(0).view(keep.shape) - 1   # each real token's row in the packed order
     lengths = keep.sum(1)
     cols = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # per row: its real tokens' columns first, in order
-    rows_of = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])])  # row n: zeros, for a group's padding
-    outs, where = [], []
+    groups = []
     for rows in lengths.argsort(descending=True).split(group):
         t = int(lengths[rows].max())
         if t == 0:
             continue
         c = cols[rows, :t]
         real = keep[rows[:, None], c]
-        idx = torch.where(real, rank[rows[:, None], c], n)
-        outs.append(attend(attn, rows_of[idx], real)[real])
-        where.append(idx[real])
+        groups.append((torch.where(real, rank[rows[:, None], c], n), real))
+    return groups
+
+
+def attend_packed(attn: nn.MultiheadAttention, qkv: torch.Tensor, keep: torch.Tensor,
+                  groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+    """attend() on packed (N, 3k) q, k, v of the real tokens (keep: (B, T) mask) -> packed (N, k).
+
+    groups=None: one call on the batch spread to (B, T, 3k). groups = length_groups(keep, G): the rows
+    sorted by length and attended G at a time, each group padded only to its own longest row.
+    Attention never mixes rows, so the values are the same; the work on padding is not: the score
+    tensors are (G, heads, T_g, T_g) instead of (B, heads, T, T), and a shuffled batch's rows differ
+    widely in length.
+    """
+    if groups is None:
+        return attend(attn, unpack(qkv, keep), keep)[keep]
+    n = qkv.shape[0]
+    rows_of = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])])  # row n: zeros, for a group's padding
+    outs = [attend(attn, rows_of[idx], real)[real] for idx, real in groups]
+    where = [idx[real] for idx, real in groups]
     out = torch.cat(outs) if outs else qkv.new_zeros(0, qkv.shape[1] // 3)
-    return out.new_zeros(n, out.shape[1]).index_copy(0, torch.cat(where) if where else rank.new_zeros(0), out)
+    where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=qkv.device)
+    return out.new_zeros(n, out.shape[1]).index_copy(0, where, out)
 
 
 def attention_dropout(cfg: HeadConfig) -> float:
@@ -127,7 +137,7 @@ class SequenceHead(nn.Module):
         return self.out(pool(x, mask, self.pooling))
 
 
-ATTENTION_GROUP = 8  # rows per attention call when a token head trains (attend_packed)
+ATTENTION_GROUP = 8  # rows per attention call when a token head trains (length_groups)
 
 
 class TokenHead(nn.Module):
@@ -157,11 +167,12 @@ class TokenHead(nn.Module):
         """
         keep = mask.bool()
         x = F[keep] if F.dim() == 3 else F  # (N, k) already: the real tokens' rows, in the order of F[keep]
-        group = ATTENTION_GROUP if self.training else None  # eval: one call (an exported graph keeps B, T dynamic)
+        # training: rows grouped by length once for every layer; eval: one call (an exported graph keeps B, T dynamic)
+        groups = length_groups(keep, ATTENTION_GROUP) if self.training else None
         for layer in self.encoder.layers:
             attn = layer.self_attn
             qkv = nnf.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias)
-            x = x + layer.dropout1(attn.out_proj(attend_packed(attn, qkv, keep, group)))
+            x = x + layer.dropout1(attn.out_proj(attend_packed(attn, qkv, keep, groups)))
             x = x + layer._ff_block(layer.norm2(x))
         return unpack(self.out(x), keep)
 
