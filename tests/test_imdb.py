@@ -55,6 +55,24 @@ def test_extracted_folder_reads_the_same(tmp_path):
     assert [(e.text, e.label) for e in a["test"]] == [(e.text, e.label) for e in b["test"]]
 
 
+def test_extracted_folder_keys_the_cache(tmp_path):
+    """The hidden-state cache keys on the data's sha256: an extracted folder hashes every file's path and bytes."""
+    from adalayers.cache.source import _FILE_HASHES, files_hash
+
+    imdb_tarball(tmp_path, per_class=10, test_per_class=2, extracted=True)
+    data = load_task(_cfg(tmp_path))
+    folder = data.files[0]
+    assert folder.is_dir()
+    before = files_hash([folder])["aclImdb"]
+    review = next((folder / "train" / "pos").glob("*.txt"))
+    review.write_text(review.read_text() + " edited")
+    _FILE_HASHES.clear()  # the per-process memo keys on the folder's own size and mtime
+    edited = files_hash([folder])["aclImdb"]
+    review.rename(review.with_name("9" + review.name))
+    _FILE_HASHES.clear()
+    assert len({before, edited, files_hash([folder])["aclImdb"]}) == 3
+
+
 def _tar(path: Path, files: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:gz") as tar:

@@ -111,10 +111,16 @@ def append_jsonl(path: Path, obj) -> None:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    """sha256 of a file's bytes; of a folder (an extracted dataset), of every file's relative path and bytes
+    in sorted order, so renaming, adding or changing any file changes it."""
+    h, path = hashlib.sha256(), Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if file != path:
+            h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 
