@@ -2,8 +2,9 @@
 # The long runs of the README's results table, for a machine with a CUDA GPU.
 #   bash benchmarks/gpu_results.sh OUT_DIR [TIME_BUDGET_S]
 # Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
-# sweep_imdb"; also "report_imdb"), LAYERS (the sweeps' layers, e.g. 7,8,9,10,11,12; default all). Needs the data in $ADALAYERS_DATA and the base (package, or a
-# copy in $ADALAYERS_CACHE/models/). Runs the steps in order until the time budget is spent; the IMDB
+# sweep_imdb"; also "report_imdb", "finetune_imdb" and "psweep_imdb"), LAYERS (the sweeps' layers, e.g.
+# 7,8,9,10,11,12; default all), PROCS (psweep_imdb's processes, default 4). Needs the data in
+# $ADALAYERS_DATA and the base (package, or a copy in $ADALAYERS_CACHE/models/). Runs the steps in order until the time budget is spent; the IMDB
 # training stops between epochs (train.max_minutes) early enough to leave 2 minutes for its test pass.
 # Each step's run folders are packed into OUT_DIR as soon as it finishes (the sweeps' per-layer heads excepted).
 set -uo pipefail
@@ -16,8 +17,9 @@ step() {  # step NAME COMMAND...: run with the time that is left, then pack what
   local name=$1; shift
   if (( $(left) < 30 )); then echo "skip $name: no time left"; return; fi
   echo "== $name ($(left) s left)"; timeout "$(left)" "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee "$out/$name.log" | grep -E "^epoch +[0-9]+ +loss|settings|test|time limit|\|" | tail -40
-  # sweep runs' heads are left out: 13 of them overrun what one returned file may hold (16 MiB)
-  tar czf "$out/runs.tgz" --exclude='runs/gpu/sweep_*/*/head.safetensors' runs/gpu benchmarks/results 2>/dev/null
+  # sweep runs' heads and fine-tuned copies of the base are left out: they overrun what one returned file may hold (16 MiB)
+  tar czf "$out/runs.tgz" --exclude='runs/gpu/*sweep_*/*/head.safetensors' --exclude='runs/gpu/compare_*/*/trainable.safetensors' \
+    runs/gpu benchmarks/results 2>/dev/null
 }
 minutes() { python3 -c "print(max(0.5, ($(left) - 120) / 60))"; }  # training time that leaves 2 min to test
 for s in $steps; do
@@ -28,6 +30,11 @@ for s in $steps; do
     report_imdb) step report_imdb python3 -m adalayers.cli report "runs/gpu/imdb_$base" ;;
     sweep_conll) step sweep_conll python3 -m adalayers.cli sweep-layers configs/conll.yaml --out runs/gpu/sweep_conll \
              --set model.base="$base" --adalayers "runs/gpu/conll2003_$base" --set train.max_epochs=10 "${layers[@]}" ;;
+    finetune_imdb) step finetune_imdb python3 -m adalayers.cli compare configs/imdb.yaml --strategies finetune \
+             --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set train.num_threads=4 \
+             --out "runs/gpu/compare_imdb_finetune_$base" ;;   # full fine-tuning, the IMDB reference (3 epochs)
+    psweep_imdb) step psweep_imdb bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb "${PROCS:-4}" \
+             --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 ;;  # every layer, 4 at once
     sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
              --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 "${layers[@]}" ;;
     *) echo "unknown step $s"; exit 2 ;;

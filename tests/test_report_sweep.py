@@ -125,6 +125,23 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
                         layers="1", adalayers_run=ada)
 
 
+def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkeypatch):
+    """--no-table parts train only their layers; the last call over every layer reuses them and adds AdaLayers."""
+    model, data = world
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
+    out, trained = tmp_path / "sweep", []
+    real_train = recipes.train
+    monkeypatch.setattr(recipes, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
+    part = sweep.run_sweep(cfg, out, layers="0,2", table=False)
+    assert [e["pin_layer"] for e in part["layers"]] == [0, 2] and "adalayers" not in part
+    sweep.run_sweep(cfg, out, layers="1", table=False)
+    assert trained == ["layer_0", "layer_2", "layer_1"]
+    assert not (out / "adalayers").exists() and not (out / "sweep.json").exists()
+    whole = sweep.run_sweep(cfg, out)
+    assert trained[3:] == ["adalayers"] and [e["pin_layer"] for e in whole["layers"]] == [0, 1, 2]
+    assert (out / "sweep.md").read_text(encoding="utf-8").count("| layer ") == 3
+
+
 def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="adalayers")  # the engine says why it stopped through logging
     model, data = world

@@ -92,8 +92,13 @@ def _entry(name: str, run_dir: Path, done: dict, main: str) -> dict:
                        if split in m.get("spread", {})}}
 
 
-def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None, seeds: int = 1) -> dict:
-    """Every layer (and AdaLayers) trained `seeds` times: the table shows medians with min-max."""
+def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None, seeds: int = 1,
+              table: bool = True) -> dict:
+    """Every layer (and AdaLayers) trained `seeds` times: the table shows medians with min-max.
+
+    table=False trains only the pinned layers and writes nothing else, so that a sweep can be split over
+    processes or machines (--layers 0,4,8 --no-table, ...); a last call over every layer reuses their runs,
+    trains or reads AdaLayers and writes the table."""
     from adalayers import recipes
     from adalayers.backbone import Backbone
     from adalayers.tasks import load_task
@@ -119,6 +124,8 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
         run_dir = out / f"layer_{i}"
         done = _train_seeds(cfg_i, run_dir, f"layer {i} of 0..{num_layers - 1}", prepared_data, seeds)
         entries.append(_entry(f"layer {i}", run_dir, done, main))
+    if not table:
+        return {"task": data.name, "base": cfg.model.base, "metric": main, "layers": entries}
 
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
     if adalayers_run is not None:
@@ -252,6 +259,9 @@ def add_commands(sub) -> None:
     p.add_argument("--adalayers", metavar="RUN_DIR", help="reuse this finished AdaLayers run instead of training one")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="train every layer (and AdaLayers) with N seeds; tables show medians and min-max")
+    p.add_argument("--no-table", action="store_true",
+                   help="train only the --layers runs (no AdaLayers, no table): one part of a sweep split over "
+                        "processes or machines; a last sweep-layers over every layer reuses them and writes the table")
     p.set_defaults(fn=_cmd_sweep, torchrun=True)
 
 
@@ -259,10 +269,15 @@ def _cmd_sweep(args) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     if args.seeds < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {args.seeds}")
-    r = run_sweep(cfg, Path(args.out), args.layers, Path(args.adalayers) if args.adalayers else None, args.seeds)
+    r = run_sweep(cfg, Path(args.out), args.layers, Path(args.adalayers) if args.adalayers else None, args.seeds,
+                  table=not args.no_table)
     from adalayers.engine import distributed
 
     if not distributed.is_main():
+        return 0
+    if args.no_table:
+        done = ", ".join(f"{e['name']}: validation {_f(e['validation_main'])}" for e in r["layers"])
+        print(f"[sweep] trained {done}; sweep-layers over every layer writes the table")
         return 0
     print(Path(args.out, "sweep.md").read_text(encoding="utf-8"))
     print(json.dumps({"best_layer": r["best_layer"], "adalayers": r["adalayers"]["test_main"]}))
