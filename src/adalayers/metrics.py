@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from adalayers.kinds import TaskKind
 
 # Per task kind: the metrics that can select the best epoch (higher is better); the first is the default.
