@@ -4,8 +4,9 @@
 # Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
 # sweep_imdb"; also "report_imdb", "finetune_imdb" and "psweep_imdb"), LAYERS (the sweeps' layers, e.g.
 # 7,8,9,10,11,12; default all), PROCS (psweep_imdb's processes, default 4). Needs the data in
-# $ADALAYERS_DATA and the base (package, or a copy in $ADALAYERS_CACHE/models/). Runs the steps in order until the time budget is spent; the IMDB
-# training stops between epochs (train.max_minutes) early enough to leave 2 minutes for its test pass.
+# $ADALAYERS_DATA and the base (package, or a copy in $ADALAYERS_CACHE/models/). Runs the steps in order
+# until the time budget is spent; the IMDB training stops between epochs (train.max_minutes) early enough
+# to leave 2 minutes for its test pass.
 # Each step's run folders are packed into OUT_DIR as soon as it finishes (the sweeps' per-layer heads excepted).
 set -uo pipefail
 out=${1:?usage: gpu_results.sh OUT_DIR [TIME_BUDGET_S]}; budget=${2:-540}

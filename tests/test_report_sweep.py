@@ -125,7 +125,7 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
                         layers="1", adalayers_run=ada)
 
 
-def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkeypatch):
+def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkeypatch, capsys):
     """--no-table parts train only their layers; the last call over every layer reuses them and adds AdaLayers."""
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
@@ -140,6 +140,8 @@ def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkey
     whole = sweep.run_sweep(cfg, out)
     assert trained[3:] == ["adalayers"] and [e["pin_layer"] for e in whole["layers"]] == [0, 1, 2]
     assert (out / "sweep.md").read_text(encoding="utf-8").count("| layer ") == 3
+    assert cli.main(["sweep-layers", "x.yaml", "--out", str(out), "--no-table", "--adalayers", str(out)]) == 2
+    assert "a --no-table part trains no AdaLayers run" in capsys.readouterr().err
 
 
 def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys, caplog):

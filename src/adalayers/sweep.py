@@ -266,6 +266,9 @@ def add_commands(sub) -> None:
 
 
 def _cmd_sweep(args) -> int:
+    if args.no_table and args.adalayers:
+        raise ConfigError("--adalayers: a --no-table part trains no AdaLayers run and writes no table; give "
+                          "--adalayers to the last sweep-layers call, the one over every layer")
     cfg = config_mod.load(args.config, args.overrides)
     if args.seeds < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {args.seeds}")
