@@ -22,10 +22,14 @@ tuned = json.loads((out / "tuned" / "metrics.json").read_text())
 main = tuned["main_metric"]
 sweep = json.loads((out / "sweep" / "sweep.json").read_text())
 best = next(e for e in sweep["layers"] if e["pin_layer"] == sweep["best_layer"])
-t = json.loads((out / "tune" / "tune.json").read_text())
+trials = json.loads((out / "tune" / "trials.json").read_text())
+ok = [r for r in trials if r["state"] in ("complete", "pruned")]
+failed = [r for r in trials if r not in ok]
+searched = f"{len(ok)} trials, {sum(r['seconds'] or 0 for r in ok):.0f} s" + (
+    f"; {len(failed)} failed, {sum(r['seconds'] or 0 for r in failed):.0f} s" if failed else "")
 lines = [f"| settings | test {main}: median of 3 seeds (min–max) |", "|---|---|",
          row("thesis", json.loads((out / "thesis" / "metrics.json").read_text())),
-         row(f"tuned ({sum(t['trials'].values())} trials, {t['trial_seconds']:.0f} s)", tuned),
+         row(f"tuned ({searched})", tuned),
          f"| tuned + 3-seed ensemble | {tuned['ensemble']['test'][main]:.4f} |",
          f"| best single layer ({best['pin_layer']}, on validation) | {best['spread']['test']['median']:.4f} "
          f"({best['spread']['test']['min']:.4f}–{best['spread']['test']['max']:.4f}) |"]
