@@ -13,7 +13,6 @@ come from the same predictions that the run reported. Writes OUT.json and OUT.md
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -22,12 +21,14 @@ from pathlib import Path
 
 from sklearn.metrics import matthews_corrcoef
 
+from adalayers import config
 from adalayers.serve import SideTasks
+from adalayers.tasks import load_task, read_lines
 
 
-def read_tsv(path: Path) -> list[list[str]]:
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+def sources(path: Path) -> list[str]:
+    """The first column (the sentence's source publication) of each non-blank line of a CoLA TSV."""
+    return [line.split("\t")[0] for line in read_lines(path) if line.strip()]
 
 
 def main(argv=None) -> int:
@@ -43,14 +44,17 @@ def main(argv=None) -> int:
     if any(len(p) != 2 or not p[0] or not p[1] for p in pairs):
         sys.exit("error: give each run as GROUP=RUN_DIR")
     glue = Path(args.data) / "glue" / "CoLA"
-    train_sources = {row[0] for row in read_tsv(glue / "train.tsv")}
-    dev = read_tsv(glue / "dev.tsv")  # source, label (1 = acceptable), original mark, sentence
-    labels = [int(row[1]) for row in dev]
-    in_domain = [row[0] in train_sources for row in dev]
+    dev = load_task(config.from_dict({"task": {"name": "cola", "data_dir": args.data}})).splits["test"]  # GLUE dev
+    dev_sources = sources(glue / "dev.tsv")
+    if len(dev_sources) != len(dev):
+        sys.exit(f"error: {glue / 'dev.tsv'}: {len(dev_sources)} lines but {len(dev)} test sentences")
+    train_sources = set(sources(glue / "train.tsv"))
+    labels = [int(e.label == "acceptable") for e in dev]
+    in_domain = [s in train_sources for s in dev_sources]
     names = [f"{g}#{i}" for i, (g, _) in enumerate(pairs)]
     tasks = SideTasks.load(args.base, [f"{n}={run}" for n, (_, run) in zip(names, pairs)])
     predicted = {n: [] for n in names}
-    texts = [row[3] for row in dev]
+    texts = [e.text for e in dev]
     for at in range(0, len(texts), args.batch):
         for r in tasks.predict(texts[at:at + args.batch], tasks=names):
             for n in names:
