@@ -37,7 +37,7 @@ for s in $steps; do
              --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set train.num_threads=4 \
              --out "runs/gpu/compare_imdb_finetune_$base" ;;   # full fine-tuning, the IMDB reference (3 epochs)
     psweep_imdb) step psweep_imdb bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb "${PROCS:-4}" \
-             --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 ;;  # every layer, 4 at once
+             --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set cache.enabled=false ;;  # 4 at once
     sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
              --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 "${layers[@]}" ;;
     *) echo "unknown step $s"; exit 2 ;;
