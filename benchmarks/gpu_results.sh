@@ -2,8 +2,9 @@
 # The long runs of the README's results table, for a machine with a CUDA GPU.
 #   bash benchmarks/gpu_results.sh OUT_DIR [TIME_BUDGET_S]
 # Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
-# sweep_imdb"; also "report_imdb", "finetune_imdb" and "psweep_imdb"), LAYERS (the sweeps' layers, e.g.
-# 7,8,9,10,11,12; default all), PROCS (psweep_imdb's processes, default 4). Needs the data in
+# sweep_imdb"; also "report_imdb", "finetune_imdb", "psweep_imdb" and "tuned_conll"), LAYERS (the sweeps' layers, e.g.
+# 7,8,9,10,11,12; default all), PROCS (psweep_imdb's processes, default 4; tuned_conll's sweep processes, default 7),
+# WORKERS (tuned_conll's search processes, default 5), SET (extra --set flags for tuned_conll). Needs the data in
 # $ADALAYERS_DATA and the base (package, or a copy in $ADALAYERS_CACHE/models/). Runs the steps in order
 # until the time budget is spent; the IMDB training stops between epochs (train.max_minutes) early enough
 # to leave 2 minutes for its test pass.
@@ -20,7 +21,7 @@ step() {  # step NAME COMMAND...: run with the time that is left, then pack what
   echo "== $name ($(left) s left)"; timeout "$(left)" "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee "$out/$name.log" | grep -E "^epoch +[0-9]+ +loss|settings|test|time limit|\|" | tail -40
   # sweep runs' heads and fine-tuned copies of the base are left out: they overrun what one returned file may hold (16 MiB)
   tar czf "$out/runs.tgz" --exclude='runs/gpu/*sweep_*/*/head.safetensors' --exclude='runs/gpu/compare_*/*/trainable.safetensors' \
-    runs/gpu benchmarks/results 2>/dev/null
+    --exclude='runs/gpu/tuned_*.safetensors' --exclude='runs/gpu/tuned_*resume.pt' runs/gpu benchmarks/results 2>/dev/null
 }
 minutes() { python3 -c "print(max(0.5, ($(left) - 120) / 60))"; }  # training time that leaves 2 min to test
 for s in $steps; do
@@ -38,6 +39,10 @@ for s in $steps; do
              --out "runs/gpu/compare_imdb_finetune_$base" ;;   # full fine-tuning, the IMDB reference (3 epochs)
     psweep_imdb) step psweep_imdb bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb "${PROCS:-4}" \
              --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set cache.enabled=false ;;  # 4 at once
+    # issue 21's CoNLL-2003 table (benchmarks/tuned_results.sh): a 40-trial search in WORKERS processes beside the
+    # 3-seed single-layer sweep in PROCS processes, then the tuned config's 3 seeds and their ensemble
+    tuned_conll) step tuned_conll env PROCS="${PROCS:-7}" WORKERS="${WORKERS:-5}" SET="--set model.base=$base ${SET:-}" \
+             bash benchmarks/tuned_results.sh configs/conll.yaml "runs/gpu/tuned_conll_$base" 40 ;;
     sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
              --set model.base="$base" --adalayers "runs/gpu/imdb_$base" --set train.max_epochs=3 "${layers[@]}" ;;
     *) echo "unknown step $s"; exit 2 ;;

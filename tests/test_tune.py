@@ -104,6 +104,23 @@ def test_tune_cli_and_another_config_in_the_same_folder(world, tmp_path, capsys)
     assert "holds a study of another config" in capsys.readouterr().err
 
 
+def test_workers_share_one_study_and_stop_at_the_count(world, tmp_path):
+    """Three processes on one study: five trials in all (not three each), each with its own settings and
+    run folder, and a second call with more trials continues the same study."""
+    out = tmp_path / "w"
+    cfg = _cfg(world, max_epochs=1, startup_trials=10)  # every trial a random start-up one
+    summary = search.tune(cfg, out, trials=5, workers=3)
+    rows = json.loads((out / "trials.json").read_text())
+    assert [r["number"] for r in rows] == [0, 1, 2, 3, 4] and summary["trials"] == {"complete": 5}
+    assert len({json.dumps(r["params"], sort_keys=True) for r in rows}) == 5  # the workers' samplers differ
+    assert all((out / r["run"] / "head.safetensors").is_file() for r in rows)
+    assert (out / "best" / "metrics.json").is_file()
+    search.tune(cfg, out, trials=6, workers=2)  # one more trial is wanted: one worker runs it, none overshoots
+    assert len(json.loads((out / "trials.json").read_text())) == 6
+    with pytest.raises(ConfigError, match="--workers: must be at least 1"):
+        search.tune(cfg, out, trials=6, workers=0)
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"model.max_length": [8, 16]}, "only mixer.*, head.* and train.*"),
     ({"mixer.nope": [1]}, "mixer has no field 'nope'"),

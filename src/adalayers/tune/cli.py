@@ -1,4 +1,4 @@
-"""`adalayers tune CONFIG --trials N [--timeout S] --out DIR`: registers the sub-command."""
+"""`adalayers tune CONFIG --trials N [--timeout S] [--workers W] --out DIR`: registers the sub-command."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,8 @@ def add_commands(sub) -> None:
     p.add_argument("--trials", type=int, required=True,
                    help="finished trials the study should hold (trials already in DIR/study.db count)")
     p.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes that run trials at once on the one study (each loads the base; default 1)")
     p.add_argument("--out", required=True, help="study folder: study.db, trials/, best/, best_config.yaml, "
                                                 "trials.md, tune.json, plots")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -25,7 +27,7 @@ def _cmd_tune(args) -> int:
 
     cfg = config.load(args.config, args.overrides)
     out = Path(args.out)
-    summary = tune(cfg, out, args.trials, args.timeout)
+    summary = tune(cfg, out, args.trials, args.timeout, args.workers)
     print((out / "trials.md").read_text(encoding="utf-8"))
     print(json.dumps({k: summary[k] for k in ("trials", "trial_seconds", "best", "best_validation", "best_test")},
                      indent=2))

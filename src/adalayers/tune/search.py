@@ -7,7 +7,8 @@ After every epoch the trial reports its validation metric and the median pruner 
 
 The study lives in DIR/study.db (SQLite): running the same command again continues it, counting
 the trials that finished (complete or pruned) towards N; a trial that was interrupted is run again
-with the same settings. The base is loaded and the data encoded once; the base's hidden states come
+with the same settings. `--workers W` runs W processes on the one study at once (on a GPU, or on a
+CPU with a core per worker); each asks for its next trial under a file lock, so the study ends with N. The base is loaded and the data encoded once; the base's hidden states come
 from the on-disk cache, so a trial costs only the head's epochs.
 
 At the end the best trial (highest validation metric) is copied to DIR/best/ and only it is scored
@@ -64,11 +65,8 @@ def _open_study(cfg, out: Path):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tc = cfg.tune
-    study = optuna.create_study(
-        study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}", load_if_exists=True, direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=tc.seed, n_startup_trials=tc.startup_trials),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=tc.startup_trials, n_warmup_steps=tc.warmup_epochs))
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}", load_if_exists=True,
+                                direction="maximize", sampler=_sampler(cfg), pruner=_pruner(cfg))
     identity = _identity(cfg)
     old = study.user_attrs.get("config")
     if old is None:
@@ -79,6 +77,20 @@ def _open_study(cfg, out: Path):
             raise AdaLayersError(f"{out / 'study.db'} holds a study of another config ({'; '.join(diffs)}); "
                                  f"use another --out or delete that folder")
     return study
+
+
+def _sampler(cfg, worker: int = 0):
+    """TPE; each worker process draws from its own seed, or they would all propose the same start-up trials."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=cfg.tune.seed + worker, n_startup_trials=cfg.tune.startup_trials)
+
+
+def _pruner(cfg):
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=cfg.tune.startup_trials,
+                                       n_warmup_steps=cfg.tune.warmup_epochs)
 
 
 def _recover(study) -> None:
@@ -106,59 +118,136 @@ def finished(study) -> list:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
 
 
-def tune(cfg, out: Path, trials: int, timeout: float | None = None) -> dict:
-    """Run the search until the study holds `trials` finished trials (or `timeout` seconds pass)."""
-    import optuna
+def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int = 1) -> dict:
+    """Run the search until the study holds `trials` finished trials (or `timeout` seconds pass).
 
+    With `workers` > 1, that many processes share the study (each loads the base and runs trials one after
+    the other); a lock around "count the trials, ask for the next" keeps the total at `trials` exactly.
+    """
     from adalayers import recipes
 
     if trials < 1:
         raise ConfigError(f"--trials: must be at least 1, got {trials}")
     if timeout is not None and timeout <= 0:
         raise ConfigError(f"--timeout: must be a positive number of seconds, got {timeout}")
+    if workers < 1:
+        raise ConfigError(f"--workers: must be at least 1, got {workers}")
     space_mod.build(cfg)  # a bad space fails before anything is loaded
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    deadline = None if timeout is None else time.time() + timeout
     with _exclusive(out):
-        backbone, data, encoded = prepared = recipes.prepare(cfg)  # sets head.kind from the data
-        params, fixed = space_mod.build(cfg)
+        prepared = recipes.prepare(cfg)  # sets head.kind from the data
         study = _open_study(cfg, out)
         _recover(study)
-        unseen = (backbone, data, {k: v for k, v in encoded.items() if k != "test"})  # trials never see test
-        epochs = cfg.tune.max_epochs or cfg.train.max_epochs
-        main = data.main_metric
-
-        def objective(trial) -> float:
-            values = {**fixed, **{p.name: p.suggest(trial) for p in params}, "train.max_epochs": epochs}
-            trial_cfg = space_mod.apply(cfg, values)
-            run_dir = out / "trials" / f"trial_{trial.number:03d}"
-            shutil.rmtree(run_dir, ignore_errors=True)  # the study, not the folder, says what is done
-            trial.set_user_attr("run", str(run_dir.relative_to(out)))
-            log.info("trial %d: %s", trial.number, trial.params)
-
-            def report(epoch: int, metric: float) -> None:
-                trial.report(metric, epoch)
-                if trial.should_prune():
-                    raise optuna.TrialPruned(f"validation {main} {metric:.4f} after epoch {epoch}")
-
-            try:
-                m = recipes.train(trial_cfg, run_dir, resume=False, prepared=unseen, on_epoch=report)
-            except KeyboardInterrupt:
-                trial.set_user_attr("interrupted", True)
-                raise
-            trial.set_user_attr("epochs", m["epochs"])
-            trial.set_user_attr("best_epoch", m["best_epoch"])
-            trial.set_user_attr("train_seconds", m["train_seconds"])
-            return m["validation"][main]
-
         remaining = trials - len(finished(study))
         if remaining > 0:
-            log.info("%s: %d finished trials, running %d more", out / "study.db", trials - remaining, remaining)
-            study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(ConfigError,),
-                           gc_after_trial=True)
+            log.info("%s: %d finished trials, running %d more in %d process(es)", out / "study.db",
+                     trials - remaining, remaining, min(workers, remaining))
+            if workers == 1:
+                _search(study, cfg, out, trials, deadline, prepared)
+            else:
+                _spawn(cfg, out, trials, deadline, min(workers, remaining))
         summary = write_results(study, cfg, out, prepared, time.perf_counter() - t0)
     return summary
+
+
+def _spawn(cfg, out: Path, trials: int, deadline: float | None, workers: int) -> None:
+    """Run `workers` processes of `_worker` on the study and wait for all of them."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fork would copy a started CUDA context or thread pool
+    procs = [ctx.Process(target=_worker, args=(cfg, out, trials, deadline, i, logging.getLogger().level),
+                         name=f"tune-worker-{i}") for i in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too: each marks its trial interrupted
+        for p in procs:
+            p.join()
+        raise
+    bad = [f"{p.name} exited with {p.exitcode}" for p in procs if p.exitcode]
+    if bad:
+        raise AdaLayersError(f"{'; '.join(bad)} (its log says why); the finished trials are kept in "
+                             f"{out / 'study.db'}: run the command again to continue")
+
+
+def _worker(cfg, out: Path, trials: int, deadline: float | None, index: int, level: int) -> None:
+    """One search process: loads the base and the data itself and runs trials until the study is full."""
+    import optuna
+
+    from adalayers import recipes
+
+    logging.basicConfig(level=level, format="%(processName)s %(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    prepared = recipes.prepare(cfg)
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}",
+                              sampler=_sampler(cfg, index), pruner=_pruner(cfg))
+    _search(study, cfg, out, trials, deadline, prepared)
+
+
+@contextlib.contextmanager
+def _asking(out: Path):
+    with open(out / ".ask.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _search(study, cfg, out: Path, trials: int, deadline: float | None, prepared) -> None:
+    """Ask for trials, train them and tell the study, until it holds `trials` trials that finished or
+    are running (in any process), or the deadline has passed."""
+    import gc
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from adalayers import recipes
+
+    backbone, data, encoded = prepared
+    unseen = (backbone, data, {k: v for k, v in encoded.items() if k != "test"})  # trials never see test
+    epochs = cfg.tune.max_epochs or cfg.train.max_epochs
+    params, fixed = space_mod.build(cfg)
+    main = data.main_metric
+    while deadline is None or time.time() < deadline:
+        with _asking(out):
+            taken = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                               TrialState.RUNNING))
+            if len(taken) >= trials:
+                return
+            trial = study.ask()
+        values = {**fixed, **{p.name: p.suggest(trial) for p in params}, "train.max_epochs": epochs}
+        run_dir = out / "trials" / f"trial_{trial.number:03d}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # the study, not the folder, says what is done
+        trial.set_user_attr("run", str(run_dir.relative_to(out)))
+        log.info("trial %d: %s", trial.number, trial.params)
+
+        def report(epoch: int, metric: float) -> None:
+            trial.report(metric, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"validation {main} {metric:.4f} after epoch {epoch}")
+
+        try:
+            m = recipes.train(space_mod.apply(cfg, values), run_dir, resume=False, prepared=unseen,
+                              on_epoch=report)
+        except optuna.TrialPruned as e:
+            log.info("trial %d pruned: %s", trial.number, e)
+            study.tell(trial, state=TrialState.PRUNED)
+        except ConfigError as e:  # settings the space allows but the model refuses: that trial fails
+            log.warning("trial %d failed: %s", trial.number, e)
+            study.tell(trial, state=TrialState.FAIL)
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                trial.set_user_attr("interrupted", True)  # run again with the same settings next time
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            for key in ("epochs", "best_epoch", "train_seconds"):
+                trial.set_user_attr(key, m[key])
+            study.tell(trial, m["validation"][main])
+        gc.collect()
 
 
 def _best_trial(study):
