@@ -2,12 +2,11 @@
 import json
 
 import pytest
+from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
 from adalayers import cli, config, recipes
 from adalayers.errors import ConfigError
 from adalayers.tune import search, space
-
-from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -224,7 +224,7 @@ def _search(study, cfg, out: Path, trials: int, deadline: float | None, prepared
         trial.set_user_attr("run", str(run_dir.relative_to(out)))
         log.info("trial %d: %s", trial.number, trial.params)
 
-        def report(epoch: int, metric: float) -> None:
+        def report(epoch: int, metric: float, trial=trial) -> None:
             trial.report(metric, epoch)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"validation {main} {metric:.4f} after epoch {epoch}")
