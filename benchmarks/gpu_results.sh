@@ -40,7 +40,10 @@ for s in $steps; do
     psweep_imdb) step psweep_imdb bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb "${PROCS:-4}" \
              --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set cache.enabled=false ;;  # 4 at once
     # issue 21's CoNLL-2003 table (benchmarks/tuned_results.sh): a 40-trial search in WORKERS processes beside the
-    # 3-seed single-layer sweep in PROCS processes, then the tuned config's 3 seeds and their ensemble
+    # 3-seed single-layer sweep in PROCS processes, then the tuned config's 3 seeds and their ensemble. Size the lease
+    # for it: on an H200 a cached CoNLL epoch of one process took 13 s, of each of 4 processes 36 s, of each of 13
+    # processes about 65 s (small kernels from many processes share the GPU by time slices); the whole step needs
+    # on the order of an hour of GPU time, not a 15-minute lease
     tuned_conll) step tuned_conll env PROCS="${PROCS:-7}" WORKERS="${WORKERS:-5}" SET="--set model.base=$base ${SET:-}" \
              bash benchmarks/tuned_results.sh configs/conll.yaml "runs/gpu/tuned_conll_$base" 40 ;;
     sweep_imdb) step sweep_imdb python3 -m adalayers.cli sweep-layers configs/imdb.yaml --out runs/gpu/sweep_imdb \
