@@ -158,7 +158,8 @@ def _spawn(cfg, out: Path, trials: int, deadline: float | None, workers: int) ->
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # a fork would copy a started CUDA context or thread pool
-    procs = [ctx.Process(target=_worker, args=(cfg, out, trials, deadline, i, logging.getLogger().level),
+    level = logging.getLogger("adalayers").getEffectiveLevel()
+    procs = [ctx.Process(target=_worker, args=(cfg, out, trials, deadline, i, level),
                          name=f"tune-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()
@@ -179,9 +180,11 @@ def _worker(cfg, out: Path, trials: int, deadline: float | None, index: int, lev
     """One search process: loads the base and the data itself and runs trials until the study is full."""
     import optuna
 
-    from adalayers import recipes
+    from adalayers import progress, recipes
+    from adalayers.engine.progress import setup_logging
 
-    logging.basicConfig(level=level, format="%(processName)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(level)  # as the CLI does: messages one line each, bars as lines in a log file
+    progress.configure()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prepared = recipes.prepare(cfg)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}",
