@@ -39,28 +39,4 @@ else
   seeds "$OUT/tune/best_config.yaml" "$OUT/tuned" --ensemble         # tuned, and their ensemble
   adalayers sweep-layers "$CONFIG" --out "$OUT/sweep" --seeds 3 $COMMON   # best single layer on validation
 fi
-python - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-def row(name, m, split="test"):
-    s = m["spread"][split][main]
-    return f"| {name} | {s['median']:.4f} ({s['min']:.4f}–{s['max']:.4f}) |"
-tuned = json.loads((out / "tuned" / "metrics.json").read_text())
-main = tuned["main_metric"]
-sweep = json.loads((out / "sweep" / "sweep.json").read_text())
-best = next(e for e in sweep["layers"] if e["pin_layer"] == sweep["best_layer"])
-trials = json.loads((out / "tune" / "trials.json").read_text())
-ok = [r for r in trials if r["state"] in ("complete", "pruned")]
-failed = [r for r in trials if r not in ok]
-searched = f"{len(ok)} trials, {sum(r['seconds'] or 0 for r in ok):.0f} s" + (
-    f"; {len(failed)} failed, {sum(r['seconds'] or 0 for r in failed):.0f} s" if failed else "")
-lines = [f"| settings | test {main}: median of 3 seeds (min–max) |", "|---|---|",
-         row("thesis", json.loads((out / "sweep" / "adalayers" / "metrics.json").read_text())),
-         row(f"tuned ({searched})", tuned),
-         f"| tuned + 3-seed ensemble | {tuned['ensemble']['test'][main]:.4f} |",
-         f"| best single layer ({best['pin_layer']}, on validation) | {best['spread']['test']['median']:.4f} "
-         f"({best['spread']['test']['min']:.4f}–{best['spread']['test']['max']:.4f}) |"]
-(out / "results.md").write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+python3 "$here/tuned_table.py" "$OUT"
