@@ -5,7 +5,7 @@ import pytest
 from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
 from adalayers import cli, config, recipes
-from adalayers.errors import ConfigError
+from adalayers.errors import AdaLayersError, ConfigError
 from adalayers.tune import search, space
 
 
@@ -118,6 +118,21 @@ def test_workers_share_one_study_and_stop_at_the_count(world, tmp_path):
     assert len(json.loads((out / "trials.json").read_text())) == 6
     with pytest.raises(ConfigError, match="--workers: must be at least 1"):
         search.tune(cfg, out, trials=6, workers=0)
+
+
+def test_settings_the_model_refuses_fail_their_trials_and_end_the_call(world, tmp_path, monkeypatch):
+    """A trial whose settings the model refuses (ConfigError) fails and counts as an attempt: the call ends
+    after `trials` attempts instead of asking forever, and says that no trial finished."""
+    calls = []
+
+    def refuse(cfg, run_dir, **kw):
+        calls.append(run_dir.name)
+        raise ConfigError("head.num_heads: must divide mixer.k")
+
+    monkeypatch.setattr(recipes, "train", refuse)
+    with pytest.raises(AdaLayersError, match="no trial finished yet"):
+        search.tune(_cfg(world), tmp_path / "r", trials=2)
+    assert calls == ["trial_000", "trial_001"]
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -8,8 +8,9 @@ After every epoch the trial reports its validation metric and the median pruner 
 The study lives in DIR/study.db (SQLite): running the same command again continues it, counting
 the trials that finished (complete or pruned) towards N; a trial that was interrupted is run again
 with the same settings. `--workers W` runs W processes on the one study at once (on a GPU, or on a
-CPU with a core per worker); each asks for its next trial under a file lock, so the study ends with N. The base is loaded and the data encoded once; the base's hidden states come
-from the on-disk cache, so a trial costs only the head's epochs.
+CPU with a core per worker); each asks for its next trial under a file lock, so the study ends with N.
+The base is loaded and the data encoded once per process; the base's hidden states come from the
+on-disk cache, so a trial costs only the head's epochs.
 
 At the end the best trial (highest validation metric) is copied to DIR/best/ and only it is scored
 on the test split, once. Written: best_config.yaml (the config that reproduces the best trial),
@@ -145,21 +146,22 @@ def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int
         if remaining > 0:
             log.info("%s: %d finished trials, running %d more in %d process(es)", out / "study.db",
                      trials - remaining, remaining, min(workers, remaining))
+            first = len(study.get_trials(deepcopy=False))  # trials from here on are this call's
             if workers == 1:
-                _search(study, cfg, out, trials, deadline, prepared)
+                _search(study, cfg, out, trials, first, deadline, prepared)
             else:
-                _spawn(cfg, out, trials, deadline, min(workers, remaining))
+                _spawn(cfg, out, trials, first, deadline, min(workers, remaining))
         summary = write_results(study, cfg, out, prepared, time.perf_counter() - t0)
     return summary
 
 
-def _spawn(cfg, out: Path, trials: int, deadline: float | None, workers: int) -> None:
+def _spawn(cfg, out: Path, trials: int, first: int, deadline: float | None, workers: int) -> None:
     """Run `workers` processes of `_worker` on the study and wait for all of them."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # a fork would copy a started CUDA context or thread pool
     level = logging.getLogger("adalayers").getEffectiveLevel()
-    procs = [ctx.Process(target=_worker, args=(cfg, out, trials, deadline, i, level),
+    procs = [ctx.Process(target=_worker, args=(cfg, out, trials, first, deadline, i, level),
                          name=f"tune-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()
@@ -176,7 +178,7 @@ def _spawn(cfg, out: Path, trials: int, deadline: float | None, workers: int) ->
                              f"{out / 'study.db'}: run the command again to continue")
 
 
-def _worker(cfg, out: Path, trials: int, deadline: float | None, index: int, level: int) -> None:
+def _worker(cfg, out: Path, trials: int, first: int, deadline: float | None, index: int, level: int) -> None:
     """One search process: loads the base and the data itself and runs trials until the study is full."""
     import optuna
 
@@ -189,7 +191,7 @@ def _worker(cfg, out: Path, trials: int, deadline: float | None, index: int, lev
     prepared = recipes.prepare(cfg)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}",
                               sampler=_sampler(cfg, index), pruner=_pruner(cfg))
-    _search(study, cfg, out, trials, deadline, prepared)
+    _search(study, cfg, out, trials, first, deadline, prepared)
 
 
 @contextlib.contextmanager
@@ -199,9 +201,13 @@ def _asking(out: Path):
         yield
 
 
-def _search(study, cfg, out: Path, trials: int, deadline: float | None, prepared) -> None:
+_TAKEN = ("COMPLETE", "PRUNED", "RUNNING")
+
+
+def _search(study, cfg, out: Path, trials: int, first: int, deadline: float | None, prepared) -> None:
     """Ask for trials, train them and tell the study, until it holds `trials` trials that finished or
-    are running (in any process), or the deadline has passed."""
+    are running (in any process), or the deadline has passed. A trial of this call (number >= `first`)
+    that failed counts too, as an attempt: settings the model refuses end the call, not loop forever."""
     import gc
 
     import optuna
@@ -216,8 +222,8 @@ def _search(study, cfg, out: Path, trials: int, deadline: float | None, prepared
     main = data.main_metric
     while deadline is None or time.time() < deadline:
         with _asking(out):
-            taken = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                               TrialState.RUNNING))
+            taken = [t for t in study.get_trials(deepcopy=False) if t.state.name in _TAKEN or (
+                t.state == TrialState.FAIL and t.number >= first and not t.user_attrs.get("interrupted"))]
             if len(taken) >= trials:
                 return
             trial = study.ask()
