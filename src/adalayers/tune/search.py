@@ -25,6 +25,7 @@ import fcntl
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -122,8 +123,9 @@ def finished(study) -> list:
 def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int = 1) -> dict:
     """Run the search until the study holds `trials` finished trials (or `timeout` seconds pass).
 
-    With `workers` > 1, that many processes share the study (each loads the base and runs trials one after
-    the other); a lock around "count the trials, ask for the next" keeps the total at `trials` exactly.
+    With `workers` > 1, that many processes share the study: this one and workers - 1 started beside it (each
+    loads the base and runs trials one after the other); a lock around "count the trials, ask for the next"
+    keeps the total at `trials` exactly.
     """
     from adalayers import recipes
 
@@ -147,31 +149,36 @@ def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int
             log.info("%s: %d finished trials, running %d more in %d process(es)", out / "study.db",
                      trials - remaining, remaining, min(workers, remaining))
             first = len(study.get_trials(deepcopy=False))  # trials from here on are this call's
-            if workers == 1:
+            procs = _start_workers(cfg, out, trials, first, deadline, min(workers, remaining) - 1)
+            try:  # this process is worker 0, with the base it loaded already
                 _search(study, cfg, out, trials, first, deadline, prepared)
-            else:
-                _spawn(cfg, out, trials, first, deadline, min(workers, remaining))
+            except BaseException:
+                for p in procs:  # Ctrl-C reached them too; anything else stops them (their trials are retried)
+                    if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                        p.terminate()
+                    p.join()
+                raise
+            _join_workers(procs, out)
         summary = write_results(study, cfg, out, prepared, time.perf_counter() - t0)
     return summary
 
 
-def _spawn(cfg, out: Path, trials: int, first: int, deadline: float | None, workers: int) -> None:
-    """Run `workers` processes of `_worker` on the study and wait for all of them."""
+def _start_workers(cfg, out: Path, trials: int, first: int, deadline: float | None, count: int) -> list:
+    """Start `count` more processes of `_worker` on the study (workers 1..count; this process is worker 0)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # a fork would copy a started CUDA context or thread pool
     level = logging.getLogger("adalayers").getEffectiveLevel()
     procs = [ctx.Process(target=_worker, args=(cfg, out, trials, first, deadline, i, level),
-                         name=f"tune-worker-{i}") for i in range(workers)]
+                         name=f"tune-worker-{i}") for i in range(1, count + 1)]
     for p in procs:
         p.start()
-    try:
-        for p in procs:
-            p.join()
-    except KeyboardInterrupt:  # Ctrl-C reaches the workers too: each marks its trial interrupted
-        for p in procs:
-            p.join()
-        raise
+    return procs
+
+
+def _join_workers(procs: list, out: Path) -> None:
+    for p in procs:
+        p.join()
     bad = [f"{p.name} exited with {p.exitcode}" for p in procs if p.exitcode]
     if bad:
         raise AdaLayersError(f"{'; '.join(bad)} (its log says why); the finished trials are kept in "
