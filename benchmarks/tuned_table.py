@@ -3,8 +3,9 @@
     python benchmarks/tuned_table.py OUT
 
 Rows: the thesis settings (OUT/sweep/adalayers), the tuned settings and their 3-seed ensemble (OUT/tuned, with
-the search's trial count and time from OUT/tune), the best single layer chosen on validation (OUT/sweep). A row
-whose runs are missing says so instead of a number.
+the search's trial count and time from OUT/tune), the best single layer chosen on validation (OUT/sweep; when the
+sweep left layers out, the row names the layers it chose among). A row whose runs are missing says so instead
+of a number.
 """
 import json
 import sys
@@ -40,7 +41,10 @@ def main(out: Path) -> str:
                                                   missing.format("tuned/ensemble")) + " |")
     if sweep:
         best = next(e for e in sweep["layers"] if e["pin_layer"] == sweep["best_layer"])
-        rows.append(f"| best single layer ({best['pin_layer']}, on validation) | {spread(best['spread']['test'])} |")
+        swept = [e["pin_layer"] for e in sweep["layers"]]
+        among = "" if len(swept) == sweep["num_layers"] else f" of layers {', '.join(map(str, swept))}"
+        rows.append(f"| best single layer ({best['pin_layer']}{among}, on validation) | "
+                    f"{spread(best['spread']['test'])} |")
     else:
         rows.append("| best single layer (on validation) | " + missing.format("sweep/sweep.json") + " |")
     table = "\n".join(rows) + "\n"
