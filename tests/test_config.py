@@ -77,6 +77,24 @@ def test_differences_read_a_stored_config_with_this_versions_defaults():
     assert config.differences(old, new) == ["train.lr: 0.02 there, 0.01 now", "tune.seed: 5 there, 0 now"]
 
 
+def test_differences_compare_data_paths_as_places(tmp_path, monkeypatch):
+    """A run trained with --set task.data_dir=/abs/data is the same as one with the config's ../data."""
+    from adalayers import config
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "project").mkdir()
+    monkeypatch.chdir(tmp_path / "project")
+    here = config.from_dict({"task": {"data_dir": "../data", "train": "../data/a.csv"}}).to_dict()
+    there = config.from_dict({"task": {"data_dir": str(tmp_path / "data"),
+                                       "train": str(tmp_path / "data" / "a.csv")}}).to_dict()
+    assert config.differences(there, here) == []
+    elsewhere = config.from_dict({"task": {"data_dir": str(tmp_path / "other"),
+                                           "train": str(tmp_path / "data" / "b.csv")}}).to_dict()
+    assert config.differences(elsewhere, here) == [
+        f"task.data_dir: {str(tmp_path / 'other')!r} there, '../data' now",
+        f"task.train: {str(tmp_path / 'data' / 'b.csv')!r} there, '../data/a.csv' now"]
+
+
 @pytest.mark.parametrize("values, message", [
     ({"max_batch": 0}, "--max-batch: must be at least 1, got 0"),
     ({"read_timeout_s": 0}, "--read-timeout: must be more than 0, got 0"),

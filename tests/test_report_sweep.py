@@ -91,6 +91,7 @@ def test_sweep_pins_each_layer_and_resumes(world, tmp_path, monkeypatch):
     assert _is_png(out / "sweep.png")
     table = (out / "sweep.md").read_text(encoding="utf-8")
     assert table.count("| layer ") == 2 and "**AdaLayers**" in table
+    assert "Only layers 0, 2 were swept" in table  # the best single layer is the best of those two
     assert json.loads((out / "sweep.json").read_text()) == r
 
     # a second sweep reuses the finished runs and only trains the new layer
@@ -100,6 +101,7 @@ def test_sweep_pins_each_layer_and_resumes(world, tmp_path, monkeypatch):
     assert cli.main(["sweep-layers", "x.yaml", "--out", str(out), "--layers", "0,1,2"]) == 2  # no such config
     r2 = sweep.run_sweep(cfg, out, layers="0,1,2")
     assert trained == ["layer_1"] and [e["pin_layer"] for e in r2["layers"]] == [0, 1, 2]
+    assert "were swept" not in (out / "sweep.md").read_text(encoding="utf-8")  # every layer of the base
     assert r2["layers"][0]["test"] == r["layers"][0]["test"]
 
     # changed settings must not be mixed with the finished runs

@@ -402,13 +402,26 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
+_PATHS = {("task", "data_dir"), ("task", "train"), ("task", "validation"), ("task", "test")}
+
+
+def _same(section: str, key: str, a, b) -> bool:
+    if a == b:
+        return True
+    if (section, key) in _PATHS and isinstance(a, str) and isinstance(b, str):
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()  # one place, spelled twice
+    return False
+
+
 def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None = None) -> list[str]:
     """The settings two config dicts disagree on, as 'section.field: OLD there, NEW now'.
 
     `old` is a stored config (a run's resume state, a finished run, a tuning study) possibly written
     by an older version: it is read through from_dict first, so a field added since holds its default
     and is no difference. `ignore` maps a section to the fields left out of the comparison (None: the
-    whole section). A stored config this version cannot read is compared as it is.
+    whole section). A stored config this version cannot read is compared as it is. Paths to the data
+    (task.data_dir, task.train, ...) are compared as the places they name from the current folder, so
+    `../shared/data` and `/work/shared/data` are the same folder when run from /work/main.
     """
     ignore = ignore or {}
     try:
@@ -430,7 +443,7 @@ def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None 
                 diffs.append(f"{section}: {a!r} there, {b!r} now")
             continue
         for key in sorted(set(a) | set(b)):
-            if key not in left_out and a.get(key) != b.get(key):
+            if key not in left_out and not _same(section, key, a.get(key), b.get(key)):
                 diffs.append(f"{section}.{key}: {a.get(key, '(absent)')!r} there, {b.get(key, '(absent)')!r} now")
     return diffs
 
