@@ -127,6 +127,19 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
                         layers="1", adalayers_run=ada)
 
 
+def test_sweep_takes_a_folder_of_seeds_as_its_adalayers_run(world, tmp_path):
+    """`sweep-layers --seeds 2 --adalayers DIR` where DIR is from `train --seeds 2`: medians with min-max."""
+    from adalayers import seeds
+
+    model, data = world
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
+    summary = seeds.train_seeds(cfg, tmp_path / "ada", 2)
+    r = sweep.run_sweep(cfg, tmp_path / "sweep", layers="1", adalayers_run=tmp_path / "ada", seeds=2)
+    assert r["adalayers"]["differences"] == [] and r["adalayers"]["test_main"] == summary["test"]["accuracy"]
+    assert r["adalayers"]["spread"]["test"]["values"] == summary["spread"]["test"]["accuracy"]["values"]
+    assert "**AdaLayers**" in (tmp_path / "sweep" / "sweep.md").read_text(encoding="utf-8")
+
+
 def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkeypatch, capsys):
     """--no-table parts train only their layers; the last call over every layer reuses them and adds AdaLayers."""
     model, data = world

@@ -130,16 +130,19 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
     if adalayers_run is not None:
         ada_dir = Path(adalayers_run)
-        if not read_metrics(ada_dir):
+        ada_metrics = read_metrics(ada_dir)
+        if not ada_metrics:
             raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
-        meta = runlib.read_config(ada_dir)
+        # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
+        seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
+        meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
         diffs = _differences(meta["config"], ada_cfg.to_dict())
         data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
         if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
             raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
         for d in diffs:
             print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
-        ada = {"metrics": read_metrics(ada_dir), "meta": meta, "differences": diffs}
+        ada = {"metrics": ada_metrics, "meta": meta, "differences": diffs}
     else:
         ada_dir = out / "adalayers"
         ada = _train_seeds(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data, seeds)
@@ -259,7 +262,8 @@ def add_commands(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one config field (repeatable)")
     p.add_argument("--layers", help="comma-separated layers to sweep, e.g. 0,3,6 (default: all)")
-    p.add_argument("--adalayers", metavar="RUN_DIR", help="reuse this finished AdaLayers run instead of training one")
+    p.add_argument("--adalayers", metavar="RUN_DIR",
+                   help="reuse this finished AdaLayers run (or `train --seeds N` folder) instead of training one")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="train every layer (and AdaLayers) with N seeds; tables show medians and min-max")
     p.add_argument("--no-table", action="store_true",
