@@ -7,7 +7,8 @@ Reads benchmarks/results/sweep_<task>_<base>/sweep.json (AdaLayers and the singl
 for every task found (a name with a tag, e.g. minilm-l6_subset, reads what `TAG=_subset
 benchmarks/llm_tables.sh` left), and writes benchmarks/results/llm_table.md: the test metric of AdaLayers, of the
 single layer chosen on validation, of the last layer, and of the linear probes (layer chosen on
-validation), with AdaLayers' trainable parameters, training time and the layers it weighs most.
+validation), with AdaLayers' trainable parameters, training time and the layers it weighs most. A sweep
+trained with several seeds (SEEDS=N) shows medians with min–max (the training time: the median seed's).
 """
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ TASKS = ("cola", "conll2003", "imdb")
 
 def _n(x) -> str:
     return "–" if x is None else f"{x:.3f}"
+
+
+def _metric(e: dict) -> str:
+    """An entry's test metric; with seeds, their median (min–max)."""
+    s = (e.get("spread") or {}).get("test")
+    return f"{_n(s['median'])} ({_n(s['min'])}–{_n(s['max'])})" if s else _n(e["test_main"])
 
 
 def row(task: str, base: str) -> str | None:
@@ -38,9 +45,9 @@ def row(task: str, base: str) -> str | None:
     top = sorted(range(len(weights)), key=lambda i: -weights[i])[:3]
     cells = [
         task, base, f"{s['metric']} (n={s['test_examples']:,}, train {s['train_examples']:,})",
-        f"**{_n(ada['test_main'])}**",
-        f"{_n(best['test_main'])} (layer {s['best_layer']} of {swept})" if best else "–",
-        f"{_n(last['test_main'])} (layer {s['last_layer']})" if last else "–",
+        f"**{_metric(ada)}**",
+        f"{_metric(best)} (layer {s['best_layer']} of {swept})" if best else "–",
+        f"{_metric(last)} (layer {s['last_layer']})" if last else "–",
         f"{_n(p['best_mean']['test'])} (layer {p['best_mean']['layer']})" if p else "–",
         f"{_n(p['best_last']['test'])} (layer {p['best_last']['layer']})" if p else "–",
         _n(p["concat"]["test"]) if p else "–",

@@ -3,9 +3,12 @@
 #
 #   BASE=gemma3-270m OUT=runs/llm THREADS=1 bash benchmarks/llm_tables.sh [cola] [conll] [imdb]
 #   BASE=minilm-l6 TAG=_subset CONLL_LAYERS=3,6 IMDB_LAYERS=3,6 bash benchmarks/llm_tables.sh conll imdb
+#   SEEDS=3 TAG=_seeds3 bash benchmarks/llm_tables.sh cola        # every run with 3 seeds: medians, min-max
 #
 # TAG (default empty) is appended to every run and result name (<task>_<BASE><TAG>): an encoder run on
 # the decoder's subsets then sits beside, not over, that encoder's full-data results.
+# SEEDS (default 1) trains AdaLayers and every pinned layer with that many seeds (train/sweep-layers --seeds);
+# give it a TAG of its own, since a folder of single runs is not reused as one of seeds.
 #
 # For each task: the AdaLayers run (configs/<task>.yaml on BASE), `adalayers sweep-layers` on the layers in
 # <TASK>_LAYERS (the same head pinned to one layer; the last state is the final norm's output), and for
@@ -24,13 +27,14 @@ BASE=${BASE:-gemma3-270m}
 OUT=${OUT:-runs/llm}
 TAG=${TAG:-}
 THREADS=${THREADS:-1}
+SEEDS=${SEEDS:-1}
 COLA_LAYERS=${COLA_LAYERS:-9,12,18}
 CONLL_LAYERS=${CONLL_LAYERS:-9,18}
 IMDB_LAYERS=${IMDB_LAYERS:-9,18}
 CONLL_TRAIN=${CONLL_TRAIN:-3000}; CONLL_EVAL=${CONLL_EVAL:-1000}; CONLL_EPOCHS=${CONLL_EPOCHS:-20}
 IMDB_TRAIN=${IMDB_TRAIN:-1000}; IMDB_EVAL=${IMDB_EVAL:-500}; IMDB_LEN=${IMDB_LEN:-128}
 TASKS=("$@"); [ ${#TASKS[@]} -gt 0 ] || TASKS=(cola conll imdb)
-echo "settings: BASE=$BASE TAG=$TAG OUT=$OUT THREADS=$THREADS COLA_LAYERS=$COLA_LAYERS CONLL_LAYERS=$CONLL_LAYERS" \
+echo "settings: BASE=$BASE TAG=$TAG OUT=$OUT THREADS=$THREADS SEEDS=$SEEDS COLA_LAYERS=$COLA_LAYERS CONLL_LAYERS=$CONLL_LAYERS" \
      "IMDB_LAYERS=$IMDB_LAYERS CONLL_TRAIN=$CONLL_TRAIN CONLL_EVAL=$CONLL_EVAL CONLL_EPOCHS=$CONLL_EPOCHS" \
      "IMDB_TRAIN=$IMDB_TRAIN IMDB_EVAL=$IMDB_EVAL IMDB_LEN=$IMDB_LEN tasks=${TASKS[*]}"
 
@@ -40,10 +44,14 @@ run_task() {  # task config layers probes? extra --set...
   for s in "$@"; do sets+=(--set "$s"); done
   local name="$BASE$TAG"
   local run="$OUT/${task}_$name"
-  if [ ! -f "$run/metrics.json" ]; then
-    adalayers train "$config" "${sets[@]}" --out "$run" --overwrite
+  if [ "$SEEDS" -gt 1 ]; then  # AdaLayers' seeds train in the sweep's folder (adalayers/seed_<s>), and resume there
+    adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --seeds "$SEEDS" --out "$OUT/sweep_${task}_$name"
+  else
+    if [ ! -f "$run/metrics.json" ]; then
+      adalayers train "$config" "${sets[@]}" --out "$run" --overwrite
+    fi
+    adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --adalayers "$run" --out "$OUT/sweep_${task}_$name"
   fi
-  adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --adalayers "$run" --out "$OUT/sweep_${task}_$name"
   mkdir -p "benchmarks/results/sweep_${task}_$name"
   cp "$OUT/sweep_${task}_$name"/sweep.{json,md,png} "benchmarks/results/sweep_${task}_$name/"
   if [ "$probes" = yes ]; then
