@@ -421,7 +421,7 @@ def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None 
     and is no difference. `ignore` maps a section to the fields left out of the comparison (None: the
     whole section). A stored config this version cannot read is compared as it is. Paths to the data
     (task.data_dir, task.train, ...) are compared as the places they name from the current folder, so
-    `../shared/data` and `/work/shared/data` are the same folder when run from /work/main.
+    `../data` and the same folder's absolute path are no difference.
     """
     ignore = ignore or {}
     try:
