@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from adalayers.seeds import cell
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TASKS = ("cola", "conll2003", "imdb")
 
@@ -26,8 +28,7 @@ def _n(x) -> str:
 
 def _metric(e: dict) -> str:
     """An entry's test metric; with seeds, their median (min–max)."""
-    s = (e.get("spread") or {}).get("test")
-    return f"{_n(s['median'])} ({_n(s['min'])}–{_n(s['max'])})" if s else _n(e["test_main"])
+    return cell((e.get("spread") or {}).get("test"), "{:.3f}") or _n(e["test_main"])
 
 
 def row(task: str, base: str) -> str | None:

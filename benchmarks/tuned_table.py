@@ -11,13 +11,11 @@ import json
 import sys
 from pathlib import Path
 
+from adalayers.seeds import cell
+
 
 def load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def spread(s: dict) -> str:
-    return f"{s['median']:.4f} ({s['min']:.4f}–{s['max']:.4f})"
 
 
 def main(out: Path) -> str:
@@ -26,7 +24,7 @@ def main(out: Path) -> str:
     main_metric = next((m["main_metric"] for m in (tuned, thesis) if m and "main_metric" in m), "metric")
     missing = "not run (no {})"
     rows = [f"| settings | test {main_metric}: median of 3 seeds (min–max) |", "|---|---|"]
-    rows.append("| thesis | " + (spread(thesis["spread"]["test"][main_metric]) if thesis
+    rows.append("| thesis | " + (cell(thesis["spread"]["test"][main_metric]) if thesis
                                  else missing.format("sweep/adalayers/metrics.json")) + " |")
     searched = "search not run"
     if trials:
@@ -34,7 +32,7 @@ def main(out: Path) -> str:
         failed = [r for r in trials if r not in ok]
         searched = f"{len(ok)} trials, {sum(r['seconds'] or 0 for r in ok):.0f} s" + (
             f"; {len(failed)} failed, {sum(r['seconds'] or 0 for r in failed):.0f} s" if failed else "")
-    rows.append(f"| tuned ({searched}) | " + (spread(tuned["spread"]["test"][main_metric]) if tuned
+    rows.append(f"| tuned ({searched}) | " + (cell(tuned["spread"]["test"][main_metric]) if tuned
                                               else missing.format("tuned/metrics.json")) + " |")
     rows.append("| tuned + 3-seed ensemble | " + (f"{tuned['ensemble']['test'][main_metric]:.4f}"
                                                   if tuned and "ensemble" in tuned else
@@ -44,7 +42,7 @@ def main(out: Path) -> str:
         swept = [e["pin_layer"] for e in sweep["layers"]]
         among = "" if len(swept) == sweep["num_layers"] else f" of layers {', '.join(map(str, swept))}"
         rows.append(f"| best single layer ({best['pin_layer']}{among}, on validation) | "
-                    f"{spread(best['spread']['test'])} |")
+                    f"{cell(best['spread']['test'])} |")
     else:
         rows.append("| best single layer (on validation) | " + missing.format("sweep/sweep.json") + " |")
     table = "\n".join(rows) + "\n"
