@@ -1,28 +1,51 @@
 #!/usr/bin/env bash
 # A single-layer sweep split over PROCS processes at once, for a GPU large enough to hold several runs
-# (IMDB on mpnet-base: 4 processes and AdaLayers on one H200). Layers go round-robin to the processes
-# (sweep-layers --no-table), AdaLayers trains beside them with the same settings, and a last sweep-layers
-# over every layer reuses all the runs and writes sweep.json / sweep.md / sweep.png.
+# (IMDB on mpnet-base: 4 processes and AdaLayers on one H200). The units of work are the runs themselves: each
+# AdaLayers seed and each (layer, seed), dealt round-robin to the processes, AdaLayers first; each process trains
+# its units one after the other with `adalayers train` into the folder where sweep-layers looks for them
+# (OUT_DIR/adalayers/, OUT_DIR/layer_<i>/, with --seeds N: .../seed_<s>/). A unit whose folder already holds a
+# finished run is skipped. A last sweep-layers call reuses every run (it checks their settings) and writes
+# sweep.json / sweep.md / sweep.png; a unit that failed is trained there.
 #   bash benchmarks/parallel_sweep.sh CONFIG OUT_DIR PROCS [--seeds N] [--set SECTION.FIELD=VALUE ...]
 #   bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb 4 --set model.base=mpnet-base --set train.max_epochs=3
-# Each process's log: OUT_DIR/part_<i>.log and OUT_DIR/adalayers.log. THREADS (default 2): torch threads each.
+#   LAYERS=3 bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/seeds_imdb 6 --seeds 3   # 6 runs at once
+# Environment: THREADS (default 2): torch threads per process; LAYERS (default all): the layers to sweep, e.g. 3,6.
+# Each process's log: OUT_DIR/part_<i>.log.
 set -euo pipefail
 config=${1:?config}; dir=${2:?output folder}; procs=${3:?processes}; shift 3
-sets=("$@" --set "train.num_threads=${THREADS:-2}")
+seeds=1; sets=()
+while (( $# )); do
+  case $1 in
+    --seeds) seeds=${2:?--seeds N}; shift 2 ;;
+    *) sets+=("$1"); shift ;;
+  esac
+done
+sets+=(--set "train.num_threads=${THREADS:-2}")
 mkdir -p "$dir"
 trap 'kill 0' INT TERM   # a timeout or Ctrl-C stops every part
-layers=$(python3 -c "import sys; from adalayers import config as c; from adalayers.backbone import Backbone
+read -r layers seed0 < <(python3 -c "import sys; from adalayers import config as c; from adalayers.backbone import Backbone
 args = sys.argv[2:]
 cfg = c.load(sys.argv[1], [v for a, v in zip(args, args[1:]) if a == '--set'])
-print(Backbone.load(cfg.model.base, cfg.model.states, 'cpu').num_layers)" "$config" "${sets[@]}")
-echo "[psweep] $config: layers 0..$((layers - 1)) in $procs processes, AdaLayers beside them -> $dir"
+print(Backbone.load(cfg.model.base, cfg.model.states, 'cpu').num_layers, cfg.train.seed)" "$config" "${sets[@]}")
+wanted=${LAYERS:-$(seq -s, 0 $((layers - 1)))}
+units=()   # "ENTRY SEED", AdaLayers first
+for entry in adalayers ${wanted//,/ }; do
+  for ((s = seed0; s < seed0 + seeds; s++)); do units+=("$entry $s"); done
+done
+unit() {  # unit ENTRY SEED: train one run unless its folder holds a finished one
+  local entry=$1 s=$2 out pin=()
+  if [[ $entry == adalayers ]]; then out=$dir/adalayers; else out=$dir/layer_$entry; pin=(--set "mixer.pin_layer=$entry"); fi
+  (( seeds > 1 )) && out=$out/seed_$s
+  if [[ -f $out/metrics.json ]]; then echo "[psweep] $out is finished"; return; fi
+  python3 -m adalayers.cli train "$config" "${sets[@]}" "${pin[@]}" --set "train.seed=$s" --out "$out" --overwrite
+}
+echo "[psweep] $config: AdaLayers and layers $wanted (of 0..$((layers - 1))), $seeds seed(s) each:" \
+     "${#units[@]} runs in $procs processes -> $dir"
 pids=()
-python3 -m adalayers.cli train "$config" "${sets[@]}" --out "$dir/adalayers" > "$dir/adalayers.log" 2>&1 & pids+=($!)
-for ((p = 0; p < procs && p < layers; p++)); do
-  python3 -m adalayers.cli sweep-layers "$config" "${sets[@]}" --out "$dir" --no-table \
-    --layers "$(seq -s, "$p" "$procs" $((layers - 1)))" > "$dir/part_$p.log" 2>&1 & pids+=($!)
+for ((p = 0; p < procs && p < ${#units[@]}; p++)); do
+  (for ((u = p; u < ${#units[@]}; u += procs)); do unit ${units[u]}; done) > "$dir/part_$p.log" 2>&1 & pids+=($!)
 done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-(( failed == 0 )) || echo "[psweep] a part failed (see $dir/*.log); the last call below trains what is missing"
-python3 -m adalayers.cli sweep-layers "$config" "${sets[@]}" --out "$dir"
+(( failed == 0 )) || echo "[psweep] a part failed (see $dir/part_*.log); the last call below trains what is missing"
+python3 -m adalayers.cli sweep-layers "$config" "${sets[@]}" --out "$dir" --layers "$wanted" --seeds "$seeds"

@@ -193,8 +193,10 @@ def _table(r: dict) -> str:
              f"max_length {r['max_length']}, {r['train_examples']:,} training examples, "
              f"{r['test_examples']:,} test examples. Params = trainable parameters the head uses."
              + ("" if len(r["layers"]) == r["num_layers"] else
-                f" Only layers {', '.join(str(e['pin_layer']) for e in r['layers'])} were swept (--layers): the best "
-                f"single layer is the best of these.")
+                (f" Only layer {r['layers'][0]['pin_layer']} was swept (--layers): it stands for the best single "
+                 f"layer." if len(r["layers"]) == 1 else
+                 f" Only layers {', '.join(str(e['pin_layer']) for e in r['layers'])} were swept (--layers): the best "
+                 f"single layer is the best of these."))
              + (f" Every run trained with {r['seeds']} seeds: medians, min–max in brackets (other columns: "
                 f"medians)." if r.get("seeds", 1) > 1 else ""), "",
              f"| run | validation {main} | test {main} | " + " | ".join(f"test {k}" for k in extra)
