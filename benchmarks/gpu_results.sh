@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_results.sh OUT_DIR [TIME_BUDGET_S]
 # Environment: BASE (default minilm-l6; or mpnet-base), STEPS (default "imdb conll sweep_conll
 # sweep_imdb"; also "report_imdb", "finetune_imdb", "psweep_imdb", "seeds_imdb" and "tuned_conll"), LAYERS (the sweeps'
-# layers, e.g. 7,8,9,10,11,12; default all; seeds_imdb's default 3), PROCS (psweep_imdb's processes, default 4;
+# layers, e.g. 7,8,9,10,11,12; default all; seeds_imdb's default 3,6), PROCS (psweep_imdb's processes, default 4;
 # seeds_imdb's, default 6; tuned_conll's sweep processes, default 7),
 # WORKERS (tuned_conll's search processes, default 5), SET (extra --set flags for tuned_conll). Needs the data in
 # $ADALAYERS_DATA and the base (package, or a copy in $ADALAYERS_CACHE/models/). Runs the steps in order
@@ -40,10 +40,10 @@ for s in $steps; do
              --out "runs/gpu/compare_imdb_finetune_$base" ;;   # full fine-tuning, the IMDB reference (3 epochs)
     psweep_imdb) step psweep_imdb bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb "${PROCS:-4}" \
              --set model.base="$base" --set train.max_epochs=3 --set train.eval_batch_size=256 --set cache.enabled=false ;;  # 4 at once
-    # 3 seeds of AdaLayers and of the single layers in LAYERS (default 3, the best on validation in the 1-seed sweep),
-    # every run its own process when PROCS allows (6: AdaLayers and layer 3, 3 seeds each), the same 10 epochs for
-    # all; train.max_minutes stops each run early enough to leave 2 minutes for the test passes and the table
-    seeds_imdb) step seeds_imdb env LAYERS="${LAYERS:-3}" THREADS=1 bash benchmarks/parallel_sweep.sh configs/imdb.yaml \
+    # 3 seeds of AdaLayers and of the single layers in LAYERS (default 3,6: the best on validation in the 1-seed
+    # sweep, and the last), PROCS runs at a time (default 6), AdaLayers first, all with the same 10 epochs;
+    # train.max_minutes stops each run early enough to leave 2 minutes for the test passes and the table
+    seeds_imdb) step seeds_imdb env LAYERS="${LAYERS:-3,6}" THREADS=1 bash benchmarks/parallel_sweep.sh configs/imdb.yaml \
              "runs/gpu/seeds_imdb_$base" "${PROCS:-6}" --seeds 3 --set model.base="$base" --set train.max_minutes="$(minutes)" \
              --set train.eval_batch_size=256 --set cache.enabled=false ;;
     # issue 21's CoNLL-2003 table (benchmarks/tuned_results.sh): a 40-trial search in WORKERS processes beside the

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A single-layer sweep split over PROCS processes at once, for a GPU large enough to hold several runs
 # (IMDB on mpnet-base: 4 processes and AdaLayers on one H200). The units of work are the runs themselves: each
-# AdaLayers seed and each (layer, seed), dealt round-robin to the processes, AdaLayers first; each process trains
-# its units one after the other with `adalayers train` into the folder where sweep-layers looks for them
+# AdaLayers seed and each (layer, seed), in a queue, AdaLayers first, then the layers in the order LAYERS gives;
+# PROCS of them train at a time, each with `adalayers train` into the folder where sweep-layers looks for it
 # (OUT_DIR/adalayers/, OUT_DIR/layer_<i>/, with --seeds N: .../seed_<s>/). A unit whose folder already holds a
 # finished run is skipped. A last sweep-layers call reuses every run (it checks their settings) and writes
 # sweep.json / sweep.md / sweep.png; a unit that failed is trained there.
@@ -10,7 +10,7 @@
 #   bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/psweep_imdb 4 --set model.base=mpnet-base --set train.max_epochs=3
 #   LAYERS=3 bash benchmarks/parallel_sweep.sh configs/imdb.yaml runs/gpu/seeds_imdb 6 --seeds 3   # 6 runs at once
 # Environment: THREADS (default 2): torch threads per process; LAYERS (default all): the layers to sweep, e.g. 3,6.
-# Each process's log: OUT_DIR/part_<i>.log.
+# Each run's log: OUT_DIR/adalayers_seed_<s>.log, OUT_DIR/layer_<i>_seed_<s>.log.
 set -euo pipefail
 config=${1:?config}; dir=${2:?output folder}; procs=${3:?processes}; shift 3
 seeds=1; sets=()
@@ -27,7 +27,7 @@ read -r layers seed0 < <(python3 -c "import sys; from adalayers import config as
 args = sys.argv[2:]
 cfg = c.load(sys.argv[1], [v for a, v in zip(args, args[1:]) if a == '--set'])
 print(Backbone.load(cfg.model.base, cfg.model.states, 'cpu').num_layers, cfg.train.seed)" "$config" "${sets[@]}")
-wanted=${LAYERS:-$(seq -s, 0 $((layers - 1)))}
+wanted=${LAYERS:-$(seq -s, 0 $((layers - 1)))}   # in this order: the runs of the first layers start first
 units=()   # "ENTRY SEED", AdaLayers first
 for entry in adalayers ${wanted//,/ }; do
   for ((s = seed0; s < seed0 + seeds; s++)); do units+=("$entry $s"); done
@@ -40,12 +40,13 @@ unit() {  # unit ENTRY SEED: train one run unless its folder holds a finished on
   python3 -m adalayers.cli train "$config" "${sets[@]}" "${pin[@]}" --set "train.seed=$s" --out "$out" --overwrite
 }
 echo "[psweep] $config: AdaLayers and layers $wanted (of 0..$((layers - 1))), $seeds seed(s) each:" \
-     "${#units[@]} runs in $procs processes -> $dir"
-pids=()
-for ((p = 0; p < procs && p < ${#units[@]}; p++)); do
-  (for ((u = p; u < ${#units[@]}; u += procs)); do unit ${units[u]}; done) > "$dir/part_$p.log" 2>&1 & pids+=($!)
+     "${#units[@]} runs, $procs at a time -> $dir"
+running=0 failed=0
+for u in "${units[@]}"; do   # a queue: the next run starts as soon as one of the running ones ends
+  if (( running >= procs )); then wait -n || failed=1; running=$((running - 1)); fi
+  read -r entry s <<< "$u"; log=$dir/$([[ $entry == adalayers ]] || echo layer_)${entry}_seed_$s.log
+  unit "$entry" "$s" > "$log" 2>&1 & running=$((running + 1))
 done
-failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-(( failed == 0 )) || echo "[psweep] a part failed (see $dir/part_*.log); the last call below trains what is missing"
+while (( running > 0 )); do wait -n || failed=1; running=$((running - 1)); done
+(( failed == 0 )) || echo "[psweep] a run failed (see $dir/*_seed_*.log); the last call below trains what is missing"
 python3 -m adalayers.cli sweep-layers "$config" "${sets[@]}" --out "$dir" --layers "$wanted" --seeds "$seeds"
