@@ -132,6 +132,14 @@ def test_aggregate_keeps_nested_metrics_in_the_spread():
     assert a["epochs"] == 3 and a["train_seconds_total"] == 30.0
 
 
+def test_two_seeds_keep_counts_whole_and_average_the_rest():
+    ms = [{"test": {"acc": a}, "trainable_params": 41353, "epochs": e, "train_seconds": t}
+          for a, e, t in ((0.5, 3, 10.0), (0.6, 4, 12.0))]
+    a = seeds.aggregate(ms, [0, 1])
+    assert a["trainable_params"] == 41353 and isinstance(a["trainable_params"], int)  # not 41353.0 in a table
+    assert a["epochs"] == 3.5 and a["train_seconds"] == 11.0 and abs(a["test"]["acc"] - 0.55) < 1e-12
+
+
 def test_sweep_with_seeds_reports_medians_and_ranges(world, tmp_path):
     from adalayers import sweep
 

@@ -35,7 +35,10 @@ def numbers(d: dict, prefix: str = "") -> dict[str, float]:
 
 
 def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": list(values)}
+    median = statistics.median(values)
+    if all(isinstance(v, int) for v in values) and median == int(median):
+        median = int(median)  # an even number of seeds: the mean of two equal counts stays a count (41,353, not 41,353.0)
+    return {"median": median, "min": min(values), "max": max(values), "values": list(values)}
 
 
 def aggregate(metrics: list[dict], seeds: list[int]) -> dict:
