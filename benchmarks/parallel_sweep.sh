@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-layer sweep split over PROCS processes at once, for a GPU large enough to hold several runs
+# A single-layer sweep split over PROCS processes at once, for a GPU large enough to hold several runs or a CPU's cores
 # (IMDB on mpnet-base: 4 processes and AdaLayers on one H200). The units of work are the runs themselves: each
 # AdaLayers seed and each (layer, seed), in a queue, AdaLayers first, then the layers in the order LAYERS gives;
 # PROCS of them train at a time, each with `adalayers train` into the folder where sweep-layers looks for it

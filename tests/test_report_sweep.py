@@ -103,6 +103,8 @@ def test_sweep_pins_each_layer_and_resumes(world, tmp_path, monkeypatch):
     assert trained == ["layer_1"] and [e["pin_layer"] for e in r2["layers"]] == [0, 1, 2]
     assert "were swept" not in (out / "sweep.md").read_text(encoding="utf-8")  # every layer of the base
     assert r2["layers"][0]["test"] == r["layers"][0]["test"]
+    one = {**r2, "layers": r2["layers"][2:], "best_layer": 2, "best_layer_on_test": 2}
+    assert "Only layer 2 was swept" in sweep._table(one)  # a sweep of one layer says so
 
     # changed settings must not be mixed with the finished runs
     other = tiny_config(model, data, "imdb", train={"max_epochs": 1, "lr": 1e-2})
