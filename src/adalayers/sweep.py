@@ -187,16 +187,19 @@ def _table(r: dict) -> str:
                   f"{e['params_used']:,}" if e["params_used"] is not None else ""]
         return "| " + " | ".join(cells) + " |"
 
+    swept = [e["pin_layer"] for e in r["layers"]]
+    if len(swept) == r["num_layers"]:
+        partial = ""
+    elif len(swept) == 1:
+        partial = f" Only layer {swept[0]} was swept (--layers): it stands for the best single layer."
+    else:
+        partial = (f" Only layers {', '.join(map(str, swept))} were swept (--layers): the best single layer is the "
+                   f"best of these.")
     lines = [f"# Single-layer sweep: {r['task']} on {r['base']}", "",
              f"The same head trained on one layer of the frozen base at a time (layer 0 = embedding output), "
              f"next to AdaLayers, which learns a weighting of all {r['num_layers']} layers. "
              f"max_length {r['max_length']}, {r['train_examples']:,} training examples, "
-             f"{r['test_examples']:,} test examples. Params = trainable parameters the head uses."
-             + ("" if len(r["layers"]) == r["num_layers"] else
-                (f" Only layer {r['layers'][0]['pin_layer']} was swept (--layers): it stands for the best single "
-                 f"layer." if len(r["layers"]) == 1 else
-                 f" Only layers {', '.join(str(e['pin_layer']) for e in r['layers'])} were swept (--layers): the best "
-                 f"single layer is the best of these."))
+             f"{r['test_examples']:,} test examples. Params = trainable parameters the head uses." + partial
              + (f" Every run trained with {r['seeds']} seeds: medians, min–max in brackets (other columns: "
                 f"medians)." if r.get("seeds", 1) > 1 else ""), "",
              f"| run | validation {main} | test {main} | " + " | ".join(f"test {k}" for k in extra)
