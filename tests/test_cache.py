@@ -122,6 +122,27 @@ def test_round_trip_equals_live_hidden_states(setup, shard_mb):
     assert (len(entry.layout.shards) > 1) == (shard_mb < 1)
 
 
+
+class PackedRecorder(Recorder):
+    packed_ok = True  # takes the real tokens' rows (N, d), like a SideTask
+
+
+@pytest.mark.parametrize("shard_mb", [256.0, 0.002])
+def test_packed_read_gives_the_padded_reads_real_tokens(setup, shard_mb):
+    """The packed read (one shard, or a batch spread over several) is exactly the padded read at the real tokens."""
+    cfg, data, encoded = setup(f"cache.shard_mb={shard_mb}")
+    source = cached_source(cfg, setup.backbone, data, encoded)
+    gen = torch.Generator().manual_seed(2)
+    for batch in batches(encoded["train"], 5, 0, shuffle=True, generator=gen):
+        packed, padded = PackedRecorder([0, 2]), Recorder([0, 2])
+        source.run(batch, [packed])
+        source.run(batch, [padded])
+        mask = batch["attention_mask"].bool()
+        for (i, zp), (j, zd) in zip(packed.seen, padded.seen):
+            assert i == j and zp.shape == (int(mask.sum()), zd.shape[-1]) and zp.dtype == torch.float32
+            assert torch.equal(zp, zd[mask])
+    assert (len(source.entry("train").layout.shards) > 1) == (shard_mb < 1)
+
 def test_same_config_hits_and_changed_max_length_or_data_file_misses(setup, monkeypatch, tmp_path):
     built = _count_builds(monkeypatch)
     cfg, data, encoded = setup()

