@@ -80,10 +80,11 @@ class AdaLayersMixer(nn.Module):
         """
         if w[i].item() == 0:  # cut off or pinned out: contributes nothing, gets no gradient
             return acc
-        f = nnf.layer_norm(self.project(i, z) if projected is None else projected, (self.k,))
-        if self.cfg.projection_dropout:
-            f = self.dropout(f)
-        term = w[i] * f
+        # w_i * LayerNorm(.) in one kernel: w_i as the norm's (otherwise absent) scale, broadcast over k
+        term = nnf.layer_norm(self.project(i, z) if projected is None else projected, (self.k,),
+                              weight=w[i].expand(self.k))
+        if self.cfg.projection_dropout:  # dropout(w_i f_i) = w_i dropout(f_i): the same draws, the same values
+            term = self.dropout(term)
         return term if acc is None else acc + term
 
     def finish(self, acc: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
