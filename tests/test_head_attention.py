@@ -53,15 +53,20 @@ def test_token_head_feed_forward_on_real_tokens_matches_the_padded_encoder():
 
 
 @pytest.mark.parametrize("padding", ["right", "left", "holes"])
-def test_attention_in_length_groups_equals_one_padded_call(padding, monkeypatch):
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.3])
+def test_attention_in_length_groups_equals_one_padded_call(padding, attention_dropout, monkeypatch):
     """A training token head attends in groups of rows of similar length (attend_packed); values and
     gradients equal the one padded call that eval mode makes, whatever the padding: right, left (a
-    decoder's), a mask with holes, and a row without any real token."""
+    decoder's), a mask with holes, and a row without any real token. With attention dropout (its
+    mask taken out) the groups take the written-out formula instead of the fused kernel: the same."""
     from adalayers import heads
 
     monkeypatch.setattr(heads, "ATTENTION_GROUP", 3)
+    if attention_dropout:
+        monkeypatch.setattr(heads, "dropout", lambda x, p: x)
     torch.manual_seed(0)
-    head = heads.TokenHead(16, 5, HeadConfig(num_heads=4, encoder_layers=2, dim_feedforward=24, dropout=0.0))
+    head = heads.TokenHead(16, 5, HeadConfig(num_heads=4, encoder_layers=2, dim_feedforward=24, dropout=0.0,
+                                             attention_dropout=attention_dropout))
     B, T = 11, 13
     lengths = torch.tensor([13, 1, 7, 0, 4, 9, 2, 13, 5, 6, 3])
     cols = torch.arange(T)[None, :]

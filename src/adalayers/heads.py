@@ -28,24 +28,27 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Ten
 
 def attend(attn: nn.MultiheadAttention, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Projected (B, T, 3k) queries, keys and values -> (B, T, k) attention output before out_proj:
-
-        softmax(q k^T / sqrt(k / heads), padding keys masked) v      per head, dropout on the weights
-
-    In eval mode one scaled_dot_product_attention call. Training with attention dropout on a CPU, the
-    same formula written out, so the dropout mask is adalayers.dropout's cheap one: torch's own
-    attention dropout draws a Mersenne-twister number per weight, which cost more than the attention.
-    """
+    each head's attention (below), padding keys masked, the heads' outputs side by side."""
     h, k = attn.num_heads, qkv.shape[-1] // 3  # B and T are never read as numbers: an exported graph keeps them dynamic
     q, kk, v = (t.unflatten(-1, (h, k // h)).transpose(1, 2) for t in qkv.chunk(3, -1))
-    keys = mask.bool()[:, None, None, :]
-    p = attn.dropout if attn.training else 0.0
-    if p and qkv.device.type == "cpu":
-        scores = (q * (k // h) ** -0.5) @ kk.transpose(-2, -1)
-        weights = scores.masked_fill(~keys, torch.finfo(scores.dtype).min).softmax(-1)
-        out = dropout(weights, p) @ v
-    else:
-        out = nnf.scaled_dot_product_attention(q, kk, v, attn_mask=keys, dropout_p=p)
+    out = attention(q, kk, v, mask.bool()[:, None, None, :], attn.dropout if attn.training else 0.0)
     return out.transpose(1, 2).flatten(-2)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), keys masked) v, dropout p on the weights; q, k, v (..., T, d), `keys` a
+    bool mask broadcastable to (..., T, T) (False: not a key).
+
+    Without dropout, or off the CPU, one scaled_dot_product_attention call. Training with attention
+    dropout on a CPU, the same formula written out, so the dropout mask is adalayers.dropout's cheap
+    one: torch's own attention dropout draws a Mersenne-twister number per weight, which cost more than
+    the attention.
+    """
+    if p and q.device.type == "cpu":
+        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        weights = scores.masked_fill(~keys, torch.finfo(scores.dtype).min).softmax(-1)
+        return dropout(weights, p) @ v
+    return nnf.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=p)
 
 
 def unpack(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -83,18 +86,26 @@ def attend_packed(attn: nn.MultiheadAttention, qkv: torch.Tensor, keep: torch.Te
     groups=None: one call on the batch spread to (B, T, 3k). groups = length_groups(keep, G): the rows
     sorted by length and attended G at a time, each group padded only to its own longest row.
     Attention never mixes rows, so the values are the same; the work on padding is not: the score
-    tensors are (G, heads, T_g, T_g) instead of (B, heads, T, T), and a shuffled batch's rows differ
-    widely in length.
+    tensors are (heads, G, T_g, T_g) instead of (B, heads, T, T), and a shuffled batch's rows differ
+    widely in length. The tokens are laid out heads first, (3, heads, N + 1, d) with row N zeros for
+    a group's padding, so that one gather gives a group's q, k and v ready for the matrix products,
+    and one index_copy puts every group's outputs back (padding onto row N, which is dropped).
     """
     if groups is None:
         return attend(attn, unpack(qkv, keep), keep)[keep]
-    n = qkv.shape[0]
-    rows_of = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])])  # row n: zeros, for a group's padding
-    outs = [attend(attn, rows_of[idx], real)[real] for idx, real in groups]
-    where = [idx[real] for idx, real in groups]
-    out = torch.cat(outs) if outs else qkv.new_zeros(0, qkv.shape[1] // 3)
-    where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=qkv.device)
-    return out.new_zeros(n, out.shape[1]).index_copy(0, where, out)
+    n, h = qkv.shape[0], attn.num_heads
+    d = qkv.shape[1] // 3 // h
+    by_head = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])]).view(n + 1, 3, h, d).permute(1, 2, 0, 3).contiguous()
+    p = attn.dropout if attn.training else 0.0
+    outs, where = [], []
+    for idx, real in groups:
+        q, k, v = by_head[:, :, idx].unbind(0)  # (heads, G, T_g, d) each
+        outs.append(attention(q, k, v, real[None, :, None, :], p).flatten(1, 2))  # (heads, G * T_g, d)
+        where.append(idx.flatten())
+    if not outs:
+        return qkv.new_zeros(n, h * d)
+    out = qkv.new_zeros(h, n + 1, d).index_copy(1, torch.cat(where), torch.cat(outs, 1))
+    return out[:, :n].transpose(0, 1).flatten(1)
 
 
 def attention_dropout(cfg: HeadConfig) -> float:
