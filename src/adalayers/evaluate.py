@@ -20,14 +20,19 @@ def model_outputs(model, split: EncodedSplit, batch_size: int, pad_id: int, auto
                    len(split.rows), probabilities_or_values(model.kind), autocast)
 
 
+def first_subtokens(row: dict):
+    """Token tasks: (position, word) of each word's first sub-token in an encoded row."""
+    seen = set()
+    for pos, w in enumerate(row["word_ids"]):
+        if w is not None and w not in seen:
+            seen.add(w)
+            yield pos, w
+
+
 def word_outputs(split: EncodedSplit, outs: list):
     """Token tasks: (example, word, probabilities) for every word, read at its first sub-token."""
     for row, probs in zip(split.rows, outs):
-        seen = set()
-        for pos, w in enumerate(row["word_ids"]):
-            if w is None or w in seen:
-                continue
-            seen.add(w)
+        for pos, w in first_subtokens(row):
             yield row["example"], row["word_start"] + w, probs[pos]
 
 
@@ -40,8 +45,10 @@ def example_predictions(task, split: EncodedSplit, outs: list, examples: list[Ex
     outside = task.labels.index("O") if "O" in task.labels else 0
     # a word with no sub-token at all (possible for odd characters) keeps "O"
     tags = [[task.labels[outside]] * len(e.words) for e in examples]
-    for i, w, probs in word_outputs(split, outs):
-        tags[i][w] = task.labels[int(probs.argmax())]
+    for row, probs in zip(split.rows, outs):
+        best = probs.argmax(-1).tolist()  # one call per row, not one per word
+        for pos, w in first_subtokens(row):
+            tags[row["example"]][row["word_start"] + w] = task.labels[best[pos]]
     return tags
 
 
