@@ -1,0 +1,162 @@
+"""A cached training step and a validation pass on a config's real batches, for one or several source trees side by side.
+
+    PYTHONPATH=src python benchmarks/cached_step.py --config benchmarks/results/tune_conll_minilm/best_config.yaml
+    git worktree add /tmp/before c9ae293      # the code before a change, to time both in one run
+    PYTHONPATH=src python benchmarks/cached_step.py --config benchmarks/results/tune_conll_minilm/best_config.yaml \\
+        --tree /tmp/before --tree . --repeats 3 --out benchmarks/results/cached_step_conll_tuned
+
+Each measurement is a fresh process that imports adalayers from <tree>/src. It opens the config's
+hidden-state cache (building an entry that is missing, untimed), initialises a head (seed 0), and
+trains it on --steps batches of a seeded epoch after --warmup untimed ones, each step as the training
+engine takes it: the forward pass from the cache, the loss, backward, gradient-norm clipping, the
+AdamW step. Then it scores the validation split twice and keeps the second pass (the first maps and
+checksums the split's cache files). Only a cached step is timed here: the live base's pass is what
+benchmarks/cache_speedup.py compares it with. The trees take turns, --repeats times in a rotating
+order, so that a shared machine's drift hits them alike; a tree's speed-up is the median over repeats
+of the first tree's time / its own in the same repeat. Writes <out>.json and <out>.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
+    """One tree, in this process: median and mean ms per cached training step, seconds per validation pass."""
+    import torch
+
+    from adalayers import config, recipes
+    from adalayers.engine.loop import FitSettings, adamw
+    from adalayers.evaluate import evaluate_split
+    from adalayers.sidetask import SideTask
+    from adalayers.states import Fed
+    from adalayers.train import SplitFeed
+
+    cfg = config.load(cfg_path, ["cache.enabled=true", *overrides])
+    backbone, data, encoded = recipes.prepare(cfg)
+    torch.manual_seed(cfg.train.seed)
+    task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels, bos=backbone.adds_bos)
+    source = recipes.make_source(cfg, backbone, data, encoded)
+    if not hasattr(source, "entry"):
+        raise SystemExit(f"{cfg_path}: the hidden-state cache is not in use (too large or not writable): nothing to time")
+    for split in ("train", "validation"):
+        source.entry(split)  # built here when missing, outside the timing
+    pad_id = backbone.tokenizer.pad_token_id or 0
+    feed = SplitFeed(encoded["train"], cfg.train.batch_size, pad_id, None)
+    fed = Fed(task, source)
+    params = list(fed.trainable_parameters())
+    opt = adamw([{"params": params}], FitSettings.of(cfg.train), backbone.device)
+    fed.train()
+    times = []
+    for i, batch in enumerate(feed.epoch(1, torch.Generator().manual_seed(cfg.train.seed))):
+        if i == warmup + steps:
+            break
+        t0 = time.perf_counter()
+        loss = fed.loss(fed(batch), batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+        opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    passes = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        evaluate_split(task, source, encoded["validation"], data.splits["validation"], cfg.train.eval_batch_size,
+                       pad_id)
+        passes.append(time.perf_counter() - t0)
+    return {"step_ms_median": round(statistics.median(times) * 1e3, 2), "step_ms_mean": round(statistics.mean(times) * 1e3, 2),
+            "steps": len(times), "steps_per_epoch": feed.steps, "validation_s": round(passes[1], 3),
+            "torch": torch.__version__}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="benchmarks/results/tune_conll_minilm/best_config.yaml")
+    ap.add_argument("--tree", action="append", default=[], metavar="DIR",
+                    help="a source tree (its src/ is imported); repeat to compare; default: this repository")
+    ap.add_argument("--steps", type=int, default=200, help="timed training steps per measurement")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--out", default="benchmarks/results/cached_step")
+    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one tree, in this process
+    args = ap.parse_args(argv)
+    overrides = [f"train.num_threads={args.threads}", *args.overrides]
+    if args.measure:
+        print(json.dumps(measure(args.config, overrides, args.steps, args.warmup)))
+        return 0
+
+    trees = [Path(t).resolve() for t in args.tree] or [ROOT]
+    for t in trees:
+        if not (t / "src" / "adalayers").is_dir():
+            raise SystemExit(f"--tree {t}: no src/adalayers there")
+    labels = [_describe(t) for t in trees]
+    settings = {"config": args.config, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,
+                "repeats": args.repeats, "trees": labels, "machine": platform.machine(),
+                "note": "each tree in its own process, in a rotating order per repeat"}
+    print("settings:", json.dumps(settings), flush=True)
+    runs: list[list[dict]] = [[] for _ in trees]
+    for r in range(args.repeats):
+        order = list(range(len(trees)))
+        order = order[r % len(order):] + order[: r % len(order)]
+        for j in order:
+            env = {**os.environ, "PYTHONPATH": str(trees[j] / "src")}
+            cmd = [sys.executable, __file__, "--measure", "--config", args.config, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--threads", str(args.threads),
+                   *[a for o in args.overrides for a in ("--set", o)]]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{labels[j]}: the measurement failed:\n{done.stderr[-2000:]}")
+            runs[j].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"repeat {r + 1}, {labels[j]}: {runs[j][-1]}", flush=True)
+
+    rows = []
+    for j, label in enumerate(labels):
+        step = [m["step_ms_median"] for m in runs[j]]
+        val = [m["validation_s"] for m in runs[j]]
+        rows.append({"tree": label, "step_ms": step, "validation_s": val,
+                     "step_speedup_vs_first": statistics.median(a["step_ms_median"] / b["step_ms_median"]
+                                                                for a, b in zip(runs[0], runs[j])),
+                     "validation_speedup_vs_first": statistics.median(a["validation_s"] / b["validation_s"]
+                                                                      for a, b in zip(runs[0], runs[j]))})
+    steps_per_epoch = runs[0][0]["steps_per_epoch"]
+    md = [f"# A cached training step ({steps_per_epoch} steps an epoch) and a validation pass", "",
+          f"Settings: `{json.dumps(settings)}`", "",
+          "| tree | ms per step (median of the steps, per repeat) | validation pass, s (per repeat) | step speed-up vs the first | validation speed-up |",
+          "|---|---|---|---:|---:|"]
+    md += [f"| {r['tree']} | {', '.join(f'{x:.1f}' for x in r['step_ms'])} | {', '.join(f'{x:.2f}' for x in r['validation_s'])} "
+           f"| {r['step_speedup_vs_first']:.2f}x | {r['validation_speedup_vs_first']:.2f}x |" for r in rows]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"settings": settings, "results": rows, "runs": runs}, indent=2) + "\n")
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+def _describe(tree: Path) -> str:
+    """The tree's commit (and whether its src/ has changes on top of it), else its path."""
+    try:
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return f"{commit}{' + changes' if dirty else ''}"
+    except (OSError, subprocess.CalledProcessError):
+        return str(tree)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
