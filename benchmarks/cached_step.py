@@ -8,9 +8,9 @@
 Each measurement is a fresh process that imports adalayers from <tree>/src. It opens the config's
 hidden-state cache (building an entry that is missing, untimed), initialises a head (seed 0), and
 trains it on --steps batches of a seeded epoch after --warmup untimed ones, each step as the training
-engine takes it: the forward pass from the cache, the loss, backward, gradient-norm clipping, the
-AdamW step. Then it scores the validation split twice and keeps the second pass (the first maps and
-checksums the split's cache files). Only a cached step is timed here: the live base's pass is what
+engine takes it: the forward pass from the cache under train.precision, the loss, backward,
+gradient-norm clipping, the AdamW step. Then it scores the validation split twice and keeps the
+second pass (the first maps and checksums the split's cache files). Only a cached step is timed here: the live base's pass is what
 benchmarks/cache_speedup.py compares it with. The trees take turns, --repeats times in a rotating
 order, so that a shared machine's drift hits them alike; a tree's speed-up is the median over repeats
 of the first tree's time / its own in the same repeat. Writes <out>.json and <out>.md.
@@ -32,11 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
     """One tree, in this process: median and mean ms per cached training step, seconds per validation pass."""
+    import contextlib
+
     import torch
 
     from adalayers import config, recipes
     from adalayers.engine.loop import FitSettings, adamw
     from adalayers.evaluate import evaluate_split
+    from adalayers.precision import autocast_for
     from adalayers.sidetask import SideTask
     from adalayers.states import Fed
     from adalayers.train import SplitFeed
@@ -55,13 +58,15 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     fed = Fed(task, source)
     params = list(fed.trainable_parameters())
     opt = adamw([{"params": params}], FitSettings.of(cfg.train), backbone.device)
+    autocast = autocast_for(cfg.train.precision, backbone.device)  # as the engine: train.precision's autocast, if any
     fed.train()
     times = []
     for i, batch in enumerate(feed.epoch(1, torch.Generator().manual_seed(cfg.train.seed))):
         if i == warmup + steps:
             break
         t0 = time.perf_counter()
-        loss = fed.loss(fed(batch), batch)
+        with autocast() if autocast else contextlib.nullcontext():
+            loss = fed.loss(fed(batch), batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.grad_clip:
@@ -73,7 +78,7 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     for _ in range(2):
         t0 = time.perf_counter()
         evaluate_split(task, source, encoded["validation"], data.splits["validation"], cfg.train.eval_batch_size,
-                       pad_id)
+                       pad_id, autocast)
         passes.append(time.perf_counter() - t0)
     return {"step_ms_median": round(statistics.median(times) * 1e3, 2), "step_ms_mean": round(statistics.mean(times) * 1e3, 2),
             "steps": len(times), "steps_per_epoch": feed.steps, "validation_s": round(passes[1], 3),
