@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/cached_step.py --config benchmarks/results/tune_conll_minilm/best_config.yaml
     git worktree add /tmp/before c9ae293      # the code before a change, to time both in one run
     PYTHONPATH=src python benchmarks/cached_step.py --config benchmarks/results/tune_conll_minilm/best_config.yaml \\
-        --tree /tmp/before --tree . --repeats 3 --out benchmarks/results/cached_step_conll_tuned
+        --tree /tmp/before --tree . --repeats 3 --at-once --out benchmarks/results/cached_step_conll_tuned
 
 Each measurement is a fresh process that imports adalayers from <tree>/src. It opens the config's
 hidden-state cache (building an entry that is missing, untimed), initialises a head (seed 0), and
@@ -12,8 +12,11 @@ engine takes it: the forward pass from the cache under train.precision, the loss
 gradient-norm clipping, the AdamW step. Then it scores the validation split twice and keeps the
 second pass (the first maps and checksums the split's cache files). Only a cached step is timed here: the live base's pass is what
 benchmarks/cache_speedup.py compares it with. The trees take turns, --repeats times in a rotating
-order, so that a shared machine's drift hits them alike; a tree's speed-up is the median over repeats
-of the first tree's time / its own in the same repeat. Writes <out>.json and <out>.md.
+order, or with --at-once run at the same moment, each on its own core(s): on a shared machine whose
+speed drifts by tens of percent within minutes, taking turns can still put one tree in a slow spell
+and the other in a fast one; running together gives both the same spell (and the same contention
+for memory). A tree's speed-up is the median over repeats of the first tree's time / its own in the
+same repeat. Writes <out>.json and <out>.md.
 """
 from __future__ import annotations
 
@@ -93,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=200, help="timed training steps per measurement")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--at-once", action="store_true",
+                    help="run the trees' measurements at the same time (needs trees x threads cores) instead of in turn")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     ap.add_argument("--out", default="benchmarks/results/cached_step")
@@ -110,22 +115,35 @@ def main(argv=None) -> int:
     labels = [_describe(t) for t in trees]
     settings = {"config": args.config, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,
                 "repeats": args.repeats, "trees": labels, "machine": platform.machine(),
-                "note": "each tree in its own process, in a rotating order per repeat"}
+                "at_once": args.at_once,
+                "note": "each tree in its own process; " + ("all at the same time" if args.at_once else
+                                                             "in a rotating order per repeat")}
     print("settings:", json.dumps(settings), flush=True)
     runs: list[list[dict]] = [[] for _ in trees]
+    cmd = [sys.executable, __file__, "--measure", "--config", args.config, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--threads", str(args.threads),
+           *[a for o in args.overrides for a in ("--set", o)]]
+
+    def start(j: int) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(trees[j] / "src")}
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(j: int, proc: subprocess.Popen, r: int) -> None:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"{labels[j]}: the measurement failed:\n{err[-2000:]}")
+        runs[j].append(json.loads(out.strip().splitlines()[-1]))
+        print(f"repeat {r + 1}, {labels[j]}: {runs[j][-1]}", flush=True)
+
     for r in range(args.repeats):
+        if args.at_once:  # every tree at the same moment, each on its own cores: the same drift for all
+            procs = [start(j) for j in range(len(trees))]
+            for j, proc in enumerate(procs):
+                finish(j, proc, r)
+            continue
         order = list(range(len(trees)))
-        order = order[r % len(order):] + order[: r % len(order)]
-        for j in order:
-            env = {**os.environ, "PYTHONPATH": str(trees[j] / "src")}
-            cmd = [sys.executable, __file__, "--measure", "--config", args.config, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--threads", str(args.threads),
-                   *[a for o in args.overrides for a in ("--set", o)]]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit(f"{labels[j]}: the measurement failed:\n{done.stderr[-2000:]}")
-            runs[j].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"repeat {r + 1}, {labels[j]}: {runs[j][-1]}", flush=True)
+        for j in order[r % len(order):] + order[: r % len(order)]:
+            finish(j, start(j), r)
 
     rows = []
     for j, label in enumerate(labels):
