@@ -4,13 +4,16 @@
     git worktree add /tmp/before c9ae293      # the code before a change, to time both in one run
     PYTHONPATH=src python benchmarks/cached_step.py --config benchmarks/results/tune_conll_minilm/best_config.yaml \\
         --tree /tmp/before --tree . --repeats 3 --at-once --out benchmarks/results/cached_step_conll_tuned
+    PYTHONPATH=src python benchmarks/cached_step.py --variant train.head_precision=bf16 --at-once   # a setting, side by side
 
 Each measurement is a fresh process that imports adalayers from <tree>/src. It opens the config's
 hidden-state cache (building an entry that is missing, untimed), initialises a head (seed 0), and
 trains it on --steps batches of a seeded epoch after --warmup untimed ones, each step as the training
 engine takes it: the forward pass from the cache under train.precision, the loss, backward,
 gradient-norm clipping, the AdamW step. Then it scores the validation split twice and keeps the
-second pass (the first maps and checksums the split's cache files). Only a cached step is timed here: the live base's pass is what
+second pass (the first maps and checksums the split's cache files). --variant SETTINGS adds the first
+tree once more with those settings (comma-separated SECTION.FIELD=VALUE), to time a setting side by
+side. Only a cached step is timed here: the live base's pass is what
 benchmarks/cache_speedup.py compares it with. The trees take turns, --repeats times in a rotating
 order, or with --at-once run at the same moment, each on its own core(s): on a shared machine whose
 speed drifts by tens of percent within minutes, taking turns can still put one tree in a slow spell
@@ -93,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="benchmarks/results/tune_conll_minilm/best_config.yaml")
     ap.add_argument("--tree", action="append", default=[], metavar="DIR",
                     help="a source tree (its src/ is imported); repeat to compare; default: this repository")
+    ap.add_argument("--variant", action="append", default=[], metavar="SETTINGS",
+                    help="also the first tree with these comma-separated SECTION.FIELD=VALUE settings; repeatable")
     ap.add_argument("--steps", type=int, default=200, help="timed training steps per measurement")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
@@ -112,7 +117,10 @@ def main(argv=None) -> int:
     for t in trees:
         if not (t / "src" / "adalayers").is_dir():
             raise SystemExit(f"--tree {t}: no src/adalayers there")
-    labels = [_describe(t) for t in trees]
+    # what is measured: each tree as it is, then the first tree once per --variant
+    extra = [[] for _ in trees] + [v.split(",") for v in args.variant]
+    labels = [_describe(t) for t in trees] + [f"{_describe(trees[0])} with {v}" for v in args.variant]
+    trees = trees + [trees[0]] * len(args.variant)
     settings = {"config": args.config, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,
                 "repeats": args.repeats, "trees": labels, "machine": platform.machine(),
                 "at_once": args.at_once,
@@ -126,7 +134,7 @@ def main(argv=None) -> int:
 
     def start(j: int) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(trees[j] / "src")}
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(cmd + [a for o in extra[j] for a in ("--set", o)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def finish(j: int, proc: subprocess.Popen, r: int) -> None:
         out, err = proc.communicate()

@@ -178,6 +178,10 @@ class TrainConfig(OptimSettings):
                                          "(judged by the longest epoch so far; None = no limit).")
     device: str = _f("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+    head_precision: str | None = _f(None, "bf16: the side task's own matrix products (the mixer's projections, the "
+                                          "heads' projections and feed-forward) in bf16 while it trains, fp32 "
+                                          "weights kept; the base keeps `precision`, evaluation runs as without it. "
+                                          "Pays on CUDA or a CPU with AVX512-BF16/AMX. None = as `precision`.")
     tensorboard: bool = _f(False, "Also write TensorBoard scalars per epoch to <run>/tensorboard (loss, metrics, "
                                   "learning rate, layer weights); needs pip install 'adalayers[tensorboard]'.")
 
@@ -474,6 +478,8 @@ def validate(cfg: Config) -> list[str]:
     if cfg.model.states not in ("encoder", "decoder"):
         p.append(f"model.states: must be encoder or decoder, got {cfg.model.states!r}")
     p += validate_optim(cfg.train, "train.")
+    if cfg.train.head_precision not in (None, "bf16"):
+        p.append(f"train.head_precision: must be null or bf16, got {cfg.train.head_precision!r}")
     if cfg.train.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device: must be auto, cpu or cuda, got {cfg.train.device!r}")
     for name, value in [("mixer.k", cfg.mixer.k), ("head.num_heads", cfg.head.num_heads),

@@ -4,6 +4,8 @@ sequence / regression: self-attention (padding masked) -> GELU -> dropout -> poo
                        the first or the last real token; head.pooling) -> linear
 token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token (the feed-forward
                        and projections over the real tokens only; dropout: adalayers.dropout)
+Training with train.head_precision=bf16, the attention projections and the feed-forward multiply in
+bf16 (adalayers.bf16).
 """
 from __future__ import annotations
 
@@ -11,19 +13,23 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from adalayers import bf16
 from adalayers.config import HeadConfig
 from adalayers.dropout import Dropout, dropout
 from adalayers.kinds import TaskKind
 
 
-def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """attn(x, x, x, key_padding_mask=~mask), same weights, without nn.MultiheadAttention's slow path.
+def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """attn(x, x, x, key_padding_mask=~mask), same weights, without nn.MultiheadAttention's slow path;
+    the projections' products in `dtype` (adalayers.bf16; None: fp32).
 
     nn.MultiheadAttention expands the padding mask to (B*heads, T, T) and falls back to the slow
     kernel: on CPU at T=512 that is ~4x slower and holds B*heads*T*T floats. Here a (B, 1, 1, T)
     mask keeps the fused kernel.
     """
-    return attn.out_proj(attend(attn, nnf.linear(x, attn.in_proj_weight, attn.in_proj_bias), mask))
+    qkv = bf16.linear(x, attn.in_proj_weight, attn.in_proj_bias, dtype)
+    return bf16.linear(attend(attn, qkv, mask), attn.out_proj.weight, attn.out_proj.bias, dtype)
 
 
 def attend(attn: nn.MultiheadAttention, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -136,6 +142,8 @@ def last_token(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class SequenceHead(nn.Module):
+    train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision)
+
     def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
         super().__init__()
         self.attn = nn.MultiheadAttention(k, cfg.num_heads, dropout=attention_dropout(cfg), batch_first=True)
@@ -144,7 +152,7 @@ class SequenceHead(nn.Module):
         self.pooling = cfg.pooling
 
     def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask)))
+        x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask, self.train_dtype if self.training else None)))
         return self.out(pool(x, mask, self.pooling))
 
 
@@ -153,6 +161,7 @@ ATTENTION_GROUP = 8  # rows per attention call when a token head trains (length_
 
 class TokenHead(nn.Module):
     takes_packed = True  # forward() also takes F as the real tokens' rows (N, k) (SideTask.read_packed)
+    train_dtype: torch.dtype | None = None  # the projections' and feed-forward's dtype while training (train.head_precision)
 
     def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
         super().__init__()
@@ -175,16 +184,21 @@ class TokenHead(nn.Module):
         are ignored). Only the projected q, k, v are spread out for the attention: in training, in groups
         of rows of similar length (attend_packed), in eval to (B, T, 3k) in one call. Same values
         at every real token as nn.TransformerEncoder(F, src_key_padding_mask=~mask); zeros on padding.
+        Training with train.head_precision=bf16, in_proj, out_proj, linear1 and linear2 multiply in bf16
+        (adalayers.bf16).
         """
         keep = mask.bool()
         x = F[keep] if F.dim() == 3 else F  # (N, k) already: the real tokens' rows, in the order of F[keep]
         # training: rows grouped by length once for every layer; eval: one call (an exported graph keeps B, T dynamic)
         groups = length_groups(keep, ATTENTION_GROUP) if self.training else None
+        dt = self.train_dtype if self.training else None  # train.head_precision: the products in bf16
         for layer in self.encoder.layers:
             attn = layer.self_attn
-            qkv = nnf.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias)
-            x = x + layer.dropout1(attn.out_proj(attend_packed(attn, qkv, keep, groups)))
-            x = x + layer._ff_block(layer.norm2(x))
+            qkv = bf16.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias, dt)
+            x = x + layer.dropout1(bf16.linear(attend_packed(attn, qkv, keep, groups), attn.out_proj.weight,
+                                               attn.out_proj.bias, dt))
+            h = layer.dropout(layer.activation(bf16.linear(layer.norm2(x), layer.linear1.weight, layer.linear1.bias, dt)))
+            x = x + layer.dropout2(bf16.linear(h, layer.linear2.weight, layer.linear2.bias, dt))
         return unpack(self.out(x), keep)
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from adalayers import bf16
 from adalayers.config import MixerConfig
 from adalayers.dropout import Dropout
 
@@ -32,6 +33,8 @@ def position_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class AdaLayersMixer(nn.Module):
+    train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision; adalayers.bf16)
+
     def __init__(self, num_layers: int, hidden_size: int, cfg: MixerConfig):
         super().__init__()
         if cfg.pin_layer is not None and cfg.pin_layer >= num_layers:
@@ -70,7 +73,8 @@ class AdaLayersMixer(nn.Module):
     # --- accumulation --------------------------------------------------------------------------
     def project(self, i: int, z: torch.Tensor) -> torch.Tensor:
         """GELU(Z_i) W_i^T, before normalisation."""
-        return self.proj[i](nnf.gelu(z.to(self.proj[i].weight.dtype)))
+        w = self.proj[i].weight
+        return bf16.linear(nnf.gelu(z.to(w.dtype)), w, None, self.train_dtype if self.training else None)
 
     def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor,
             projected: torch.Tensor | None = None) -> torch.Tensor | None:

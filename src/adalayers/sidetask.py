@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from adalayers import bf16
 from adalayers.config import Config
 from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
 from adalayers.engine.protocol import count, trainable
@@ -28,6 +29,7 @@ class SideTask(nn.Module):
         self.kind = TaskKind.parse(cfg.head.kind or TaskKind.CLASSIFICATION, "head.kind")
         self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
         self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
+        self.mixer.train_dtype = self.head.train_dtype = bf16.parse(cfg.train.head_precision)
         self._acc, self._w = None, None
 
     # --- streaming interface ----------------------------------------------------------------
