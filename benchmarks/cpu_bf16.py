@@ -23,16 +23,8 @@ import torch
 from adalayers import config, recipes
 from adalayers import run as runlib
 from adalayers.evaluate import evaluate_split
-from adalayers.precision import autocast_for
+from adalayers.precision import autocast_for, cpu_bf16_flags
 from adalayers.states import LiveStates
-
-
-def cpu_bf16_flags() -> list[str]:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
 
 
 def agreement(a: list, b: list) -> float:

@@ -65,3 +65,17 @@ def test_side_task_trains_in_bf16_and_evaluates_in_fp32(kind):
 def test_head_precision_is_checked():
     with pytest.raises(ConfigError, match="train.head_precision: must be null or bf16, got 'fp16'"):
         config.from_dict({"train": {"head_precision": "fp16"}})
+
+
+@pytest.mark.parametrize("flags, warned", [([], True), (["avx512_bf16"], False)])
+def test_bf16_without_bf16_instructions_is_warned_about(flags, warned, monkeypatch, caplog):
+    from adalayers import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: flags)
+    tc = config.from_dict({"train": {"head_precision": "bf16"}}).train
+    with caplog.at_level("WARNING", logger="adalayers.precision"):
+        precision.warn_if_slow(tc, torch.device("cpu"))
+        precision.warn_if_slow(config.from_dict({}).train, torch.device("cpu"))  # fp32: nothing to say
+    assert [r.getMessage() for r in caplog.records] == (
+        ["train.head_precision=bf16 on a CPU without bf16 instructions (AVX512-BF16 or AMX): bf16 products are "
+         "emulated there, slower than fp32"] if warned else [])

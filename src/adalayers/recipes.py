@@ -18,7 +18,7 @@ from adalayers.sidetask import SideTask
 from adalayers.states import LiveStates
 from adalayers.tasks import load_task
 from adalayers.templates import Template
-from adalayers.precision import autocast_for, precision_of
+from adalayers.precision import autocast_for, precision_of, warn_if_slow
 from adalayers.train import fit
 from adalayers.core import pick_device, seed_everything
 from adalayers.engine import distributed
@@ -35,6 +35,7 @@ def prepare(cfg, backbone: Backbone | None = None):
         torch.set_num_threads(cfg.train.num_threads)
     device = pick_device(cfg.train.device)
     precision_of(cfg.train.precision, device)  # fp16 on a CPU fails here, before any loading
+    warn_if_slow(cfg.train, device)
     distributed.start(device)  # under torchrun: join the process group
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
     data = load_task(cfg)
