@@ -38,3 +38,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def parse(name: str | None) -> torch.dtype | None:
     """train.head_precision -> the dtype of the side task's products while it trains (None: unchanged)."""
     return torch.bfloat16 if name == "bf16" else None
+
+
+def training_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype `module`'s products take now: its train_dtype while it trains, None (unchanged) in eval mode."""
+    return module.train_dtype if module.training else None

@@ -152,7 +152,7 @@ class SequenceHead(nn.Module):
         self.pooling = cfg.pooling
 
     def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask, self.train_dtype if self.training else None)))
+        x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask, bf16.training_dtype(self))))
         return self.out(pool(x, mask, self.pooling))
 
 
@@ -191,7 +191,7 @@ class TokenHead(nn.Module):
         x = F[keep] if F.dim() == 3 else F  # (N, k) already: the real tokens' rows, in the order of F[keep]
         # training: rows grouped by length once for every layer; eval: one call (an exported graph keeps B, T dynamic)
         groups = length_groups(keep, ATTENTION_GROUP) if self.training else None
-        dt = self.train_dtype if self.training else None  # train.head_precision: the products in bf16
+        dt = bf16.training_dtype(self)  # train.head_precision: the products in bf16 while training
         for layer in self.encoder.layers:
             attn = layer.self_attn
             qkv = bf16.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias, dt)

@@ -74,7 +74,7 @@ class AdaLayersMixer(nn.Module):
     def project(self, i: int, z: torch.Tensor) -> torch.Tensor:
         """GELU(Z_i) W_i^T, before normalisation."""
         w = self.proj[i].weight
-        return bf16.linear(nnf.gelu(z.to(w.dtype)), w, None, self.train_dtype if self.training else None)
+        return bf16.linear(nnf.gelu(z.to(w.dtype)), w, None, bf16.training_dtype(self))
 
     def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor,
             projected: torch.Tensor | None = None) -> torch.Tensor | None:
