@@ -58,8 +58,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     The "done" event's "results" is what `generate` returns. Holds the SideTasks lock throughout.
     """
     backbone = side.backbone
-    if not backbone.is_causal or backbone.model.get_output_embeddings() is None:
-        raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
+    runtime = decoder(backbone)
     names = side.check_tasks(tasks)
     for n in list(answer_only) + list(guard or {}):
         if n not in names:
@@ -77,9 +76,8 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
         if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
             raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
                             f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
-    tok, model = backbone.tokenizer, backbone.model
-    eos = set() if ignore_eos else {  # ignore_eos: always max_new_tokens (benchmarks)
-        t for t in [tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)) if t is not None}
+    tok = backbone.tokenizer
+    eos = set() if ignore_eos else runtime.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     # The lock and the hooks are held for one forward at a time, never across a yield: a server
     # resumes this generator on any thread (or drops it when the client leaves), and requests of
@@ -92,20 +90,18 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     prompt_len = attn.shape[1]
     B = ids.shape[0]
     accs = {h.name: None for h in heads}
-    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
 
     @torch.no_grad()
-    def forward(input_ids, attention, cache):
+    def forward(input_ids, attention) -> torch.Tensor:
+        """Prefill (the first call) or one decode step; every head taps it. -> next-token logits (B, vocab)."""
         with side._lock:  # the heads' per-pass state is shared with other requests
             for h in heads:
                 h.task.begin()
-            with backbone.hooked(shared_tap([h.task for h in heads]) if heads else None):
-                out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                            position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+            logits = runtime(input_ids, attention, shared_tap([h.task for h in heads]) if heads else None)
             for h in heads:
                 step = h.task.take()
                 accs[h.name] = step if accs[h.name] is None else torch.cat([accs[h.name], step], 1)
-        return out
+        return logits
 
     @torch.no_grad()
     def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
@@ -116,7 +112,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
         out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
         return out if task.kind == TaskKind.REGRESSION else torch.softmax(out, -1)
 
-    out = forward(ids, attn, None)
+    logits = forward(ids, attn)
     prompt_out = {h.name: read(h.name, real) for h in heads}
     prompt_json = [{h.name: _output(h, prompt_out[h.name][b], enc, b, p) for h in heads}
                    for b, p in enumerate(wrapped)]
@@ -127,7 +123,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != TaskKind.TOKENS
                    and (steps or n in guard)}
     for s in range(max_new_tokens):
-        nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
+        nxt = _sample(logits, do_sample, temperature, top_k, generator)
         nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
         live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), dtype=nxt.dtype, device=nxt.device))
         for b in range(B):
@@ -144,7 +140,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
         if last and not heads:
             yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": {}}
             break
-        out = forward(nxt.unsqueeze(1), attn, _cache_of(out))  # the last one: for the heads only
+        logits = forward(nxt.unsqueeze(1), attn)  # the last one: for the heads only
         values = {}
         for n in step_values:
             v = read(n, real, n in answer_only)
@@ -186,10 +182,38 @@ def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str
     raise RuntimeError("generation ended without a result")  # unreachable: stream always ends with done
 
 
-def _cache_of(out):
-    """The KV cache a forward returned (`cache` in transformers >= 5.2x, `past_key_values` before)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+def decoder(backbone):
+    """The base's decode runtime: its own (e.g. llama.cpp's, adalayers.infer.llamacpp_backbone) or TorchDecoder."""
+    make = getattr(backbone, "decoder", None)
+    return make() if make is not None else TorchDecoder(backbone)
+
+
+class TorchDecoder:
+    """Prefill and decode steps of a transformers decoder, its KV cache kept between calls, layer hooks on.
+
+        logits = run(ids, attn, tap)            # prefill: (B, T) left-padded -> next-token logits (B, vocab)
+        logits = run(nxt[:, None], attn, tap)   # a step: one token per row, attn grown by one column
+    """
+
+    def __init__(self, backbone):
+        model = backbone.model
+        if not backbone.is_causal or model.get_output_embeddings() is None:
+            raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
+        self.backbone, self.model, self.cache = backbone, model, None
+        self.cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
+
+    def eos_ids(self) -> set[int]:
+        tok, config = self.backbone.tokenizer, self.model.generation_config
+        return {t for t in [tok.eos_token_id] + _as_list(getattr(config, "eos_token_id", None)) if t is not None}
+
+    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
+        with self.backbone.hooked(tap):
+            out = self.model(input_ids=input_ids, attention_mask=attention, use_cache=True,
+                             **{self.cache_arg: self.cache},
+                             position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+        cache = getattr(out, "cache", None)  # `cache` in transformers >= 5.2x, `past_key_values` before
+        self.cache = cache if cache is not None else out.past_key_values
+        return out.logits[:, -1]
 
 
 def _as_list(x) -> list:
