@@ -271,6 +271,7 @@
       const task = tasks.find((t) => t.name === select.value);
       $("guard-label").replaceChildren(...(task ? task.labels : []).map((l) => el("option", { value: l, text: l })));
       if (task) $("guard-label").value = task.labels[task.labels.length - 1];
+      $("guard-label").disabled = $("guard-threshold").disabled = !task;
     };
     select.onchange();
   }
@@ -404,9 +405,12 @@
         chart.append(svg("line", { x1: 0, x2: width, y1: y(guard.threshold), y2: y(guard.threshold), stroke: color,
                                    "stroke-dasharray": "4 3", "vector-effect": "non-scaling-stroke",
                                    class: "guard-line" }));
-        legend.append(el("span", { class: "muted", text: " guard at " + guard.threshold }));
       }
     });
+    if (guard) {
+      legend.append(el("span", { class: "muted", text: "guard: stops at " + guard.label + " ≥ "
+        + Number(guard.threshold.toPrecision(4)) }));
+    }
     if (regression) legend.append(el("span", { class: "muted", text: " range " + lo.toFixed(3) + " … " + hi.toFixed(3) }));
     return el("div", { class: "step-chart" }, legend, chart);
   }
