@@ -90,7 +90,8 @@ def test_docs_load_nothing_from_outside(side):
 
 
 def test_page_files_ship_with_the_package_and_never_parse_markup():
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["adalayers.serve"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["adalayers.serve"]
     files = sorted(p.relative_to(STATIC.parent) for p in STATIC.rglob("*") if p.is_file())
     assert {"static/index.html", "static/app.js", "static/style.css"} <= {str(f) for f in files}
     for f in files:  # every file of the page is in the wheel (package-data)
@@ -113,7 +114,8 @@ def _chromium() -> str:
 @pytest.fixture(scope="module")
 def browser():
     executable = _chromium()
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[browser]')")
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright not installed (pip install -e '.[browser]')")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=executable, headless=True)
         try:
@@ -318,7 +320,8 @@ def test_streamed_generation_with_live_values_and_a_guard(server, browser):
             for label in labels:
                 line = p.page.locator(f"svg.steps[data-task='{head}'] polyline[data-label='{label}']")
                 assert len(line.get_attribute("points").split()) == len(want["steps"][head]), (head, label)
-        assert _card(p, "gen-prompt-tasks", "acc").locator(".label").inner_text() == want["prompt_tasks"]["acc"]["label"]
+        prompt_acc = _card(p, "gen-prompt-tasks", "acc").locator(".label").inner_text()
+        assert prompt_acc == want["prompt_tasks"]["acc"]["label"]
         assert _card(p, "gen-final-tasks", "acc").locator(".label").inner_text() == want["tasks"]["acc"]["label"]
         assert _words(_card(p, "gen-final-tasks", "ner").locator(".tagged")).split() == (prompt + want["text"]).split()
 

@@ -353,7 +353,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     @app.get("/tasks")
     async def tasks():
         return {"base": public_name(side.backbone.name), "fingerprint": side.backbone.fingerprint(), "primary": side.primary,
-                "max_length": side.max_length, "generates": side.backbone.is_causal, "tasks": side.describe()}
+                "max_length": side.max_length, "tasks": side.describe(),
+                "generates": side.backbone.is_causal}  # a decoder LLM: /generate and /generate/stream answer
 
     @app.get("/health")
     async def health():
