@@ -44,12 +44,12 @@ def runs(tmp_path_factory):
 
 
 class Server:
-    def __init__(self, runs, *flags: str):
+    def __init__(self, runs, *flags: str, heads: tuple[str, ...] = ("acc", "ner")):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(runs["root"] / f"server-{self.port}.log", "w")
         cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]),
-               "--heads", str(runs["acc"]), str(runs["ner"]), "--port", str(self.port), "--threads", "1", *flags]
+               "--heads", *[str(runs[h]) for h in heads], "--port", str(self.port), "--threads", "1", *flags]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.logfile = runs["root"] / f"server-{self.port}.log"

@@ -238,6 +238,8 @@ class ServeConfig(BaseModel):
                                                    "seconds (uvicorn).")
     api_key_file: str | None = Field(None, description="File holding the bearer token every request must send "
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
+    ui: bool = Field(True, description="Serve the playground page at GET / (heads, a text box, streamed "
+                                       "generation); off: the API alone.")
 
     def __init__(self, **values):
         try:

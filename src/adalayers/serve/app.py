@@ -4,7 +4,8 @@
                    sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
     GET  /tasks    the heads: names, kinds, labels, layer weights (never the server's run folder paths)
     GET  /health   liveness, counters and memory (serve/memory.py; open even when an API key is set)
-    GET  /openapi.json, /docs
+    GET  /openapi.json, /docs, /redoc (their scripts served from the package: no CDN)
+    GET  /         the playground page (serve/routers/ui.py; ServeConfig.ui, --no-ui leaves it out)
 
 Requests wait in a bounded asyncio queue (full: 503 with Retry-After); one worker takes the first,
 gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_batch_tokens
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi_offline import FastAPIOffline
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -36,6 +38,7 @@ from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.limits import BodyLimit, FiniteRequest, json_safe
 from adalayers.serve.memory import process_memory
+from adalayers.serve.routers.ui import add_ui_routes
 from adalayers.textcheck import text_problem
 
 log = logging.getLogger(__name__)
@@ -260,7 +263,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
         with contextlib.suppress(asyncio.CancelledError):
             await worker
 
-    app = FastAPI(title="adalayers", version="0.1.0", lifespan=lifespan,
+    # FastAPIOffline: /docs and /redoc load Swagger UI / ReDoc from the package, not from a CDN (air-gapped)
+    app = FastAPIOffline(title="adalayers", version="0.1.0", lifespan=lifespan,
                   description=f"Side tasks on {public_name(side.backbone.name)}, all answered from one pass of the base.")
     app.state.batcher, app.state.side, app.state.started = batcher, side, time.time()
     app.add_middleware(BodyLimit, max_bytes=max_body,
@@ -343,11 +347,14 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
 
     from adalayers.serve.generate_routes import add_generate_routes
     add_generate_routes(app, side, cfg)  # POST /generate, /generate/stream (decoder LLM bases)
+    if cfg.ui:
+        add_ui_routes(app)  # GET /: the playground page (serve/routers/ui.py)
 
     @app.get("/tasks")
     async def tasks():
         return {"base": public_name(side.backbone.name), "fingerprint": side.backbone.fingerprint(), "primary": side.primary,
-                "max_length": side.max_length, "tasks": side.describe()}
+                "max_length": side.max_length, "tasks": side.describe(),
+                "generates": side.backbone.is_causal}  # a decoder LLM: /generate and /generate/stream answer
 
     @app.get("/health")
     async def health():

@@ -1,7 +1,8 @@
 """Optional bearer-token authentication for `adalayers serve`.
 
 With a key set (--api-key-file FILE, or the ADALAYERS_API_KEY environment variable), every
-request except GET /health must carry `Authorization: Bearer KEY`; any other request is answered
+request except GET /health and the playground page's static files (GET /, /ui/*: no data, and the
+page asks for the key itself) must carry `Authorization: Bearer KEY`; any other request is answered
 401 before it is read. Keys are compared in constant time (hmac.compare_digest over the UTF-8
 bytes), so the answer's timing does not reveal how much of a guess was right.
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 from adalayers.errors import ConfigError
 
 ENV = "ADALAYERS_API_KEY"
-OPEN_PATHS = {"/health"}  # liveness probes need no key
+OPEN_PATHS = {"/health", "/"}  # liveness probes need no key; nor does the playground page (routers/ui.py)
+OPEN_PREFIXES = ("/ui/",)     # the page's script, style sheet and icon
 
 
 def read_api_key(path: str | None) -> str | None:
@@ -43,7 +45,7 @@ class BearerAuth:
         self.app, self.expected = app, f"Bearer {key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if hmac.compare_digest(given, self.expected):

@@ -31,7 +31,7 @@ def cmd_serve(args) -> int:
                       primary=not args.no_primary, device=args.device, num_threads=args.threads,
                       max_tokens=args.max_tokens, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
                       request_timeout_s=args.request_timeout, read_timeout_s=args.read_timeout,
-                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file)
+                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file, ui=not args.no_ui)
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
     api_key = read_api_key(cfg.api_key_file)
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
@@ -44,7 +44,7 @@ def cmd_serve(args) -> int:
     side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
                           max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend)
     print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
-          f"at http://{cfg.host}:{cfg.port}  (docs: /docs)", flush=True)
+          f"at http://{cfg.host}:{cfg.port}  (docs: /docs{', playground: /' if cfg.ui else ''})", flush=True)
     uvicorn.run(create_app(side, cfg, api_key), host=cfg.host, port=cfg.port, log_level=args.log_level,
                 http=timed_h11(cfg.read_timeout_s), timeout_keep_alive=cfg.keep_alive_s,
                 h11_max_incomplete_event_size=16 * 1024)  # request line + headers: 16 KiB at most
@@ -109,6 +109,8 @@ def add_commands(sub) -> None:
     p.add_argument("--keep-alive", type=int, default=_default("keep_alive_s"), metavar="SECONDS",
                    help=_help("keep_alive_s"))
     p.add_argument("--api-key-file", default=None, metavar="FILE", help=_help("api_key_file"))
+    p.add_argument("--no-ui", action="store_true",
+                   help="leave out the playground page at GET / (default: served; see docs/serving.md)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")
