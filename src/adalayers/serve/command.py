@@ -96,9 +96,10 @@ def add_commands(sub) -> None:
                         "no base output (default: off, the base runs to its end)")
     p.add_argument("--device", default=_default("device"), help=_help("device"))
     p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
-    p.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
+    p.add_argument("--backend", "--runtime", default="torch", choices=["torch", "onnx", "onnx-int8", "llama.cpp"],
                    help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
-                        "then be a folder from 'adalayers export'; see docs/export.md)")
+                        "then be a folder from 'adalayers export'; see docs/export.md); llama.cpp: a GGUF base run "
+                        "quantized by llama.cpp (docs/llm.md)")
     p.add_argument("--max-tokens", type=int, default=_default("max_tokens"), help=_help("max_tokens"))
     p.add_argument("--max-batch-tokens", type=int, default=_default("max_batch_tokens"), help=_help("max_batch_tokens"))
     p.add_argument("--max-queue", type=int, default=_default("max_queue"), help=_help("max_queue"))

@@ -1,0 +1,145 @@
+"""A GGUF base run by llama.cpp, with the Backbone interface SideTasks and generation use.
+
+    base = LlamaCppBackbone.load("gemma3-270m")            # or a .gguf path
+    SideTasks.from_backbone(base, ["runs/cola_gemma"]).predict(["The book was written by John."])
+
+Texts are tokenized by the same Hugging Face tokenizer as on the default runtime (read from the GGUF's
+own metadata), so both runtimes see the same ids, BOS and template; each row of a batch becomes one
+llama.cpp sequence at positions 0..n-1 (what the default runtime counts from the mask), and the rows
+run as one llama_batch. The states arrive per token (adalayers.infer.llamacpp) and are laid out as
+(B, T, d) with the batch's left padding zero, as the layer hooks give them, so the heads' taps, masks
+and outputs are the same code on both runtimes.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adalayers.backbone import BaseOutput, Tap, _prepends_bos
+from adalayers.errors import ModelError
+from adalayers.infer.llamacpp import LlamaCpp, Row
+
+log = logging.getLogger(__name__)
+
+
+def gguf_path(name: str) -> Path:
+    """An alias of a GGUF base (gemma3-270m, qwen2.5-0.5b) or a .gguf path -> the GGUF file itself."""
+    from adalayers import model_packages
+
+    if name in model_packages.SPLIT_GGUF:
+        return model_packages.joined_gguf(name)
+    path = Path(name).expanduser()
+    if path.suffix.lower() != ".gguf":
+        raise ModelError(f"the llama.cpp runtime runs GGUF bases (an alias: {', '.join(model_packages.SPLIT_GGUF)}, "
+                         f"or a .gguf file), not {name!r}")
+    return path
+
+
+class LlamaCppBackbone:
+    """What SideTasks reads of its base (tokenizer, sizes, fingerprint, a forward with layer taps), from llama.cpp."""
+
+    is_causal, is_encoder_decoder, states = True, False, "decoder"
+    device = torch.device("cpu")
+
+    def __init__(self, engine: LlamaCpp, tokenizer, name: str, path: Path):
+        self.engine, self.tokenizer, self.name, self.path = engine, tokenizer, name, path
+        self.num_layers = engine.num_states
+        self.hidden_size = engine.d
+        if tokenizer.pad_token is None:  # as Backbone: pad with end-of-text (always masked out)
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.bos_token
+        tokenizer.padding_side = "left"
+        self.adds_bos = _prepends_bos(tokenizer)
+        self._fingerprint: str | None = None
+
+    @classmethod
+    def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 32, threads: int | None = None,
+             read_states: bool = True) -> "LlamaCppBackbone":
+        from transformers import AutoTokenizer
+
+        path = gguf_path(name)
+        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=n_ctx, threads=threads, read_states=read_states)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelError(f"cannot read the tokenizer of {path}: {str(e).splitlines()[0]}") from None
+        return cls(engine, tokenizer, name, path)
+
+    # what SideTasks and run folders ask of a base
+    model = None  # no torch module: SideTasks asks it only for non-causal bases
+
+    def fingerprint(self) -> str:
+        """The default runtime's fingerprint of the same GGUF (config + its dequantized weights), so a head trained
+        on either runtime loads on both. Computed once per file from its conversion and kept beside it."""
+        if self._fingerprint is None:
+            from adalayers import gguf_models
+
+            self._fingerprint = gguf_models.fingerprint(self.path)
+        return self._fingerprint
+
+    def __call__(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
+        return self.forward(batch, taps, stop_after)
+
+    def forward(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
+        """One llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
+        row's last token (None when stopped early)."""
+        ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+        seqs = self.engine.acquire(ids.shape[0])
+        try:
+            logits = self.run(ids, mask, seqs, taps, stop_after)
+        finally:
+            self.engine.release(seqs)
+        if logits is None:
+            return BaseOutput(None, None, None)
+        return BaseOutput(None, None, logits.unsqueeze(1))
+
+    def run(self, ids: torch.Tensor, mask: torch.Tensor, seqs: list[int], taps, stop_after: int | None = None,
+            start: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Row b's real tokens (mask) appended to sequence seqs[b] from position start[b] (0: a new sequence), all
+        rows as one llama_batch; each tap gets Z_i laid out as ids, (B, T, d), zero where mask is False. Every
+        position's output is asked for while a tap reads the last state (llama.cpp computes the last layer only
+        for output rows). -> next-token logits (B, vocab) at each row's last token, or None when stopped early."""
+        B, T = ids.shape
+        start = torch.zeros(B, dtype=torch.long) if start is None else start
+        rows = [Row(ids[b][mask[b]].tolist(), seq=seqs[b], start=int(start[b])) for b in range(B)]
+        flat = mask.flatten()
+
+        def scatter(i: int, z: np.ndarray) -> None:
+            full = torch.zeros(B * T, self.hidden_size)
+            full[flat] = torch.from_numpy(z)
+            for tap in taps:
+                tap(i, full.view(B, T, self.hidden_size))
+
+        last = self.num_layers - 1
+        outputs = "all" if taps and (stop_after is None or stop_after >= last) else "last"
+        logits = self.engine.decode(rows, [scatter] if taps else [], outputs=outputs, stop_after=stop_after)
+        return None if logits is None else torch.from_numpy(logits)
+
+    def decoder(self) -> "LlamaCppDecoder":
+        return LlamaCppDecoder(self)
+
+
+class LlamaCppDecoder:
+    """Prefill and decode steps on llama.cpp (adalayers.serve.generate's runtime): the batch's rows are sequences
+    of the context, held from the prefill until this object is dropped; each step appends one token per row."""
+
+    def __init__(self, base: LlamaCppBackbone):
+        self.base, self.seqs = base, None
+
+    def eos_ids(self) -> set[int]:
+        from adalayers.infer.llamacpp import end_of_generation
+
+        return {t for t in [self.base.tokenizer.eos_token_id] if t is not None} | end_of_generation(self.base.engine)
+
+    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
+        taps = [tap] if tap is not None else []
+        if self.seqs is None:  # the prefill: the prompts' real tokens from position 0
+            self.seqs = self.base.engine.acquire(input_ids.shape[0])
+            weakref.finalize(self, self.base.engine.release, self.seqs)
+            return self.base.run(input_ids, attention.bool(), self.seqs, taps)
+        step = attention[:, -input_ids.shape[1]:].bool()
+        start = attention.sum(1) - input_ids.shape[1]  # tokens already in each row's sequence
+        return self.base.run(input_ids, step, self.seqs, taps, start=start)

@@ -1,0 +1,171 @@
+"""The llama.cpp runtime: states read through llama.cpp's eval callback equal the default runtime's layer hooks.
+
+A tiny Llama-architecture GGUF (F32 weights, tests/tinygguf.py) runs on both runtimes: transformers
+(adalayers.backbone, through the one GGUF conversion) and llama.cpp (adalayers.infer.llamacpp).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
+
+from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.errors import ModelError  # noqa: E402
+from adalayers.infer import llamacpp  # noqa: E402
+from adalayers.infer.llamacpp import LlamaCpp, Row  # noqa: E402
+from adalayers.infer.llamacpp_backbone import LlamaCppBackbone  # noqa: E402
+
+from tinygguf import write_tiny_llama  # noqa: E402
+
+TEXTS = ["the cat sat on the mat", "a man in the other room", "there"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    path = write_tiny_llama(folder / "tiny-llama.gguf")
+    return path
+
+
+@pytest.fixture(scope="module")
+def both(tiny, tmp_path_factory):
+    import os
+
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("ADALAYERS_CACHE")
+    os.environ["ADALAYERS_CACHE"] = str(cache)
+    try:
+        reference = Backbone.load(str(tiny), "decoder")
+        ours = LlamaCppBackbone.load(str(tiny), n_ctx=512, n_seq=4, threads=1)
+        yield reference, ours
+    finally:
+        if old is None:
+            os.environ.pop("ADALAYERS_CACHE", None)
+        else:
+            os.environ["ADALAYERS_CACHE"] = old
+
+
+def _states(base, batch, stop_after=None):
+    seen = {}
+
+    def tap(i, z):
+        seen[i] = z.detach().clone()
+
+    out = base(batch, taps=[tap], stop_after=stop_after)
+    return seen, out
+
+
+def test_states_equal_the_layer_hooks(both):
+    reference, ours = both
+    assert ours.num_layers == reference.num_layers and ours.hidden_size == reference.hidden_size
+    batch = reference.tokenize(TEXTS, max_length=64)  # left-padded, BOS first: the same ids for both
+    want, ref_out = _states(reference, batch)
+    got, out = _states(ours, batch)
+    assert sorted(got) == list(range(reference.num_layers))
+    mask = batch["attention_mask"].bool()
+    for i in range(reference.num_layers):
+        a, b = want[i][mask], got[i][mask]
+        # F32 weights on both sides; llama.cpp keeps its KV cache in f16 (its default): ~1e-3 relative
+        rel = ((a - b).norm(dim=-1) / a.norm(dim=-1)).max()
+        assert rel < 5e-3, (i, rel)
+        assert (got[i][~mask] == 0).all()  # padding positions: zero
+    # next-token logits of each row's last token
+    a, b = ref_out.logits[:, -1], out.logits[:, -1]
+    assert ((a - b).norm(dim=-1) / a.norm(dim=-1)).max() < 5e-3, (a - b).abs().max()
+
+
+def test_a_single_row_alone_equals_its_row_in_a_batch(both):
+    _, ours = both
+    batch = ours.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    together, _ = _states(ours, batch)
+    alone, _ = _states(ours, ours.tokenizer(TEXTS[2:], return_tensors="pt"))
+    n = int(batch["attention_mask"][2].sum())
+    for i in together:
+        assert torch.allclose(together[i][2, -n:], alone[i][0], atol=1e-5)
+
+
+def test_early_exit_stops_after_the_deepest_state(both):
+    reference, ours = both
+    batch = reference.tokenize(TEXTS[:1], max_length=32)
+    got, out = _states(ours, batch, stop_after=2)
+    assert sorted(got) == [0, 1, 2] and out.logits is None
+
+
+def test_greedy_ids_with_taps_equal_llama_cpp_alone(both):
+    _, ours = both
+    engine, prompt = ours.engine, ours.tokenizer("the cat")["input_ids"]
+
+    def greedy(taps):
+        seq = engine.acquire(1)
+        ids, logits = list(prompt), engine.decode([Row(prompt, seq[0])], taps, outputs="all" if taps else "last")
+        for _ in range(8):
+            ids.append(int(np.argmax(logits[0])))
+            logits = engine.decode([Row([ids[-1]], seq[0], len(ids) - 1)], taps)
+        engine.release(seq)
+        return ids
+
+    seen = []
+    assert greedy([lambda i, z: seen.append(i)]) == greedy([])
+    assert seen and max(seen) == ours.num_layers - 1
+
+
+def test_a_graph_that_does_not_name_its_layers_is_refused(tiny, monkeypatch):
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
+    monkeypatch.setattr(llamacpp.StateNames, "index", lambda self, name: None)  # a graph named otherwise
+    with pytest.raises(ModelError, match=r"did not name the states \[0, 1, 2, 3\] as adalayers expects"):
+        engine.decode([Row([1, 2, 3], 0)], [lambda i, z: None])
+    engine.close()
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf")
+    with pytest.raises(ModelError, match="is not a GGUF file"):
+        LlamaCpp(bad)
+
+
+def _heads(bb):
+    from test_generate import _head
+
+    return [_head(bb, "mean", "sequence"), _head(bb, "last", "sequence", "last", 1), _head(bb, "tags", "token", seed=2)]
+
+
+def test_side_tasks_answer_the_same_on_both_runtimes(both):
+    from adalayers.serve.api import SideTasks
+
+    reference, ours = both
+    heads = _heads(reference)
+    a = SideTasks(reference, heads).predict(TEXTS)
+    b = SideTasks(ours, heads).predict(TEXTS)
+    for x, y in zip(a, b):
+        assert x["tasks"]["tags"]["tags"] == y["tasks"]["tags"]["tags"]
+        for name in ("mean", "last"):
+            p, q = (list(r["tasks"][name]["probabilities"].values()) for r in (x, y))
+            assert np.allclose(p, q, atol=1e-4), name
+        assert x["base"]["next_token"] == y["base"]["next_token"]
+
+
+def test_generation_reads_heads_as_one_pass_over_prompt_and_answer(both):
+    from adalayers.serve.api import SideTasks
+
+    from test_generate import _one_pass
+
+    reference, ours = both
+    side = SideTasks(ours, _heads(reference))
+    prompts = ["the cat", "a man in the"]
+    out = side.generate(prompts, max_new_tokens=5, steps=True, ignore_eos=True)
+    bare = SideTasks(ours, []).generate(prompts, max_new_tokens=5, ignore_eos=True)
+    ref = SideTasks(reference, _heads(reference)).generate(prompts, max_new_tokens=5, steps=True, ignore_eos=True)
+    tok = ours.tokenizer
+    for p, r, r0, rr in zip(prompts, out, bare, ref):
+        assert r["token_ids"] == r0["token_ids"] == rr["token_ids"]  # heads change no generated id; same as transformers
+        whole = tok(p)["input_ids"] + r["token_ids"]
+        for name in ("mean", "last"):
+            got = torch.tensor(list(r["tasks"][name]["probabilities"].values()))
+            torch.testing.assert_close(got, _one_pass(side, whole, name), atol=1e-5, rtol=1e-5)
+            assert len(r["steps"][name]) == 5
+        assert r["tasks"]["tags"]["words"] == (p + r["text"]).split()
+    held = ours.engine.acquire(ours.engine.n_seq)  # every sequence was given back
+    ours.engine.release(held)
