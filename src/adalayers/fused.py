@@ -61,7 +61,7 @@ class LayerPlan:
 
 def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
     """weights: (H, L) layer weights of the group's heads (each head's layer_weights()). None: nobody uses i."""
-    live = [h for h in range(len(group)) if weights[h, i].item() != 0]
+    live = [h for h, w in enumerate(weights[:, i].tolist()) if w != 0]  # one read of the column, not one per head
     if not live:
         return None
     return LayerPlan(i, live, concat_weights([group[h].mixer.proj[i].weight for h in live]),

@@ -120,6 +120,7 @@ class StateReader:
         self.seen: set[int] = set()
         self.error: BaseException | None = None
         self._held: dict[bytes, np.ndarray] = {}
+        self._index: dict[bytes, int | None] = {}
         self.callback = _lib().ggml_backend_sched_eval_callback(self._call)
 
     def start(self, n_tokens: int, wanted: set[int], sink, stop_after: int | None) -> None:
@@ -128,7 +129,9 @@ class StateReader:
 
     def _call(self, t: int, ask: bool, _user) -> bool:
         name = ctypes.string_at(t + _NAME_OFFSET)
-        i = self.names.index(name)
+        i = self._index.get(name, -1)
+        if i == -1:  # a node name not met before: llama.cpp asks about every node of every step
+            i = self._index[name] = self.names.index(name)
         if ask:
             return i is not None and (i in self.wanted or i == 0 and 1 in self.wanted)
         try:
@@ -251,6 +254,12 @@ class LlamaCpp:
                                  f"{n} asked for")
             ids, self._free = self._free[:n], self._free[n:]
             return ids
+
+    def truncate(self, keep: dict[int, int]) -> None:
+        """Drop the KV cache of each sequence from position keep[seq] on."""
+        with self._lock:
+            for seq, pos in keep.items():
+                _lib().llama_memory_seq_rm(self.memory, seq, pos, -1)
 
     def release(self, ids: list[int]) -> None:
         """Give these sequences back. Their KV cache is removed by the next acquire or decode, never here: a

@@ -106,17 +106,31 @@ class LlamaCppBackbone:
         start = torch.zeros(B, dtype=torch.long) if start is None else start
         rows = [Row(ids[b][mask[b]].tolist(), seq=seqs[b], start=int(start[b])) for b in range(B)]
         flat = mask.flatten()
+        dense = bool(flat.all())  # a decode step: one token per row, no padding
 
         def scatter(i: int, z: np.ndarray) -> None:
-            full = torch.zeros(B * T, self.hidden_size)
-            full[flat] = torch.from_numpy(z)
+            if dense:
+                full = torch.from_numpy(z)
+            else:
+                full = torch.zeros(B * T, self.hidden_size)
+                full[flat] = torch.from_numpy(z)
             for tap in taps:
                 tap(i, full.view(B, T, self.hidden_size))
 
         last = self.num_layers - 1
-        outputs = "all" if taps and (stop_after is None or stop_after >= last) else "last"
-        logits = self.engine.decode(rows, [scatter] if taps else [], outputs=outputs, stop_after=stop_after)
-        return None if logits is None else torch.from_numpy(logits)
+        if not taps or (stop_after is not None and stop_after < last) or all(len(r.tokens) == 1 for r in rows):
+            # no tap reads the final state of a position whose output is not asked for anyway
+            logits = self.engine.decode(rows, [scatter] if taps else [], outputs="last", stop_after=stop_after)
+            return None if logits is None else torch.from_numpy(logits)
+        # Every position's final state: outputs asked everywhere, the graph ended after the final norm (the LM head
+        # over every token costs more than the rest of Gemma 3 270M's pass); then each row's last token once more,
+        # alone, for its next-token logits (its KV entry removed first, so the cache is as after one pass).
+        self.engine.decode(rows, [scatter], outputs="all", stop_after=last)
+        if stop_after is not None:
+            return None
+        tail = [Row([r.tokens[-1]], r.seq, r.start + len(r.tokens) - 1) for r in rows]
+        self.engine.truncate({r.seq: r.start for r in tail})
+        return torch.from_numpy(self.engine.decode(tail, [], outputs="last"))
 
     def decoder(self) -> "LlamaCppDecoder":
         return LlamaCppDecoder(self)
