@@ -78,7 +78,9 @@ def test_combined_pass_matches_each_head_alone(side, base, runs):
                 tags, scores = ref
                 assert got["words"] == TEXTS[i].split()
                 assert got["tags"] == tags[i] == only["tags"]
-                assert got["scores"] == pytest.approx(scores[i], abs=1e-5)
+                # the fused GEMM sums in another order: on this project's AVX512-BF16 machines a token
+                # score moves by up to 6e-5 through the token head (the tags above stay equal)
+                assert got["scores"] == pytest.approx(scores[i], abs=2e-4)
 
 
 def test_predictions_are_not_trivial(side):

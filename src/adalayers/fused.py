@@ -10,7 +10,7 @@ For layer i and the heads h = 1..H whose weight w_i^(h) is not 0 (all of the sam
 Head h's accumulator is acc[..., h, :]; its SideTask's end() runs its head as before. This is
 the arithmetic of each head's own tap (mixer.add) with the H products and normalisations
 batched, so results equal the per-head path up to float summation order (the tests hold them to
-1e-5). Heads of different k or dtype form separate groups. The same plan (`layer_plan`) and
+1e-5; a token head's scores to 2e-4). Heads of different k or dtype form separate groups. The same plan (`layer_plan`) and
 step (`contribution`) build the exported ONNX graph (adalayers.export.graph).
 """
 from __future__ import annotations
