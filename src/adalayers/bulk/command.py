@@ -34,7 +34,8 @@ def cmd_predict_files(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("predict-files", help="run every head over CSV/TSV/JSONL/Parquet files into Parquet parts "
                                              "(resumable; --engine ray for Ray Data)")
-    p.add_argument("--base", default="minilm-l6", help="the frozen base the heads were trained on")
+    p.add_argument("--base", default=None, help="the frozen base the heads were trained on (default: the one "
+                                                   "their run folders name, when they all name the same one)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER); the name prefixes the task's output columns")
     p.add_argument("--input", required=True, metavar="PATH",
