@@ -117,3 +117,22 @@ def test_every_source_url_is_in_docs_data_md():
         for f in src.files:
             url = f.url if "conll2003" not in f.path or f.path.endswith("eng.train") else f.url.rsplit("/", 1)[0]
             assert url in docs, url
+
+
+def test_the_readme_quickstart_fetch_works_offline_as_written(monkeypatch, capsys):
+    """The README's quickstart, from the clone's root with the data folder beside it, sets nothing first."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Quickstart", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "export" not in block and re.search(r"^adalayers data fetch cola", block, re.M)
+    if not (root.parent / "shared" / "data" / "glue" / "CoLA" / "train.tsv").is_file():
+        pytest.skip("no ../shared/data beside the clone")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(root)
+    assert cli.main(["data", "fetch", "cola"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["../shared/data/glue/CoLA/train.tsv: present, sha256 ok",
+                       "../shared/data/glue/CoLA/dev.tsv: present, sha256 ok"]

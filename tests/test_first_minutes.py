@@ -189,3 +189,29 @@ def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
     assert all("left at most" in line for line in lines[:2]) and "left" not in lines[2]
+
+
+def test_gguf_conversion_draws_adalayers_bar_not_transformers(capfd):
+    pytest.importorskip("gguf")
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from adalayers.gguf_models import _own_bar
+
+    original = gguf_utils.tqdm
+    with _own_bar():  # what the conversion loop of transformers calls, with its own description
+        items = list(gguf_utils.tqdm([1, 2, 3], desc="Converting and de-quantizing GGUF tensors..."))
+    assert items == [1, 2, 3] and gguf_utils.tqdm is original
+    err = capfd.readouterr().err
+    assert "de-quantizing" not in err and (err == "" or "converting the GGUF tensors (once)" in err)
+
+
+def test_predict_files_without_base_takes_the_heads_base(base, tmp_path, capsys):
+    from adalayers.backbone import Backbone
+
+    run = make_run(tmp_path / "acc", Backbone.load(str(base)), "sequence", ["bad", "good"], seed=3)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                               for i, t in enumerate(["a good movie", "a bad one"])))
+    assert cli.main(["predict-files", "--heads", str(run), "--input", str(tmp_path / "in.jsonl"),
+                     "--output", str(tmp_path / "out"), "--format", "jsonl"]) == 0
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["job"]["base"] == str(base)
