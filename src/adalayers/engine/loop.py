@@ -131,10 +131,11 @@ def adamw(groups: list[dict], s: FitSettings, device: torch.device) -> torch.opt
 
 def time_left(epoch_seconds: list[float], epochs_left: int) -> str:
     """'  ~3m20s left at most': the median epoch so far times the epochs left (early stopping may end
-    training sooner), or '' when none are left."""
+    training sooner), or '' when none are left. The first epoch counts only while it is the only one: it
+    also builds the hidden-state cache, so it can take many times a later epoch."""
     if epochs_left <= 0 or not epoch_seconds:
         return ""
-    left = round(float(np.median(epoch_seconds)) * epochs_left)
+    left = round(float(np.median(epoch_seconds[1:] or epoch_seconds)) * epochs_left)
     shown = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
     return f"  ~{shown} left at most"
 
