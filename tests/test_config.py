@@ -148,5 +148,7 @@ def test_a_set_typo_names_the_flag_and_the_closest_field(tmp_path):
         config.load(None, ["mixer.kk=3", "head.num_head=2", "train.zzzzzz=1"])
     assert "did you mean mixer.k?" in str(e.value) and "did you mean head.num_heads?" in str(e.value)
     assert "--set train.zzzzzz=1: no field train.zzzzzz" in str(e.value)
+    cfg = config.load(None, ["task.options.lowercase=true", "tune.space.train.lr=[0.001]"])  # inside mappings
+    assert cfg.task.options == {"lowercase": True} and cfg.tune.space == {"train": {"lr": [0.001]}}
     with pytest.raises(ConfigError, match=r"train.lrr: unknown field; did you mean train.lr\?"):  # in a file
         config.from_dict({"train": {"lrr": 1}})

@@ -378,6 +378,8 @@ def override_problems(overrides: list[str] | None, cls=None) -> list[str]:
         renamed = getattr(paths.get(parent), "RENAMED", {}) if parent else {}
         if "=" not in item or "." not in key or key in paths:
             continue  # malformed items are reported by apply_overrides
+        if any(paths.get(".".join(sections[:i])) is dict for i in range(1, len(sections) + 1)):
+            continue  # a key inside a free-form mapping (task.options.x, tune.space.train.lr)
         if name in renamed:
             problems.append(f"--set {item}: {key} is renamed to {parent}.{renamed[name]}")
             continue
