@@ -132,3 +132,23 @@ def test_the_old_name_epochs_is_refused_with_its_new_name():
         multitask_config({"tasks": [{"name": "sst5"}], "epochs": 3})
     assert multitask_config({"tasks": [{"name": "sst5"}], "max_epochs": 3}).max_epochs == 3
     assert stored({"epochs": 3, "lr": 1e-3}) == {"max_epochs": 3, "lr": 1e-3}  # results stored before the rename
+
+
+def test_a_set_typo_names_the_flag_and_the_closest_field(tmp_path):
+    from conftest import ROOT
+
+    with pytest.raises(ConfigError) as e:
+        config.load(ROOT / "configs" / "cola.yaml", ["train.lrr=1e-3"])
+    assert str(e.value) == "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"  # not cola.yaml's
+    with pytest.raises(ConfigError, match=r"--set trian.lr=1: no field trian.lr; did you mean train.lr\?"):
+        config.from_dict({}, ["trian.lr=1"])
+    with pytest.raises(ConfigError, match="--set train.epochs=3: train.epochs is renamed to train.max_epochs"):
+        config.load(None, ["train.epochs=3"])
+    with pytest.raises(ConfigError) as e:
+        config.load(None, ["mixer.kk=3", "head.num_head=2", "train.zzzzzz=1"])
+    assert "did you mean mixer.k?" in str(e.value) and "did you mean head.num_heads?" in str(e.value)
+    assert "--set train.zzzzzz=1: no field train.zzzzzz" in str(e.value)
+    cfg = config.load(None, ["task.options.lowercase=true", "tune.space.train.lr=[0.001]"])  # inside mappings
+    assert cfg.task.options == {"lowercase": True} and cfg.tune.space == {"train": {"lr": [0.001]}}
+    with pytest.raises(ConfigError, match=r"train.lrr: unknown field; did you mean train.lr\?"):  # in a file
+        config.from_dict({"train": {"lrr": 1}})

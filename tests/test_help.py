@@ -15,7 +15,7 @@ SNAPSHOT = {
     ("serve", "--no-primary"): "stop the base after the deepest layer any head uses (early exit); answers then "
                                "carry no base output (default: off, the base runs to its end)",
     ("serve", "--base"): "the frozen base the heads were trained on: an alias, a model folder or a hub id "
-                         "(default: minilm-l6)",
+                         "(default: the base the heads' run folders name, when they all name the same one)",
     ("evaluate", "--split"): "which split of the run's task to score (default: test)",
     ("ablate-adapters", "--split"): "the split to re-evaluate on (default: validation, so the test split stays "
                                     "unseen)",

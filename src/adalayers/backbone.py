@@ -160,7 +160,10 @@ class Backbone(nn.Module):
         import transformers
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        source = resolve(name)
+        from adalayers.progress import quiet_loading
+
+        with quiet_loading():  # a GGUF base is converted here, the first time
+            source = resolve(name)
         try:
             config = AutoConfig.from_pretrained(source)
             tokenizer = AutoTokenizer.from_pretrained(source)
@@ -174,7 +177,8 @@ class Backbone(nn.Module):
             if arch.endswith(("ForSequenceClassification", "ForTokenClassification")) and hasattr(transformers, arch):
                 model_cls = getattr(transformers, arch)
         try:
-            model = model_cls.from_pretrained(source)
+            with quiet_loading():  # no "Loading weights" bars from the Python API either
+                model = model_cls.from_pretrained(source)
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load base model {name!r} ({source}): {str(e).splitlines()[0]}") from None
         return cls(model, tokenizer, name, states).to(device)

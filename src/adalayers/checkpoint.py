@@ -56,3 +56,26 @@ def restore(state: dict, model, opt, sched, scaler, gen: torch.Generator, rank: 
     torch.set_rng_state(rng["torch_rng"])
     if rng["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda_rng"])
+
+
+def unfinished_note(run_dir: Path) -> str | None:
+    """A run folder whose training has not finished (resume.pt, no metrics.json: still training, or
+    stopped) -> one line saying so and which epoch its head comes from; a finished run -> None."""
+    import json
+
+    run_dir = Path(run_dir)
+    if not (run_dir / NAME).is_file() or (run_dir / "metrics.json").is_file():
+        return None
+    epochs, best = 0, None
+    log_path = run_dir / "log.jsonl"
+    if log_path.is_file():
+        for line in log_path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            epochs += 1
+            best = entry.get("epoch", epochs) if entry.get("best") else best
+    where = f"the best epoch so far (epoch {best} of {epochs} done)" if best else "the best epoch so far"
+    return (f"{run_dir} is unfinished (still training, or stopped: continue it with 'adalayers train ... --resume'): "
+            f"its head is {where}")

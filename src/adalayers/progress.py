@@ -2,7 +2,8 @@
 
 `configure(verbose)` is called once by the CLI before a command runs:
 - transformers' and huggingface_hub's own progress bars ("Loading weights", downloads) are switched
-  off unless `verbose`; adalayers' bars (caching, epochs) stay.
+  off unless `verbose`; adalayers' bars (caching, epochs) stay. Without the CLI (SideTasks.load,
+  Backbone.load) `quiet_loading` switches them off while a model loads.
 - when stderr is not a terminal, a bar's redraws (carriage returns and cursor moves) become whole
   lines, at most one per PLAIN_INTERVAL_S seconds (and the bar's last state before other output),
   so a log file reads top to bottom; every other message passes unchanged.
@@ -15,6 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 PLAIN_INTERVAL_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -100,9 +102,28 @@ def _hf_progress(on: bool) -> bool:
     return was_on and hub_on
 
 
+_VERBOSE = False  # the CLI's --verbose: transformers' own bars stay on while models load
+
+
+@contextmanager
+def quiet_loading():
+    """transformers' and huggingface_hub's bars ("Loading weights") off while a model loads, for the Python
+    API as for the CLI (unless the CLI was given --verbose); as they were afterwards."""
+    if _VERBOSE:
+        yield
+        return
+    was_on = _hf_progress(False)
+    try:
+        yield
+    finally:
+        _hf_progress(was_on)
+
+
 def configure(verbose: bool = False) -> Callable[[], None]:
     """Set up progress output for one command; returns a function that undoes it (for in-process callers)."""
-    hf_was_on = _hf_progress(verbose)
+    global _VERBOSE
+    hf_was_on, verbose_was = _hf_progress(verbose), _VERBOSE
+    _VERBOSE = verbose
     stderr, interval = sys.stderr, os.environ.get("TQDM_MININTERVAL")
     if not sys.stderr.isatty() and not isinstance(sys.stderr, PlainLines):
         sys.stderr = PlainLines(sys.stderr)
@@ -110,6 +131,8 @@ def configure(verbose: bool = False) -> Callable[[], None]:
         os.environ.setdefault("TQDM_MININTERVAL", str(PLAIN_INTERVAL_S))
 
     def restore() -> None:
+        global _VERBOSE
+        _VERBOSE = verbose_was
         _hf_progress(hf_was_on)
         if isinstance(sys.stderr, PlainLines) and sys.stderr.stream is stderr:
             sys.stderr = stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from adalayers import checkpoint
+from adalayers import health
 from adalayers import run as runlib
 from adalayers import textcheck
 from adalayers.backbone import Backbone
@@ -118,6 +119,16 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     """
     out = Path(out)
     distributed.start(pick_device(cfg.train.device))  # under torchrun: rank 0 decides about `out` for all
+    created = distributed.is_main() and not out.exists()
+    try:
+        return _train(cfg, out, resume, prepared, backbone, on_epoch, build_task, overwrite)
+    except BaseException:
+        if created:  # a run that failed before writing anything leaves no empty folder behind
+            runlib.remove_if_empty(out)
+        raise
+
+
+def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, overwrite: bool) -> dict:
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
     finished, unfinished = distributed.broadcast(
@@ -154,11 +165,11 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     task, _, _ = runlib.load_head(out, backbone, build_task and build(cfg, backbone, data))
     task.to(backbone.device)
     autocast = autocast_for(cfg.train.precision, backbone.device)
-    results = {}
+    results, preds = {}, {}
     for split in ("validation", "test"):
         if split in encoded:
-            results[split], _ = evaluate_split(task, source, encoded[split], data.splits[split],
-                                               cfg.train.eval_batch_size, pad_id, autocast)
+            results[split], preds[split] = evaluate_split(task, source, encoded[split], data.splits[split],
+                                                          cfg.train.eval_batch_size, pad_id, autocast)
     metrics = {**results, "trainable_params": task.num_trainable(), "base_params": backbone.num_parameters(),
                "train_seconds": summary["train_seconds"], "best_epoch": summary["best_epoch"],
                "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
@@ -166,12 +177,22 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     if distributed.is_main():  # rank 0 alone writes the run folder
         runlib.write_json(out / "metrics.json", metrics)
         (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume
+        for warning in health.head_warnings(task.kind, task.labels, preds.get("validation", []), cfg.train,
+                                            summary["epochs"]):
+            log.warning("[%s] %s", data.name, warning)
     distributed.barrier()
     return metrics
 
 
+def warn_if_unfinished(run_dir: Path) -> None:
+    note = checkpoint.unfinished_note(run_dir)
+    if note:
+        log.warning("%s", note)
+
+
 def evaluate(run_dir: Path, split: str = "test") -> dict:
     cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    warn_if_unfinished(run_dir)
     backbone, data, encoded = prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.to(backbone.device)
@@ -213,6 +234,7 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
 
     check_texts(texts)
     cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    warn_if_unfinished(run_dir)
     check_pairs(str(run_dir), takes_pairs(cfg), text_pairs, len(texts))
     if text_pairs is not None:
         check_texts(text_pairs, "second text")

@@ -124,6 +124,14 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def remove_if_empty(folder: Path) -> None:
+    """Delete `folder` when it holds nothing (e.g. a run that failed before its first file)."""
+    try:
+        Path(folder).rmdir()  # only succeeds on an empty folder
+    except OSError:
+        pass
+
+
 def replace_run(out: Path, build) -> dict:
     """Run `build(folder)` on a new temporary folder beside `out`, then swap it in for `out`.
 

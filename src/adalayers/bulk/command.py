@@ -7,9 +7,10 @@ import logging
 
 def cmd_predict_files(args) -> int:
     from adalayers.bulk.local import Job
+    from adalayers.serve.api import heads_base
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    job = Job(base=args.base, heads=list(args.heads), input=args.input, id_column=args.id_column,
+    job = Job(base=args.base or heads_base(args.heads), heads=list(args.heads), input=args.input, id_column=args.id_column,
               text_column=args.text_column, text_pair_column=args.text_pair_column, output_format=args.format, part_rows=args.part_rows,
               max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     if args.engine == "ray":
@@ -34,7 +35,8 @@ def cmd_predict_files(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("predict-files", help="run every head over CSV/TSV/JSONL/Parquet files into Parquet parts "
                                              "(resumable; --engine ray for Ray Data)")
-    p.add_argument("--base", default="minilm-l6", help="the frozen base the heads were trained on")
+    p.add_argument("--base", default=None, help="the frozen base the heads were trained on (default: the one "
+                                                   "their run folders name, when they all name the same one)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER); the name prefixes the task's output columns")
     p.add_argument("--input", required=True, metavar="PATH",

@@ -129,6 +129,17 @@ def adamw(groups: list[dict], s: FitSettings, device: torch.device) -> torch.opt
     return torch.optim.AdamW(groups, lr=s.lr, weight_decay=s.weight_decay, fused=fused or None)
 
 
+def time_left(epoch_seconds: list[float], epochs_left: int) -> str:
+    """'  ~3m20s left at most': the median epoch so far times the epochs left (early stopping may end
+    training sooner), or '' when none are left. The first epoch counts only while it is the only one: it
+    also builds the hidden-state cache, so it can take many times a later epoch."""
+    if epochs_left <= 0 or not epoch_seconds:
+        return ""
+    left = round(float(np.median(epoch_seconds[1:] or epoch_seconds)) * epochs_left)
+    shown = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
+    return f"  ~{shown} left at most"
+
+
 def trainable_state(model: nn.Module) -> dict:
     """The tensors training changes (what a best epoch is)."""
     return {k: v for k, v in model.named_parameters() if v.requires_grad}
@@ -200,14 +211,14 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
         board = Board(run_dir)
     best_state = None
     t_start = time.perf_counter() - elapsed
-    epoch, longest = start - 1, 0.0
+    epoch, longest, times = start - 1, 0.0, []
     name = f"{s.desc} " if s.desc else ""
     try:
         for epoch in range(start, s.max_epochs + 1):
             t0 = time.perf_counter()
             model.train()
             losses = []
-            for batch in bar(feed.epoch(epoch, gen), feed.steps, f"{name}epoch {epoch}"):
+            for batch in bar(feed.epoch(epoch, gen), feed.steps, f"{name}epoch {epoch}/{s.max_epochs}"):
                 progress.step += 1
                 with autocast() if autocast else contextlib.nullcontext():
                     loss = step_model(batch)
@@ -263,8 +274,10 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
             if on_epoch is not None:
                 on_epoch(epoch, metric)
             shown = f"{metric:.4f}"
-            log.info("%sepoch %3d  loss %.4f  val %s%s  lr %.2e  %.1fs", name, epoch, train_loss, shown,
-                     "  *" if improved else "", entry["lr"], entry["seconds"])
+            times.append(entry["seconds"])
+            log.info("%sepoch %3d/%d  loss %.4f  val %s%s  lr %.2e  %.1fs%s", name, epoch, s.max_epochs, train_loss,
+                     shown, "  *" if improved else "", entry["lr"], entry["seconds"],
+                     time_left(times, s.max_epochs - epoch))
             longest, spent = max(longest, time.perf_counter() - t0), time.perf_counter() - t_start
             if s.early_stopping is not None and progress.bad_epochs >= s.early_stopping:
                 log.info("early stop: no validation improvement for %d epochs", progress.bad_epochs)

@@ -74,6 +74,19 @@ def parse_head_arg(arg: str) -> tuple[str, Path]:
     return Path(arg.partition("@")[0]).name, resolve_run(arg)
 
 
+def heads_base(run_dirs: list) -> str:
+    """The base the heads in `run_dirs` were trained on (their config.json's base name), when they all
+    name the same one; otherwise a ModelError that lists them and names --base."""
+    named = {str(arg): runlib.read_config(parse_head_arg(str(arg))[1])["base"]["name"] for arg in run_dirs}
+    bases = sorted(set(named.values()))
+    if not bases:
+        raise ModelError("no heads given, so no base to load: name one with --base")
+    if len(bases) > 1:
+        raise ModelError(f"the heads were trained on different bases ({', '.join(f'{a}: {b}' for a, b in named.items())}); "
+                         f"serve the heads of one base together, or choose the base with --base")
+    return bases[0]
+
+
 class SideTasks:
     def __init__(self, backbone: Backbone, heads: list[Head], primary: bool = True,
                  max_length: int | None = None, batch_size: int = 32):
@@ -99,17 +112,18 @@ class SideTasks:
 
     # --- loading ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, base: str, run_dirs: list, primary: bool = True, device: str = "auto", backend: str = "torch",
-             **kw) -> "SideTasks":
+    def load(cls, base: str | None, run_dirs: list, primary: bool = True, device: str = "auto",
+             backend: str = "torch", **kw) -> "SideTasks":
         """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN').
 
-        backend="onnx" (or "onnx-int8"): one exported graph run by ONNX Runtime (adalayers.export.runtime);
-        `base` may then also be a folder written by `adalayers export`. backend="llama.cpp": a GGUF base
-        (alias or .gguf file) run quantized by llama.cpp, the heads fed through its eval callback
-        (adalayers.infer.llamacpp_backbone).
+        base=None: the base every head was trained on (heads_base). backend="onnx" (or "onnx-int8"): one
+        exported graph run by ONNX Runtime (adalayers.export.runtime); `base` may then also be a folder
+        written by `adalayers export`. backend="llama.cpp": a GGUF base (alias or .gguf file) run quantized
+        by llama.cpp, the heads fed through its eval callback (adalayers.infer.llamacpp_backbone).
         """
         from adalayers.core import pick_device
 
+        base = base or heads_base(run_dirs)
         if backend == "llama.cpp":
             from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
 

@@ -79,9 +79,9 @@ def _serve_on_ray(args, cfg: ServeConfig) -> int:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("serve", help="serve trained heads over HTTP, all answered from one pass of the base")
-    p.add_argument("--base", default="minilm-l6",
+    p.add_argument("--base", default=None,
                    help="the frozen base the heads were trained on: an alias, a model folder or a hub id "
-                        "(default: minilm-l6)")
+                        "(default: the base the heads' run folders name, when they all name the same one)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
     p.add_argument("--host", default=_default("host"), help=_help("host"))

@@ -4,8 +4,9 @@ Each task lists the files its reader needs (paths under the data folder), the pu
 from, and its sha256; files inside an archive name their member, and the archive's own checksum is
 checked when known. A file already present with the right checksum is kept; a download is written to a
 temporary file, checked, and only then renamed into place, so a failed or wrong download leaves nothing.
-Without a network (HF_HUB_OFFLINE=1, or no connection) the command says in one line which files to
-place in which folder.
+Files already present and checked are reported as such with or without a network; only a missing or
+changed file needs a download. Without a network (HF_HUB_OFFLINE=1, or no connection) the command says
+in one short line which files to place in which folder; the sources are listed in docs/data.md.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from adalayers import run as run_files
 from adalayers.errors import DataError
@@ -94,12 +96,16 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def place_message(task: str, folder: Path, why: str) -> str:
-    src = SOURCES[task]
-    files = ", ".join(f.path for f in src.files)
-    urls = ", ".join(dict.fromkeys(f.url for f in src.files))
-    return (f"{why}: place {files} under {folder.resolve()} (or set ADALAYERS_DATA to the folder that holds "
-            f"them); sources: {urls}; sha256 in adalayers/tasks/fetch.py, layout in docs/data.md")
+def place_message(task: str, folder: Path, why: str, missing: list[str] | None = None) -> str:
+    """One short line: what is wrong, which files to put where (the sources are in docs/data.md)."""
+    files = ", ".join(missing if missing is not None else [f.path for f in SOURCES[task].files])
+    return f"{why}: place {files} under {folder.resolve()} (sources: docs/data.md)"
+
+
+def checked(f: RemoteFile, folder: Path) -> bool:
+    """The file is in the data folder with its recorded sha256."""
+    path = folder / f.path
+    return path.is_file() and bool(f.sha256) and run_files.sha256(path) == f.sha256
 
 
 def download(url: str, timeout: float = 60.0) -> bytes:
@@ -142,20 +148,24 @@ def fetch(task: str, folder: Path, get=download) -> list[str]:
     """Put `task`'s files under `folder`; returns one line per file (kept, or downloaded and checked)."""
     if task not in SOURCES:
         raise DataError(f"no public source known for {task!r} (known: {', '.join(SOURCES)})")
-    if offline():
-        raise DataError(place_message(task, folder, "offline (HF_HUB_OFFLINE=1), nothing downloaded"))
+    files = SOURCES[task].files
+    present = {f.path for f in files if checked(f, folder)}
+    missing = [f.path for f in files if f.path not in present]
+    if missing and offline():
+        raise DataError(place_message(task, folder, "offline (HF_HUB_OFFLINE=1)", missing))
     done, archives = [], {}
-    for f in SOURCES[task].files:
+    for f in files:
         path = folder / f.path
-        if path.is_file() and f.sha256 and run_files.sha256(path) == f.sha256:
+        if f.path in present:
             done.append(f"{path}: present, sha256 ok")
             continue
         try:
             if f.url not in archives:
                 archives[f.url] = get(f.url)
         except Exception as e:  # noqa: BLE001  (no network, DNS, HTTP error: all end in the same advice)
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise DataError(place_message(task, folder, f"could not download {f.url} ({reason})")) from None
+            reason = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:80]
+            raise DataError(place_message(task, folder, f"could not download from {urlsplit(f.url).netloc} ({reason})",
+                                          missing)) from None
         data = archives[f.url]
         if f.member:
             if f.archive_sha256 and sha256_bytes(data) != f.archive_sha256:

@@ -54,7 +54,24 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         base["task"] = {**{k: base["task"][k] for k in keep}, **task}
         base["head"]["kind"] = None  # follows the data
         base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
+        _fit_to_small_data(base, len(tables["train"].rows or []), "validation" in tables, overrides)
     return config_mod.from_dict(base, overrides)
+
+
+def _fit_to_small_data(base: dict, rows: int, own_validation: bool, overrides: list[str]) -> None:
+    """The closest config's lr and epochs are made for thousands of rows: a small file gets its own
+    (adalayers.health.few_step_defaults), said in the log; not when --set chooses any of them."""
+    import logging
+
+    from adalayers.health import few_step_defaults
+
+    chosen = {o.partition("=")[0].strip() for o in overrides or []}
+    if chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"}:
+        return
+    n_train = rows if own_validation else rows - round(rows * base["task"]["validation_fraction"])
+    note = None if n_train < 1 else few_step_defaults(base["train"], n_train)
+    if note:
+        logging.getLogger(__name__).info("%s", note)
 
 
 def add_data_args(p) -> None:
