@@ -22,7 +22,7 @@ from runs_util import NER, make_run
 from tinymodels import tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "s3cret-key"
+KEY = "s3cret-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SENT = "john sees the big dog and the small cat "
 
@@ -295,7 +295,7 @@ def test_slow_clients_are_cut_off(server):
 def test_bearer_token_is_required(server, runs):
     body = {"texts": [SENT]}
     assert httpx.post(f"{server.url}/predict", json=body).status_code == 401
-    wrong = httpx.post(f"{server.url}/predict", json=body, headers={"Authorization": "Bearer s3cret-kez"})
+    wrong = httpx.post(f"{server.url}/predict", json=body, headers={"Authorization": f"Bearer {KEY[:-1]}x"})
     assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
     assert httpx.get(f"{server.url}/tasks").status_code == 401
     assert httpx.get(f"{server.url}/openapi.json").status_code == 401
@@ -310,7 +310,8 @@ def test_tasks_do_not_reveal_server_paths(server, runs):
 
 
 # --- 6. empty texts: service and CLI agree; truncated only when cut -----------------------------------------
-@pytest.mark.parametrize("text", ["\x00\x00", "\u200b", " \u200b\u200d\ufeff "])
+@pytest.mark.parametrize("text", ["\x00\x00", "\u200b", " \u200b\u200d\ufeff ", "\u0301\u0308", "\u2800 \u3164",
+                                  "\ufe0f\ufe0e"])
 def test_invisible_texts_are_empty_for_service_and_cli(server, runs, text, capsys):
     r = httpx.post(f"{server.url}/predict", headers=AUTH, json={"texts": ["a good movie", text]})
     assert r.status_code == 422 and r.json()["detail"] == "text 2 is empty"
@@ -322,3 +323,64 @@ def test_truncated_only_when_tokens_were_cut(server):
     r = httpx.post(f"{server.url}/predict", headers=AUTH,
                    json={"texts": ["a good movie \u200b", "a good movie\x00", (SENT * 20)[:700]]})
     assert [x["truncated"] for x in r.json()["results"]] == [False, False, True]
+
+
+# --- 7. small bodies never make a 500, and never a long log ---------------------------------------------------
+def test_deep_json_and_unencodable_names_are_4xx_with_a_bounded_log(server):
+    size0 = server.logfile.stat().st_size
+    for depth in (40, 400, 990, 5000):
+        r = _post(server, b'{"texts": ' + b"[" * depth + b"]" * depth + b"}")
+        assert r.status_code in (400, 422), (depth, r.text[:300])
+        assert len(r.content) < 4096
+    for body in (b'{"texts": ["a good movie"], "tasks": ["\\ud800"]}',
+                 b'{"texts": ["a good movie"], "tasks": ["acc", "x\\udfff"]}'):
+        r = _post(server, body)
+        assert r.status_code == 400 and "unknown task(s)" in r.json()["detail"], r.text
+    assert server.logfile.stat().st_size - size0 < 2048  # no traceback per request
+    assert _post(server, json.dumps({"texts": [SENT]}).encode()).status_code == 200
+
+
+def test_request_heads_are_refused_as_the_docs_say(server):
+    body = json.dumps({"texts": [SENT]}).encode()
+    big = httpx.post(f"{server.url}/predict", content=body, timeout=30,
+                     headers={"content-type": "application/json", **AUTH, "X-Pad": "y" * 40_000})
+    assert big.status_code == 431 and "16384" in big.json()["detail"]
+    # two Authorization headers, the wrong one first: refused, as one wrong header is
+    s = _raw(server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Authorization: Bearer wrong-key-0123456789\r\nAuthorization: Bearer " + KEY.encode()
+                          + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    answer, _ = _read_all(s)
+    assert b" 401 " in answer.split(b"\r\n")[0], answer[:300]
+    # Content-Length and Transfer-Encoding together: refused and the connection closed (RFC 9112 6.1)
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    s = _raw(server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
+                          b"Bearer " + KEY.encode() + b"\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          + chunked)
+    answer, took = _read_all(s, limit_s=10)
+    assert b" 400 " in answer.split(b"\r\n")[0] and b"Content-Length and Transfer-Encoding" in answer, answer[:300]
+    assert answer.count(b"HTTP/1.1") == 1 and took < 5  # closed, not kept open for a next request
+
+
+def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_path):
+    from adalayers.errors import ConfigError
+    from adalayers.serve.auth import ENV, read_api_key
+
+    (tmp_path / "short").write_text("k\n")
+    with pytest.raises(ConfigError, match="the API key has 1 characters; use at least 16"):
+        read_api_key(str(tmp_path / "short"))
+    monkeypatch.setenv(ENV, "   ")
+    with pytest.raises(ConfigError, match=r"\$ADALAYERS_API_KEY is set but blank"):
+        read_api_key(None)
+    monkeypatch.delenv(ENV)
+    assert read_api_key(None) is None
+    cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]), "--port", str(_free_port()),
+           "--threads", "1", "--heads", b"c\xff=" + bytes(runs["acc"])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, out
+    assert err.decode().strip().splitlines()[-1] == (f"error: --heads c\\xff={runs['acc']}: the task name is not "
+                                                     f"valid UTF-8; name it with NAME=RUN_FOLDER")

@@ -32,7 +32,7 @@ from adalayers.textcheck import check_texts
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate, word_windows
 from adalayers.engine.predict import in_order, predict
-from adalayers.errors import DataError, ModelError
+from adalayers.errors import ConfigError, DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
 from adalayers.templates import Template
@@ -70,8 +70,21 @@ def parse_head_arg(arg: str) -> tuple[str, Path]:
 
     name, sep, path = arg.partition("=")
     if sep and name and "/" not in name:
-        return name, resolve_run(path)
-    return Path(arg.partition("@")[0]).name, resolve_run(arg)
+        return _task_name(name, arg), resolve_run(path)
+    return _task_name(Path(arg.partition("@")[0]).name, arg), resolve_run(arg)
+
+
+def _task_name(name: str, arg: str) -> str:
+    """A task name every answer can carry: valid UTF-8 (argv bytes that are not arrive as lone surrogates)
+    and printable."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise ConfigError(f"--heads {shown}: the task name is not valid UTF-8; name it with NAME=RUN_FOLDER") from None
+    if not name.isprintable():
+        raise ConfigError(f"--heads {arg!r}: the task name holds unprintable characters; name it with NAME=RUN_FOLDER")
+    return name
 
 
 class SideTasks:

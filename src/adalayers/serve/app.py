@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -34,7 +32,7 @@ from adalayers.config import ServeConfig
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.limits import BodyLimit, FiniteRequest, json_safe
+from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers
 from adalayers.serve.memory import process_memory
 from adalayers.textcheck import text_problem
 
@@ -268,10 +266,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # added last: runs first, before any body is read
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError):
-        # the errors echo the input, which may hold NaN or lone surrogates: made JSON-safe
-        return JSONResponse(status_code=422, content={"detail": json_safe(jsonable_encoder(exc.errors()))})
+    add_error_handlers(app)  # 4xx answers that echo client input (NaN, lone surrogates, deep JSON) stay 4xx
 
     @app.post("/predict", response_model=PredictResponse,
               responses={401: {"description": "API key missing or wrong"}, 408: {"description": "read timeout"},

@@ -41,7 +41,8 @@ class GenerateRequest(FiniteRequest):
     do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = all).")
-    seed: int | None = Field(None, description="Seed of the sampling (same seed, same text).")
+    seed: int | None = Field(None, ge=0, le=2 ** 64 - 1,
+                             description="Seed of the sampling (same seed, same text); 0 to 2^64-1.")
     steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
     answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
     guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
