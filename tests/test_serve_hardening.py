@@ -384,3 +384,32 @@ def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_pat
     assert proc.returncode == 2, out
     assert err.decode().strip().splitlines()[-1] == (f"error: --heads c\\xff={runs['acc']}: the task name is not "
                                                      f"valid UTF-8; name it with NAME=RUN_FOLDER")
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory):
+    """`adalayers serve` on a tiny random Llama saved as a model folder, with a sequence head: /generate works."""
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    root = tmp_path_factory.mktemp("serve-llm")
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    base = Backbone.load(str(root / "tiny-llama"))
+    runs = {"base": root / "tiny-llama", "root": root,
+            "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+            "ner": make_run(root / "ner", base, "token", NER, seed=4)}
+    server = Server(runs).wait_started()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_generate_seed_outside_64_bits_is_422(llm_server):
+    body = {"prompts": ["the dog runs"], "max_new_tokens": 2, "do_sample": True}
+    for seed in (2 ** 64, -1, 10 ** 30):
+        r = httpx.post(f"{llm_server.url}/generate", json={**body, "seed": seed}, timeout=60)
+        assert r.status_code == 422 and "seed" in r.text, (seed, r.text[:300])
+    ok = [httpx.post(f"{llm_server.url}/generate", json={**body, "seed": 2 ** 64 - 1}, timeout=60) for _ in range(2)]
+    assert [r.status_code for r in ok] == [200, 200] and ok[0].json() == ok[1].json()
