@@ -24,6 +24,8 @@ import h11
 from pydantic import BaseModel, ConfigDict, model_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from adalayers.jsoncheck import json_problem
+
 
 class BodyTooLarge(Exception):
     """Raised into the app from receive() when the body passes the limit."""
@@ -145,18 +147,9 @@ MAX_DEPTH = 32  # JSON nesting a request body may have (the deepest valid one: 4
 
 
 def body_problem(value, max_depth: int = MAX_DEPTH) -> str | None:
-    """Why a parsed JSON body cannot be read further, or None: nested deeper than `max_depth`, or holding a
-    non-finite number. Walked with an explicit stack: no recursion, however deep the body."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, float) and not math.isfinite(v):
-            return "the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite"
-        if isinstance(v, (dict, list, tuple)):
-            if depth > max_depth:
-                return f"the request is nested more than {max_depth} levels deep"
-            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return None
+    """Why a parsed JSON body cannot be read further, or None (jsoncheck: too deep, or non-finite)."""
+    problem = json_problem(value, max_depth)
+    return f"the request {problem}" if problem else None
 
 
 class FiniteRequest(BaseModel):
