@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -285,6 +286,35 @@ def test_a_killed_overwrite_leaves_the_old_run_intact(trained, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert _files(run) == before  # the finished run, untouched; the half-built one lies beside it
+    leftover = list(tmp_path.glob(".acc.new-*"))
+    assert len(leftover) == 1
+    # the next start removes it (its process is gone), then overwrites as usual
+    from adalayers import recipes
+
+    recipes.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["acc", "cfg.yaml"]
+    assert ".owner" not in _files(run)
+
+
+def test_leftovers_of_an_interrupted_swap_are_restored_or_removed(trained, tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "acc"
+    shutil.copytree(trained["run"], run)
+    before = _files(run)
+    run.rename(tmp_path / ".acc.old-x1")  # killed between the two renames: the old run is the only one
+    (tmp_path / ".acc.new-x1").mkdir()  # and the new one half built, by a process long gone
+    (tmp_path / ".acc.new-x1" / ".owner").write_text("elsewhere-but-not-really 1\n")
+    (tmp_path / ".acc.new-x2").mkdir()  # one being built right now, by this very process
+    (tmp_path / ".acc.new-x2" / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    with caplog.at_level("WARNING", logger="adalayers.run"):
+        runlib.clean_leftovers(run)
+    assert _files(run) == before and "restoring" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".acc.new-x1", ".acc.new-x2", "acc"]  # other host's: kept
+    (tmp_path / ".acc.new-x1" / ".owner").write_text(f"{socket.gethostname()} 999999999\n")
+    shutil.copytree(run, tmp_path / ".acc.old-x3")  # the swap had finished: the old copy is garbage
+    runlib.clean_leftovers(run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".acc.new-x2", "acc"]
 
 
 def test_evaluate_on_a_folder_it_cannot_write_prints_the_metrics_and_fails(trained, tmp_path):

@@ -119,6 +119,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
     out = Path(out)
     distributed.start(pick_device(cfg.train.device))  # under torchrun: rank 0 decides about `out` for all
     if distributed.is_main():
+        runlib.clean_leftovers(out)  # a killed --overwrite's folders beside `out`
         out.mkdir(parents=True, exist_ok=True)
     finished, unfinished = distributed.broadcast(
         ((out / "metrics.json").is_file(), (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file())

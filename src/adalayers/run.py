@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from adalayers.kinds import TaskKind
 
 HEAD = "head.safetensors"
 MAX_CONFIG_DEPTH = 16  # nesting of config.json (a valid one has 4: config.task.label_names.value)
+OWNER = ".owner"  # in a `.NAME.new-*` folder of replace_run: "host pid" of the process building it
 CONFIG = "config.json"  # also the checksums key of config.json's own content (config_digest)
 log = logging.getLogger(__name__)
 _unsealed_seen: set[str] = set()
@@ -146,8 +148,10 @@ def replace_run(out: Path, build) -> dict:
     out = Path(out)
     new = None
     if distributed.is_main():
+        clean_leftovers(out)
         new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
         os.chmod(new, 0o777 & ~_umask())
+        (new / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
     new = distributed.broadcast(new)
     try:
         result = build(new)
@@ -157,6 +161,7 @@ def replace_run(out: Path, build) -> dict:
         raise
     distributed.barrier()  # every rank has finished with the new folder
     if distributed.is_main():
+        (new / OWNER).unlink(missing_ok=True)
         old = out.parent / f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}"
         os.rename(out, old)
         try:
@@ -167,6 +172,40 @@ def replace_run(out: Path, build) -> dict:
         shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()  # no rank returns before `out` holds the new run
     return result
+
+
+def _alive(owner: Path) -> bool:
+    """Is the process named in a `.owner` file (host pid) still running on this host?"""
+    try:
+        host, pid = owner.read_text(encoding="utf-8").split()
+        if host != socket.gethostname():
+            return True  # another machine's: not ours to judge
+        os.kill(int(pid), 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return not owner.parent.exists() or owner.exists()  # unreadable: leave it alone
+
+
+def clean_leftovers(out: Path) -> None:
+    """What a killed --overwrite left beside `out`: a `.NAME.new-*` folder whose process is gone is removed;
+    a `.NAME.old-*` folder is the previous run: renamed back to `out` when the kill came between the two
+    renames (`out` missing), else removed (the swap had finished)."""
+    out = Path(out)
+    for leftover in sorted(out.parent.glob(f".{out.name}.new-*")):
+        if leftover.is_dir() and not _alive(leftover / OWNER):
+            log.warning("removing %s: the unfinished run of an --overwrite that was interrupted", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if not old.is_dir():
+            continue
+        if not out.exists():
+            log.warning("restoring %s from %s: an --overwrite was interrupted between its two renames", out, old)
+            os.rename(old, out)
+        else:
+            log.warning("removing %s: the previous run, already replaced by %s", old, out)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def save_head(run_dir: Path, task) -> str:
