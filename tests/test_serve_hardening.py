@@ -413,3 +413,13 @@ def test_generate_seed_outside_64_bits_is_422(llm_server):
         assert r.status_code == 422 and "seed" in r.text, (seed, r.text[:300])
     ok = [httpx.post(f"{llm_server.url}/generate", json={**body, "seed": 2 ** 64 - 1}, timeout=60) for _ in range(2)]
     assert [r.status_code for r in ok] == [200, 200] and ok[0].json() == ok[1].json()
+
+
+def test_the_body_limit_fits_every_valid_request_in_either_encoding(server):
+    texts = ["\U0001F600" * 4000] * 8  # the most texts of the most characters; 12 bytes each when escaped
+    for body in (json.dumps({"texts": texts, "tasks": ["acc"]}),  # \ud83d\ude00 escapes: 384 KB
+                 json.dumps({"texts": texts, "tasks": ["acc"]}, ensure_ascii=False)):  # raw UTF-8: 128 KB
+        r = _post(server, body.encode("utf-8"))
+        assert r.status_code == 200 and len(r.json()["results"]) == 8, r.text[:300]
+    over = json.dumps({"texts": ["a" * 4001], "tasks": ["acc"]}).encode()  # characters are what is limited
+    assert _post(server, over).status_code == 413

@@ -32,7 +32,7 @@ from adalayers.config import ServeConfig
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers
+from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, max_body_bytes
 from adalayers.serve.memory import process_memory
 from adalayers.textcheck import text_problem
 
@@ -245,8 +245,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     cfg = cfg or ServeConfig()
     batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                  max(1, cfg.max_batch_tokens), max(1, cfg.max_queue))
-    # a body bigger than the largest valid request (JSON may escape a character as 6 bytes) is refused unread
-    max_body = cfg.max_texts * (cfg.max_chars * 6 + 16) + 4096
+    max_body = max_body_bytes(cfg)  # larger than any valid request: refused unread
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

@@ -32,6 +32,15 @@ class BodyTooLarge(Exception):
 
 
 MAX_HEADER_BYTES = 16 * 1024  # request line + headers
+JSON_BYTES_PER_CHAR = 12      # the most JSON spends on one character: a non-BMP one as "\\ud83d\\ude00"
+
+
+def max_body_bytes(cfg) -> int:
+    """The largest body a valid request can have, in any JSON encoding: --max-texts texts and as many
+    second texts (sentence pairs), each of --max-chars characters at JSON_BYTES_PER_CHAR bytes, with their
+    quotes and commas, plus 4 KiB for the rest of the request. Characters and tokens are limited after
+    parsing (--max-chars, --max-tokens); this byte limit only keeps larger bodies from being read."""
+    return 2 * cfg.max_texts * (cfg.max_chars * JSON_BYTES_PER_CHAR + 16) + 4096
 
 
 def framing_problem(scope, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[int, str] | None:
