@@ -423,3 +423,39 @@ def test_the_body_limit_fits_every_valid_request_in_either_encoding(server):
         assert r.status_code == 200 and len(r.json()["results"]) == 8, r.text[:300]
     over = json.dumps({"texts": ["a" * 4001], "tasks": ["acc"]}).encode()  # characters are what is limited
     assert _post(server, over).status_code == 413
+
+
+# --- scheduling: work is charged and computed per request; a pass nobody waits for stops between batches ----
+def test_one_requests_texts_are_never_windowed_for_anothers_token_head(server):
+    long = (SENT * 90)[:3600]  # ~800 tokens: many windows, were they made
+
+    async def pair():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=AUTH) as c:
+            return await asyncio.gather(c.post("/predict", json={"texts": [long] * 4, "tasks": ["acc"]}),
+                                        c.post("/predict", json={"texts": [SENT], "tasks": ["ner"]}))
+
+    batched = 0
+    for _ in range(8):  # until the two requests have shared one pass (they arrive within --max-wait-ms)
+        before = server.health()
+        a, b = asyncio.run(pair())
+        assert (a.status_code, b.status_code) == (200, 200)
+        assert set(a.json()["results"][0]["tasks"]) == {"acc"} and set(b.json()["results"][0]["tasks"]) == {"ner"}
+        after = server.health()
+        if after["batches_run"] - before["batches_run"] == 1:
+            batched += 1
+            assert after["base_rows_run"] - before["base_rows_run"] == 5  # 4 + 1 plain rows, no window
+    assert batched, "the two requests never shared a pass"
+
+
+def test_a_pass_past_its_deadline_stops_between_batches(busy_server):
+    before = busy_server.health()
+    r = httpx.post(f"{busy_server.url}/predict", json=_heavy(64), timeout=120)  # thousands of windows
+    assert r.status_code == 503 and "not answered within 0.3 s" in r.text
+    deadline = time.time() + 120
+    while busy_server.health()["busy"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    after = busy_server.health()
+    assert after["base_rows_skipped"] > before["base_rows_skipped"]  # stopped, not run to the end
+    assert after["requests_answered"] == before["requests_answered"]
+    assert httpx.post(f"{busy_server.url}/predict", json={"texts": [SENT]}, timeout=60).status_code in (200, 503)

@@ -24,6 +24,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,7 +33,7 @@ from adalayers.textcheck import check_texts
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate, word_windows
 from adalayers.engine.predict import in_order, predict
-from adalayers.errors import ConfigError, DataError, ModelError
+from adalayers.errors import Cancelled, ConfigError, DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
 from adalayers.templates import Template
@@ -99,6 +100,8 @@ class SideTasks:
         limit = min(int(getattr(backbone.tokenizer, "model_max_length", 512) or 512), 100_000)
         self.max_length = min(max_length or max([h.max_length for h in heads] or [limit]), limit)
         self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
+        self.rows_run = 0      # token rows (plain rows and windows) the base has run, all passes together
+        self.rows_skipped = 0  # rows of passes stopped early because nobody waited for them (Cancelled)
         for h in heads:
             h.template.check(backbone.tokenizer, backbone.name, h.pairs, h.kind)
         templates = {h.template for h in heads}
@@ -177,9 +180,13 @@ class SideTasks:
 
     # --- predicting ------------------------------------------------------------------------
     def predict(self, texts: list[str], tasks: list[str] | None = None,
-                text_pairs: list[str] | None = None) -> list[dict]:
+                text_pairs: list[str] | None = None, windows: list[bool] | None = None,
+                cancelled: Callable[[], bool] | None = None) -> list[dict]:
         """Every asked head's prediction per text. A head trained on sentence pairs needs `text_pairs`
-        (one second text per text); the others refuse them. Without `tasks`: the heads that take the input."""
+        (one second text per text); the others refuse them. Without `tasks`: the heads that take the input.
+        `windows`: per text, whether its long text is split into windows for the token heads (default: for
+        every text when a token head is asked); a text without them gets token-head answers from its plain
+        (truncated) row. `cancelled`: asked before every micro-batch of the pass; True stops it (Cancelled)."""
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise DataError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one second text per text")
         names = self.select(tasks, text_pairs is not None)
@@ -190,9 +197,10 @@ class SideTasks:
         if second is not None:
             rows, spans = self._pair_rows(wrapped, second), [[] for _ in texts]
         else:
-            rows, spans = self._rows(wrapped, any(h.kind == TaskKind.TOKENS for h in heads))
+            tokens = any(h.kind == TaskKind.TOKENS for h in heads)
+            rows, spans = self._rows(wrapped, [tokens and w for w in windows] if windows else [tokens] * len(texts))
         with self._lock, torch.inference_mode():
-            outs = self._run(rows, heads)
+            outs = self._run(rows, heads, cancelled)
         results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(wrapped)]
         for r, text in zip(results, texts):
             r["text"] = text  # the caller's text, not the wrapped one
@@ -251,8 +259,9 @@ class SideTasks:
             counts.append(min(n, budget) + special + (n + special * -(-n // budget) if windows and n > budget else 0))
         return counts
 
-    def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
-        """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
+    def _rows(self, texts: list[str], windows: list[bool]) -> tuple[list[dict], list[list[tuple[int, int]]]]:
+        """Token rows: one plain (truncated) row per text, then word-boundary windows of the long texts
+        whose `windows` flag is set."""
         tok = self.backbone.tokenizer
         spans = [[m.span() for m in re.finditer(r"\S+", t)] for t in texts]
         enc = self._tokenize(texts, truncation=True, max_length=self.max_length, return_offsets_mapping=tok.is_fast)
@@ -261,11 +270,11 @@ class SideTasks:
         rows = [self._row(enc, i, i, 0, spans[i]) for i in range(len(texts))]
         for i, row in enumerate(rows):  # truncated: tokens were cut, not merely characters the tokenizer drops
             row["truncated"] = len(full["input_ids"][i]) > budget
-        if not windows:
+        if not any(windows):
             return rows, spans
         cuts = []  # (text index, character span of the window)
         for i, text in enumerate(texts):
-            if len(full["input_ids"][i]) <= budget:
+            if not windows[i] or len(full["input_ids"][i]) <= budget:
                 continue
             rows[i]["token_rows"] = False  # the token heads read this text's windows instead
             rows[i]["windows"] = []
@@ -291,7 +300,7 @@ class SideTasks:
             row["word_ids"] = _word_ids(enc["offset_mapping"][r], spans, offset)
         return row
 
-    def _run(self, rows: list[dict], heads: list[Head]) -> dict:
+    def _run(self, rows: list[dict], heads: list[Head], cancelled: Callable[[], bool] | None = None) -> dict:
         """One base pass per batch of rows, all heads tapping it (the engine's one predict loop, batches in
         row order, in this process). -> per row: the base's own output and each head's output (class
         probabilities, per-token probabilities, or the value), cut to the row's real tokens."""
@@ -310,8 +319,17 @@ class SideTasks:
             return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()})
                     for j in range(size)]
 
-        per_row = predict(lambda batch: (*self._forward(batch, heads, stop), len(batch["input_ids"])),
-                          in_order(len(rows), self.batch_size),
+        ran = [0]  # rows of this pass run so far
+
+        def step(batch):  # between micro-batches: stop when nobody waits any more
+            if cancelled is not None and cancelled():
+                self.rows_skipped += len(rows) - ran[0]
+                raise Cancelled("nobody waits for this pass any more")
+            ran[0] += len(batch["input_ids"])
+            self.rows_run += len(batch["input_ids"])
+            return (*self._forward(batch, heads, stop), len(batch["input_ids"]))
+
+        per_row = predict(step, in_order(len(rows), self.batch_size),
                           lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),
                           outputs, shard=False)
         base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}

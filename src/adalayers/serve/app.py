@@ -29,7 +29,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from adalayers.config import ServeConfig
-from adalayers.errors import AdaLayersError, DataError
+from adalayers.errors import AdaLayersError, Cancelled, DataError
+from adalayers.kinds import TaskKind
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, max_body_bytes
@@ -144,7 +145,8 @@ class Batcher:
         t0, self.busy = time.perf_counter(), True
         try:
             answers = await asyncio.to_thread(predict_group, self.side,
-                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs])
+                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs],
+                                              lambda: all(job.future.done() for job in jobs))
         finally:
             self.busy = False
         self.passes += 1
@@ -165,6 +167,8 @@ class Batcher:
             return
         try:
             self._deliver(live, await self._predict(live))
+        except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
+            self.dropped += len(live)
         except Exception as e:  # noqa: BLE001
             if len(live) == 1:
                 return self._fail(live[0], e)
@@ -175,6 +179,8 @@ class Batcher:
                     continue
                 try:
                     self._deliver([job], await self._predict([job]))
+                except Cancelled:
+                    self.dropped += 1
                 except Exception as e1:  # noqa: BLE001
                     self._fail(job, e1)
 
@@ -198,13 +204,19 @@ def public_name(base: str) -> str:
     return path.name if path.is_absolute() or base.startswith(".") or path.exists() else base
 
 
-def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]]) -> list[list[dict]]:
+def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
+                  cancelled=None) -> list[list[dict]]:
     """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
     SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
+    A request's long texts are split into token-head windows only when that request asks for a token
+    head (what it was charged for), never for another request's. `cancelled`: see SideTasks.predict.
     The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
     texts = [t for texts, _, _ in group for t in texts]
     second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
-    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second)
+    windows = [any(side.heads[n].kind == TaskKind.TOKENS for n in tasks) for texts, tasks, _ in group
+               for _ in texts]
+    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second,
+                           windows=windows, cancelled=cancelled)
     answers, start = [], 0
     for texts, tasks, _ in group:
         mine = results[start: start + len(texts)]
@@ -349,7 +361,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                 "queued": batcher.queue.qsize(), "pending": batcher.pending, "batches_run": batcher.passes, "requests_answered": batcher.requests,
                 "requests_dropped": batcher.dropped, "requests_refused": batcher.refused,
                 "clients_gone": batcher.gone, "deadlines_passed": batcher.expired, "busy": batcher.busy,
-                "largest_batch_tokens": batcher.largest_tokens, "max_batch_tokens": batcher.max_batch_tokens,
+                "largest_batch_tokens": batcher.largest_tokens, "base_rows_run": side.rows_run,
+                "base_rows_skipped": side.rows_skipped, "max_batch_tokens": batcher.max_batch_tokens,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                 "uptime_s": round(time.time() - app.state.started, 1), "memory": process_memory()}
 
