@@ -388,7 +388,8 @@ def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_pat
 
 @pytest.fixture(scope="module")
 def llm_server(tmp_path_factory):
-    """`adalayers serve` on a tiny random Llama saved as a model folder, with a sequence head: /generate works."""
+    """`adalayers serve` on a tiny random Llama saved as a model folder, with a sequence head: /generate works;
+    a 1.5 s deadline and a queue of 2."""
     from tinydecoders import decoder_model, decoder_tokenizer
 
     root = tmp_path_factory.mktemp("serve-llm")
@@ -399,7 +400,7 @@ def llm_server(tmp_path_factory):
     runs = {"base": root / "tiny-llama", "root": root,
             "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
             "ner": make_run(root / "ner", base, "token", NER, seed=4)}
-    server = Server(runs).wait_started()
+    server = Server(runs, "--request-timeout", "1.5", "--max-queue", "2").wait_started()
     try:
         yield server
     finally:
@@ -459,3 +460,43 @@ def test_a_pass_past_its_deadline_stops_between_batches(busy_server):
     assert after["base_rows_skipped"] > before["base_rows_skipped"]  # stopped, not run to the end
     assert after["requests_answered"] == before["requests_answered"]
     assert httpx.post(f"{busy_server.url}/predict", json={"texts": [SENT]}, timeout=60).status_code in (200, 503)
+
+
+def test_an_abandoned_generation_stops_and_counts_against_the_queue(llm_server):
+    body = {"prompts": ["the dog runs quickly and"] * 8, "max_new_tokens": 256}  # seconds of decode steps
+    before = llm_server.health()
+    for _ in range(3):  # dropped after 0.3 s each
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{llm_server.url}/generate", json=body, timeout=httpx.Timeout(30, read=0.3))
+    deadline = time.time() + 60
+    while llm_server.health()["pending"]:
+        assert time.time() < deadline, llm_server.health()
+        time.sleep(0.05)
+    after = llm_server.health()
+    assert after["generations_stopped"] - before["generations_stopped"] == 3  # each stopped at a decode step
+    r = httpx.post(f"{llm_server.url}/predict", json={"texts": ["the dog runs"]}, timeout=60)
+    assert r.status_code == 200
+    short = httpx.post(f"{llm_server.url}/generate", json={**body, "max_new_tokens": 2}, timeout=60)
+    assert short.status_code == 200 and all(x["tokens"] <= 2 for x in short.json()["results"])
+
+
+def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server):
+    body = {"prompts": ["the dog runs quickly and"] * 8, "max_new_tokens": 256}
+    before = llm_server.health()
+    r = httpx.post(f"{llm_server.url}/generate", json=body, timeout=60)
+    assert r.status_code == 503 and "not answered within 1.5 s" in r.text and int(r.headers["retry-after"]) >= 1
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{llm_server.url}/generate", json=body, timeout=60))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while llm_server.health()["pending"] < 2:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    full = httpx.post(f"{llm_server.url}/predict", json={"texts": ["the dog runs"]}, timeout=60)
+    assert full.status_code == 503 and "queue is full" in full.text
+    for t in threads:
+        t.join(60)
+    assert [a.status_code for a in answers] == [503, 503]
+    assert llm_server.health()["generations_stopped"] - before["generations_stopped"] == 3

@@ -33,7 +33,7 @@ from adalayers.errors import AdaLayersError, Cancelled, DataError
 from adalayers.kinds import TaskKind
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, max_body_bytes
+from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, client_gone, max_body_bytes
 from adalayers.serve.memory import process_memory
 from adalayers.textcheck import text_problem
 
@@ -87,6 +87,7 @@ class Batcher:
     refused: int = 0     # requests answered 503 because the queue was full
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
     pending: int = 0     # requests queued or running whose answer is still awaited
+    generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
 
     def __post_init__(self):
         self.queue = asyncio.Queue()
@@ -106,6 +107,21 @@ class Batcher:
 
     def _settled(self, _future) -> None:
         self.pending -= 1
+
+    def admit(self):
+        """Count work that does not go through the queue (a generation) as pending, under the same
+        --max-queue: returns the function that ends its count, or None when max_queue requests are pending."""
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            return None
+        self.pending += 1
+        ended = []
+
+        def release() -> None:
+            if not ended:
+                ended.append(True)
+                self.pending -= 1
+        return release
 
     def retry_after_s(self) -> int:
         return max(1, math.ceil(self.pass_s * (self.pending + 1)))
@@ -245,12 +261,6 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
-async def _client_gone(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
                batcher=None) -> FastAPI:
     """The app; `batcher` (submit -> _Job, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
@@ -320,7 +330,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
         except Busy:
             raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
                                      "retry later", headers={"Retry-After": str(batcher.retry_after_s())}) from None
-        gone = asyncio.create_task(_client_gone(request))
+        gone = asyncio.create_task(client_gone(request))
         try:
             left = cfg.request_timeout_s - (time.perf_counter() - arrived)
             await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
@@ -362,7 +372,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                 "requests_dropped": batcher.dropped, "requests_refused": batcher.refused,
                 "clients_gone": batcher.gone, "deadlines_passed": batcher.expired, "busy": batcher.busy,
                 "largest_batch_tokens": batcher.largest_tokens, "base_rows_run": side.rows_run,
-                "base_rows_skipped": side.rows_skipped, "max_batch_tokens": batcher.max_batch_tokens,
+                "base_rows_skipped": side.rows_skipped,
+                "generations_stopped": getattr(batcher, "generations_stopped", 0), "max_batch_tokens": batcher.max_batch_tokens,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                 "uptime_s": round(time.time() - app.state.started, 1), "memory": process_memory()}
 

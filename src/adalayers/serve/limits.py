@@ -218,3 +218,9 @@ def add_error_handlers(app) -> None:
     async def http_error(_request, exc: HTTPException):
         return JSONResponse(status_code=exc.status_code, content={"detail": json_safe(exc.detail)},
                             headers=exc.headers)
+
+
+async def client_gone(request) -> None:
+    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
