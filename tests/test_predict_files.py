@@ -391,3 +391,14 @@ def test_a_long_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
     tracemalloc.stop()
     assert [r[1]["id"] for r in rows] == [2] and skipped == [f"{path}:1: the line is longer than {1 << 20} bytes"]
     assert peak < 4 * (1 << 20)  # a few times the limit, not the line's 24 MiB
+
+
+def test_the_ray_batch_applies_the_same_text_rule(predictor):
+    batch = {"id": ["a", "b", "c"], "text": ["a good movie", "\u200b\u200b", "x \ud800"]}
+    with pytest.raises(DataError, match="the row with id 'b' has no text in column 'text'"):
+        predictor(batch)
+    predictor.skip_bad_rows = True
+    try:
+        assert predictor(batch).column("id").to_pylist() == ["a"]
+    finally:
+        predictor.skip_bad_rows = False
