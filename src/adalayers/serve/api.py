@@ -181,12 +181,14 @@ class SideTasks:
     # --- predicting ------------------------------------------------------------------------
     def predict(self, texts: list[str], tasks: list[str] | None = None,
                 text_pairs: list[str] | None = None, windows: list[bool] | None = None,
-                cancelled: Callable[[], bool] | None = None) -> list[dict]:
+                abandoned: Callable[[], set[int]] | None = None) -> list[dict]:
         """Every asked head's prediction per text. A head trained on sentence pairs needs `text_pairs`
         (one second text per text); the others refuse them. Without `tasks`: the heads that take the input.
         `windows`: per text, whether its long text is split into windows for the token heads (default: for
         every text when a token head is asked); a text without them gets token-head answers from its plain
-        (truncated) row. `cancelled`: asked before every micro-batch of the pass; True stops it (Cancelled)."""
+        (truncated) row. `abandoned`: asked before every micro-batch of the pass, the indices of the texts
+        nobody waits for any more: their rows are skipped from then on and their results are None; when it
+        names every text the pass stops (Cancelled)."""
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise DataError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one second text per text")
         names = self.select(tasks, text_pairs is not None)
@@ -200,12 +202,17 @@ class SideTasks:
             tokens = any(h.kind == TaskKind.TOKENS for h in heads)
             rows, spans = self._rows(wrapped, [tokens and w for w in windows] if windows else [tokens] * len(texts))
         with self._lock, torch.inference_mode():
-            outs = self._run(rows, heads, cancelled)
-        results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(wrapped)]
+            outs = self._run(rows, heads, abandoned)
+        skipped = {rows[r]["text"] for r, out in enumerate(outs["heads"][heads[0].name]) if out is None} if heads \
+            else set()
+        results = [None if i in skipped else self._result(i, text, rows, outs, heads, spans[i])
+                   for i, text in enumerate(wrapped)]
         for r, text in zip(results, texts):
-            r["text"] = text  # the caller's text, not the wrapped one
+            if r is not None:
+                r["text"] = text  # the caller's text, not the wrapped one
         for r, second in zip(results, text_pairs or []):
-            r["text_pair"] = second
+            if r is not None:
+                r["text_pair"] = second
         return results
 
     def wrap(self, texts: list[str], text_pairs: list[str] | None = None) -> tuple[list[str], list[str] | None]:
@@ -300,7 +307,7 @@ class SideTasks:
             row["word_ids"] = _word_ids(enc["offset_mapping"][r], spans, offset)
         return row
 
-    def _run(self, rows: list[dict], heads: list[Head], cancelled: Callable[[], bool] | None = None) -> dict:
+    def _run(self, rows: list[dict], heads: list[Head], abandoned: Callable[[], set[int]] | None = None) -> dict:
         """One base pass per batch of rows, all heads tapping it (the engine's one predict loop, batches in
         row order, in this process). -> per row: the base's own output and each head's output (class
         probabilities, per-token probabilities, or the value), cut to the row's real tokens."""
@@ -319,21 +326,18 @@ class SideTasks:
             return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()})
                     for j in range(size)]
 
-        ran = [0]  # rows of this pass run so far
-
-        def step(batch):  # between micro-batches: stop when nobody waits any more
-            if cancelled is not None and cancelled():
-                self.rows_skipped += len(rows) - ran[0]
-                raise Cancelled("nobody waits for this pass any more")
-            ran[0] += len(batch["input_ids"])
+        def step(batch):
             self.rows_run += len(batch["input_ids"])
             return (*self._forward(batch, heads, stop), len(batch["input_ids"]))
 
-        per_row = predict(step, in_order(len(rows), self.batch_size),
+        per_row = predict(step, self._plan(rows, abandoned),
                           lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),
                           outputs, shard=False)
         base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
-        for i, (row, (own, values)) in enumerate(zip(rows, per_row)):
+        for i, (row, out) in enumerate(zip(rows, per_row)):
+            if out is None:  # skipped: nobody waits for its text
+                continue
+            own, values = out
             n = len(row["input_ids"])
             for h in heads:
                 head_rows[h.name][i] = _real(values[h.name], n, left) if h.kind == TaskKind.TOKENS else values[h.name]
@@ -342,6 +346,21 @@ class SideTasks:
                 if not torch.isfinite(base_rows[i]).all():
                     raise ModelError(f"the base {self.backbone.name!r} produced non-finite values")
         return {"base": base_rows, "heads": head_rows}
+
+    def _plan(self, rows: list[dict], abandoned: Callable[[], set[int]] | None):
+        """The micro-batches of row indices, in order; before each, the rows of texts nobody waits for are
+        left out (counted in rows_skipped), and once no text is waited for the pass stops (Cancelled)."""
+        texts, seen = len({r["text"] for r in rows}), 0
+        for idx in in_order(len(rows), self.batch_size):
+            gone = abandoned() if abandoned is not None else set()
+            if gone and len(gone) >= texts:
+                self.rows_skipped += len(rows) - seen
+                raise Cancelled("nobody waits for this pass any more")
+            seen += len(idx)
+            keep = [i for i in idx if rows[i]["text"] not in gone]
+            self.rows_skipped += len(idx) - len(keep)
+            if keep:
+                yield keep
 
     def _forward(self, batch: dict, heads: list[Head], stop: int | None):
         """One pass of the base over a batch: (its own output or None, {head name: float logits on the CPU}).

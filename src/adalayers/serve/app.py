@@ -162,7 +162,7 @@ class Batcher:
         try:
             answers = await asyncio.to_thread(predict_group, self.side,
                                               [(job.texts, job.tasks, job.text_pairs) for job in jobs],
-                                              lambda: all(job.future.done() for job in jobs))
+                                              lambda: [job.future.done() for job in jobs])
         finally:
             self.busy = False
         self.passes += 1
@@ -221,22 +221,32 @@ def public_name(base: str) -> str:
 
 
 def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
-                  cancelled=None) -> list[list[dict]]:
+                  gone=None) -> list[list[dict]]:
     """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
     SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
     A request's long texts are split into token-head windows only when that request asks for a token
-    head (what it was charged for), never for another request's. `cancelled`: see SideTasks.predict.
+    head (what it was charged for), never for another request's. `gone()`: per request, whether nobody
+    waits for it any more; its texts' remaining rows are skipped (SideTasks.predict's `abandoned`) and its
+    answer is left empty.
     The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
     texts = [t for texts, _, _ in group for t in texts]
     second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
     windows = [any(side.heads[n].kind == TaskKind.TOKENS for n in tasks) for texts, tasks, _ in group
                for _ in texts]
+    starts = [0]
+    for texts_, _, _ in group:
+        starts.append(starts[-1] + len(texts_))
+
+    def abandoned() -> set[int]:
+        return {t for k, done in enumerate(gone()) if done for t in range(starts[k], starts[k + 1])}
+
     results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second,
-                           windows=windows, cancelled=cancelled)
-    answers, start = [], 0
-    for texts, tasks, _ in group:
-        mine = results[start: start + len(texts)]
-        start += len(texts)
+                           windows=windows, abandoned=abandoned if gone is not None else None)
+    answers = []
+    for k, (_, tasks, _) in enumerate(group):
+        mine = results[starts[k]: starts[k + 1]]
+        if any(r is None for r in mine):
+            mine = []  # skipped: nobody waits for this request
         for r in mine:
             r["tasks"] = {name: r["tasks"][name] for name in tasks}
         answers.append(mine)
