@@ -14,6 +14,12 @@ runs the same mix with requests meant to hurt other clients interleaved (one aft
                        -> none: the server should drop it unrun (its /health `clients_gone`)
     slow_client        headers one byte every 0.5 s                    -> 408 (--read-timeout)
     no_body            headers with a Content-Length, then the body never comes -> 408 (--read-timeout)
+    deep_json          {"texts": [[[...]]]} nested 500 deep (JSON parsers recurse)  -> 422
+    surrogate_task     a task name with a lone surrogate (the 400 must still be encodable) -> 400
+    mixed_oversize     max-texts texts of max-chars characters for the sequence head alone, batched with
+                       the plain mix's token-head requests: no windows for it, so cheap -> 200
+    abandoned_generate (--generate, a decoder LLM base) POST /generate of max-texts prompts x 64 tokens,
+                       then a hang-up -> none: stopped at the next decode step (/health `generations_stopped`)
 
 One invocation, one server: a warm-up (the most varied mix of the run, so every request kind and
 batch shape has been seen once), then --rounds rounds of the plain phase and, with --poison, the
@@ -78,20 +84,27 @@ def requests_mix(texts: list[str], task: str) -> list[tuple[str, dict, Expected]
     ]
 
 
-def poison_mix(texts: list[str]) -> list[tuple[str, dict, Expected]]:
+def poison_mix(texts: list[str], sequence_task: str, generate: bool = False) -> list[tuple[str, dict, Expected]]:
     """Poison requests, interleaved with the plain mix (one after every two of its entries)."""
-    heavy = json.dumps({"texts": [(" ".join(texts) * 3)[:MAX_CHARS]] * MAX_TEXTS}).encode()
+    long = (" ".join(texts) * 3)[:MAX_CHARS]
+    heavy = json.dumps({"texts": [long] * MAX_TEXTS}).encode()
     one = json.dumps(texts[0])
+    prompts = json.dumps({"prompts": [long[:200]] * MAX_TEXTS, "max_new_tokens": 64}).encode()
 
     def raw_json(body: str) -> dict:
         return {"content": body.encode(), "headers": {"content-type": "application/json"}}
 
     return [
         ("lone_surrogate", raw_json('{"texts": ["x \\ud800"]}'), 422),
+        ("deep_json", raw_json('{"texts": ' + "[" * 500 + "]" * 500 + "}"), 422),
         ("nan", raw_json('{"texts": [%s], "base": NaN}' % one), 422),
+        ("surrogate_task", raw_json('{"texts": [%s], "tasks": ["\\ud800"]}' % one), 400),
         ("chunked_oversized", {"raw": "chunked"}, (413, "reset")),
+        ("mixed_oversize", {"json": {"texts": [long] * MAX_TEXTS, "tasks": [sequence_task]}}, 200),
         ("infinity", raw_json('{"texts": [%s], "tasks": [Infinity]}' % one), 422),
         ("abandoned", {"raw": "abandon", "body": heavy}, "dropped"),
+    ] + ([("abandoned_generate", {"raw": "abandon", "body": prompts, "path": "/generate"}, "dropped")]
+         if generate else []) + [
         ("1e999", raw_json('{"texts": [%s], "base": 1e999}' % one), 422),
         ("slow_client", {"raw": "slow"}, 408),
         ("no_body", {"raw": "no_body"}, 408),
@@ -163,14 +176,15 @@ async def _status(reader: asyncio.StreamReader, limit_s: float) -> int | str:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else "closed"
 
 
-async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64, limit_s: float = 120) -> int | str:
+async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64, limit_s: float = 120,
+                      path: str = "/predict") -> int | str:
     """A request httpx will not send: a chunked body without end, a hang-up, a dribble of header bytes, a
     body that never comes. The answer is read while sending (a server that answers early and closes would
     otherwise reset it away); nothing waits longer than `limit_s`."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     answer = asyncio.create_task(_status(reader, limit_s))
-    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     try:
         if how == "abandon":
             writer.write(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -225,7 +239,8 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
             kind, kwargs, expected = mix[i % len(mix)]
             t0 = time.perf_counter()
             if "raw" in kwargs:
-                status, text = await raw_request(url, kwargs["raw"], kwargs.get("body", b""), max_mb), ""
+                status, text = await raw_request(url, kwargs["raw"], kwargs.get("body", b""), max_mb,
+                                                 path=kwargs.get("path", "/predict")), ""
             else:
                 try:
                     r = await c.post("/predict", **kwargs)
@@ -298,7 +313,9 @@ def report(title: str, phases: dict[str, dict], rss: dict, rounds: list[dict], h
               f"{leak['end_mb']:.0f} MB, {leak['growth_pct']:+.1f}% (criterion: within {leak['criterion_pct']:g}%); "
               f"5xx answers: {sum(p['fivexx'] for p in phases.values())}; "
               f"requests dropped unrun (client gone or deadline passed): {health.get('requests_dropped')}, "
-              f"clients gone: {health.get('clients_gone')}."]
+              f"clients gone: {health.get('clients_gone')}, base rows run / skipped (passes stopped between "
+              f"micro-batches): {health.get('base_rows_run')} / {health.get('base_rows_skipped')}, generations "
+              f"stopped: {health.get('generations_stopped')}."]
     return lines
 
 
@@ -310,6 +327,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="time budget of each phase")
     ap.add_argument("--max-requests", type=int, default=20000, help="request budget of each phase")
     ap.add_argument("--poison", action="store_true", help="add the poison phase after each plain phase")
+    ap.add_argument("--generate", action="store_true",
+                    help="poison: also abandoned POST /generate requests (--base must be a decoder LLM, e.g. gemma3-270m)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of plain (+ poison) phases")
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
     ap.add_argument("--poison-body-mb", type=float, default=64, help="most MB one chunked poison body offers")
@@ -335,9 +354,11 @@ def main() -> int:
         server, url = start_server(args.base, heads, args.threads, flags, log, timeout=600)  # a busy machine
         sampler = RssSampler(server.pid, args.rss_every)
         try:
-            mixes = {"plain": requests_mix(texts, httpx.get(f"{url}/tasks").json()["tasks"][0]["name"])}
+            tasks = httpx.get(f"{url}/tasks").json()["tasks"]
+            mixes = {"plain": requests_mix(texts, tasks[0]["name"])}  # its all-task requests ask the token head
             if args.poison:
-                mixes["poison"] = interleave(mixes["plain"], poison_mix(texts))
+                sequence = next(t["name"] for t in tasks if t["kind"] != "token")
+                mixes["poison"] = interleave(mixes["plain"], poison_mix(texts, sequence, args.generate))
             rss, heap = {"start_mb": sampler.sample()}, {"start": heap_mb(url)}
             sampler.start()
             sampler.phase = "warm-up"

@@ -170,3 +170,39 @@ def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, 
     assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
     with pytest.raises(AdaLayersError, match="backend 'tf'"):
         SideTasks.load(str(tmp_path / "base"), heads, backend="tf")
+
+
+def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path, caplog):
+    import json
+
+    import numpy as np
+
+    base = tiny_backbone("bert", tokenizer)
+    runs = make_runs(tmp_path / "runs", base)
+    folder = tmp_path / "exported"
+    meta = export(base, list(runs.items()), folder)
+    text = (folder / "export.json").read_text()
+    assert str(tmp_path) not in text and meta["heads"]["acc"]["run"] == "../runs/acc"
+    assert set(meta["checksums"]) >= {"model.onnx", "tokenizer.json"}
+    before = OnnxSideTasks.open(folder).predict(TEXTS)
+    # the graph's weights overwritten with other finite values: ONNX Runtime would run it and answer differently
+    good = (folder / "model.onnx").read_bytes()
+    raw = bytearray(good)
+    middle = len(raw) // 2 // 4 * 4
+    raw[middle: middle + 4096] = np.full(1024, 0.5, dtype=np.float32).tobytes()
+    (folder / "model.onnx").write_bytes(bytes(raw))
+    with pytest.raises(RunError, match="model.onnx: checksum does not match export.json"):
+        OnnxSideTasks.open(folder)
+    (folder / "model.onnx").write_bytes(good)
+    vocab = folder / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"the"', '"thee"', 1))
+    with pytest.raises(RunError, match="tokenizer.json: checksum does not match"):
+        OnnxSideTasks.open(folder)
+    # an export written before checksums existed: loads, with a warning
+    old = json.loads(text)
+    old.pop("checksums")
+    (folder / "export.json").write_text(json.dumps(old))
+    vocab.write_text(vocab.read_text().replace('"thee"', '"the"', 1))
+    with caplog.at_level("WARNING"):
+        assert_same(before, OnnxSideTasks.open(folder).predict(TEXTS))
+    assert "has no checksums" in caplog.text

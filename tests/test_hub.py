@@ -27,7 +27,7 @@ def run(tokenizer, tmp_path):
     folder = make_run(tmp_path / "ner", base, "token", NER, seed=4, p=[1, 0, 1, 0])
     cfg = runlib.read_config(folder)
     cfg["config"]["task"]["name"] = "conll2003"
-    runlib.write_json(folder / "config.json", cfg)
+    runlib.write_config(folder, cfg)
     runlib.write_json(folder / "metrics.json", {"test": {"f1": 0.8123456, "precision": 0.8, "recall": 0.82, "n": 10},
                                                 "validation": {"f1": 0.85, "n": 5}, "trainable_params": 1234,
                                                 "base_params": 99999, "layer_weights": [0.5, 0, 0.5, 0]})

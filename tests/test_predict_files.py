@@ -324,3 +324,81 @@ def test_ray_data_pairs_equal_the_local_engine_row_for_row(pairs_model, pair_pre
     a, b = read_output(tmp_path / "local"), read_output(tmp_path / "ray").sort_by("id")
     assert a.column("id").to_pylist() == ids
     assert_same_rows(a, b)
+
+
+# --- no row lost: every row is in the output or in _bad_rows.txt ---------------------------------------
+
+def test_an_unterminated_quote_costs_one_row_not_the_rest_of_the_file(model, predictor, tmp_path, capsys):
+    texts = [t.replace(",", "and") for t in sentences(1002, seed=11)]  # no field needs quotes
+    path = write_csv(tmp_path / "in.csv", [(f"r{i}", t) for i, t in enumerate(texts)])
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[3] = 'r2,"' + texts[2] + "\n"  # the quote is never closed: the rest of the file would be one field
+    path.write_text("".join(lines), encoding="utf-8")
+    args = ["predict-files", "--base", model[0], "--heads", *model[1], "--input", str(path), "--threads", "1"]
+    assert main(args + ["--output", str(tmp_path / "strict")]) == 2
+    assert (f"error: {path}:4: a quoted field opened here is never closed; lines 4-1003 would be one row\n"
+            in capsys.readouterr().err)
+    assert main(args + ["--output", str(tmp_path / "out"), "--skip-bad-rows"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["rows_read"], printed["rows"], printed["bad_rows"]) == (1002, 1001, 1)
+    ids = read_output(tmp_path / "out").column("id").to_pylist()
+    assert ids == [f"r{i}" for i in range(1002) if i != 2]
+    report = (tmp_path / "out" / local.BAD_ROWS).read_text(encoding="utf-8").splitlines()
+    assert report == [f"{path}:4: a quoted field opened here is never closed; lines 4-1003 would be one row"]
+
+
+def test_bad_texts_deep_json_and_long_lines_are_bad_rows(model, predictor, tmp_path, monkeypatch):
+    from adalayers.tasks import tables
+
+    monkeypatch.setattr(tables, "MAX_LINE_BYTES", 4096)
+    good = sentences(5, seed=12)
+    bad = ["   ", "\u200b\u200b", "a \ud800 b", "\u0301\u0301", "\u2800 \u3164"]
+    lines = [json.dumps({"id": f"g{i}", "text": t}) for i, t in enumerate(good)]
+    lines[1:1] = [json.dumps({"id": f"b{i}", "text": t}) for i, t in enumerate(bad)]
+    lines.insert(3, '{"id": "deep", "text": ' + "[" * 2000 + "]" * 2000 + "}")
+    lines.insert(4, json.dumps({"id": "long", "text": "word " * 2000}))
+    lines.insert(5, json.dumps({"id": "nested", "text": [[["x"]]]}))
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    job = Job(base=model[0], heads=model[1], input=str(path), part_rows=3, skip_bad_rows=True)
+    manifest = local.run(job, tmp_path / "out", batch_size=2, predictor=predictor)
+    assert (manifest["rows_read"], manifest["rows"], manifest["bad_rows"]) == (len(lines), 5, len(bad) + 3)
+    assert read_output(tmp_path / "out").column("id").to_pylist() == [f"g{i}" for i in range(5)]
+    report = (tmp_path / "out" / local.BAD_ROWS).read_text(encoding="utf-8").splitlines()
+    assert len(report) == len(bad) + 3 and all(m.startswith(f"{path}:") for m in report)
+    assert f"{path}:4: the JSON is nested too deeply to read" in report
+    assert f"{path}:5: the line is longer than 4096 bytes" in report
+    assert any(m.startswith(f"{path}:4") for m in report) and "text 1" not in "".join(report)
+    assert sum("is empty" in m for m in report) == 4 and sum("lone surrogate" in m for m in report) == 1
+    job.skip_bad_rows = False
+    with pytest.raises(DataError, match=rf"^{path}:2: the text column 'text' is empty$"):
+        local.run(job, tmp_path / "strict", predictor=predictor)
+
+
+def test_a_long_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from adalayers.tasks import skipping_bad_rows, tables
+
+    monkeypatch.setattr(tables, "MAX_LINE_BYTES", 1 << 20)
+    path = tmp_path / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"id": 1, "text": "' + "x" * (24 << 20) + '"}\n{"id": 2, "text": "ok"}\n')
+    tracemalloc.start()
+    with skipping_bad_rows(True) as skipped:
+        rows = list(tables.iter_jsonl(path))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert [r[1]["id"] for r in rows] == [2] and skipped == [f"{path}:1: the line is longer than {1 << 20} bytes"]
+    assert peak < 4 * (1 << 20)  # a few times the limit, not the line's 24 MiB
+
+
+def test_the_ray_batch_applies_the_same_text_rule(predictor):
+    batch = {"id": ["a", "b", "c"], "text": ["a good movie", "\u200b\u200b", "x \ud800"]}
+    with pytest.raises(DataError, match="the row with id 'b' has no text in column 'text'"):
+        predictor(batch)
+    predictor.skip_bad_rows = True
+    try:
+        assert predictor(batch).column("id").to_pylist() == ["a"]
+    finally:
+        predictor.skip_bad_rows = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -29,18 +30,22 @@ def run(base, tmp_path):
     return make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)
 
 
-def _edit(run, change) -> None:
+def _edit(run, change, seal: bool = True) -> None:
+    """Edit config.json; `seal`: with its own checksum recomputed (to reach the checks behind it)."""
     path = run / "config.json"
     meta = json.loads(path.read_text())
     change(meta)
-    path.write_text(json.dumps(meta))
+    if seal:
+        runlib.write_config(run, meta)
+    else:
+        path.write_text(json.dumps(meta))
 
 
 def test_a_run_without_checksums_is_refused(run, base):
-    _edit(run, lambda m: m.pop("checksums"))
+    _edit(run, lambda m: m.pop("checksums"), seal=False)
     with pytest.raises(RunError, match="checksums: Field required"):
         runlib.load_head(run, base)
-    _edit(run, lambda m: m.update(checksums={}))
+    _edit(run, lambda m: m.update(checksums={}), seal=False)
     with pytest.raises(RunError, match="no sha256 of head.safetensors"):
         runlib.load_head(run, base)
 
@@ -66,12 +71,68 @@ def test_non_finite_weights_are_refused_even_with_a_matching_checksum(run, base)
     (lambda m: m.update(config=7), "config: Input should be a valid dictionary"),
 ])
 def test_config_json_of_the_wrong_shape_is_one_line(run, base, change, says, capsys):
-    _edit(run, change)
+    _edit(run, change, seal=False)  # the shape is checked before the checksum
     with pytest.raises(RunError, match=says):
         runlib.load_head(run, base)
     assert cli.main(["predict", str(run), "a good movie"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "config.json: not a valid run config" in err
+
+
+@pytest.mark.parametrize("change", [lambda m: m["labels"].reverse(),
+                                    lambda m: m["config"]["task"].update(template="Review: {text}"),
+                                    lambda m: m["config"]["mixer"].update(cutoff=0.2),
+                                    lambda m: m["config"]["head"].update(pooling="max")])
+def test_an_edited_config_json_is_refused(run, base, change, capsys, caplog):
+    assert runlib.load_head(run, base)[2]["labels"] == ["bad", "good"]
+    _edit(run, change, seal=False)
+    with pytest.raises(RunError, match="does not match its checksum"):
+        runlib.load_head(run, base)
+    assert cli.main(["predict", str(run), "a good movie"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.json: its content does not match its checksum" in err
+
+
+def test_a_run_written_before_the_config_checksum_loads_with_a_warning(run, base, caplog):
+    _edit(run, lambda m: m["checksums"].pop(runlib.CONFIG), seal=False)
+    with caplog.at_level("WARNING", logger="adalayers.run"):
+        runlib.load_head(run, base)
+        runlib.load_head(run, base)
+    said = [r.getMessage() for r in caplog.records if "no checksum of its own" in r.getMessage()]
+    assert len(said) == 1 and str(run / "config.json") in said[0]
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: m["config"]["mixer"].update(k=2_000_000), "mixer.k: must be at most 8192, got 2000000"),
+    (lambda m: m["config"]["mixer"].update(k=10 ** 12), "mixer.k: must be at most 8192"),
+    (lambda m: m["config"]["mixer"].update(alpha=float("nan")), "mixer.alpha: must be a finite number, got nan"),
+    (lambda m: m["config"]["head"].update(dim_feedforward=10 ** 9), "head.dim_feedforward: must be at most 65536"),
+])
+def test_config_values_are_bounded_on_load(run, base, change, says, capsys):
+    _edit(run, change)
+    with pytest.raises(RunError, match=says):
+        runlib.load_head(run, base)
+    assert cli.main(["predict", str(run), "a good movie"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+@pytest.mark.parametrize("depth", [500, 100_000])
+def test_a_deeply_nested_config_json_is_one_line(run, base, depth, capsys):
+    text = (run / "config.json").read_text()
+    assert '"options": {}' in text
+    (run / "config.json").write_text(text.replace('"options": {}', '"options": ' + "[" * depth + "]" * depth))
+    with pytest.raises(RunError, match="not a valid run config \\(nested"):
+        runlib.load_head(run, base)
+    assert cli.main(["predict", str(run), "a good movie"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_predict_file_that_is_not_utf8_is_one_line(run, tmp_path, capsys):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"a good movie\n\nbad \xff\xfe bytes\n")
+    assert cli.main(["predict", str(run), "--file", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: {path}:3: not valid UTF-8 (invalid start byte); save the file as UTF-8\n"
 
 
 def test_a_json_list_is_not_a_run_config(run):
@@ -225,6 +286,35 @@ def test_a_killed_overwrite_leaves_the_old_run_intact(trained, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert _files(run) == before  # the finished run, untouched; the half-built one lies beside it
+    leftover = list(tmp_path.glob(".acc.new-*"))
+    assert len(leftover) == 1
+    # the next start removes it (its process is gone), then overwrites as usual
+    from adalayers import recipes
+
+    recipes.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["acc", "cfg.yaml"]
+    assert ".owner" not in _files(run)
+
+
+def test_leftovers_of_an_interrupted_swap_are_restored_or_removed(trained, tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "acc"
+    shutil.copytree(trained["run"], run)
+    before = _files(run)
+    run.rename(tmp_path / ".acc.old-x1")  # killed between the two renames: the old run is the only one
+    (tmp_path / ".acc.new-x1").mkdir()  # and the new one half built, by a process long gone
+    (tmp_path / ".acc.new-x1" / ".owner").write_text("elsewhere-but-not-really 1\n")
+    (tmp_path / ".acc.new-x2").mkdir()  # one being built right now, by this very process
+    (tmp_path / ".acc.new-x2" / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    with caplog.at_level("WARNING", logger="adalayers.run"):
+        runlib.clean_leftovers(run)
+    assert _files(run) == before and "restoring" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".acc.new-x1", ".acc.new-x2", "acc"]  # other host's: kept
+    (tmp_path / ".acc.new-x1" / ".owner").write_text(f"{socket.gethostname()} 999999999\n")
+    shutil.copytree(run, tmp_path / ".acc.old-x3")  # the swap had finished: the old copy is garbage
+    runlib.clean_leftovers(run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".acc.new-x2", "acc"]
 
 
 def test_evaluate_on_a_folder_it_cannot_write_prints_the_metrics_and_fails(trained, tmp_path):

@@ -22,7 +22,7 @@ from runs_util import NER, make_run
 from tinymodels import tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "s3cret-key"
+KEY = "s3cret-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SENT = "john sees the big dog and the small cat "
 
@@ -295,7 +295,7 @@ def test_slow_clients_are_cut_off(server):
 def test_bearer_token_is_required(server, runs):
     body = {"texts": [SENT]}
     assert httpx.post(f"{server.url}/predict", json=body).status_code == 401
-    wrong = httpx.post(f"{server.url}/predict", json=body, headers={"Authorization": "Bearer s3cret-kez"})
+    wrong = httpx.post(f"{server.url}/predict", json=body, headers={"Authorization": f"Bearer {KEY[:-1]}x"})
     assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
     assert httpx.get(f"{server.url}/tasks").status_code == 401
     assert httpx.get(f"{server.url}/openapi.json").status_code == 401
@@ -310,7 +310,8 @@ def test_tasks_do_not_reveal_server_paths(server, runs):
 
 
 # --- 6. empty texts: service and CLI agree; truncated only when cut -----------------------------------------
-@pytest.mark.parametrize("text", ["\x00\x00", "\u200b", " \u200b\u200d\ufeff "])
+@pytest.mark.parametrize("text", ["\x00\x00", "\u200b", " \u200b\u200d\ufeff ", "\u0301\u0308", "\u2800 \u3164",
+                                  "\ufe0f\ufe0e"])
 def test_invisible_texts_are_empty_for_service_and_cli(server, runs, text, capsys):
     r = httpx.post(f"{server.url}/predict", headers=AUTH, json={"texts": ["a good movie", text]})
     assert r.status_code == 422 and r.json()["detail"] == "text 2 is empty"
@@ -322,3 +323,212 @@ def test_truncated_only_when_tokens_were_cut(server):
     r = httpx.post(f"{server.url}/predict", headers=AUTH,
                    json={"texts": ["a good movie \u200b", "a good movie\x00", (SENT * 20)[:700]]})
     assert [x["truncated"] for x in r.json()["results"]] == [False, False, True]
+
+
+# --- 7. small bodies never make a 500, and never a long log ---------------------------------------------------
+def test_deep_json_and_unencodable_names_are_4xx_with_a_bounded_log(server):
+    size0 = server.logfile.stat().st_size
+    for depth in (40, 400, 990, 5000):
+        r = _post(server, b'{"texts": ' + b"[" * depth + b"]" * depth + b"}")
+        assert r.status_code in (400, 422), (depth, r.text[:300])
+        assert len(r.content) < 4096
+    for body in (b'{"texts": ["a good movie"], "tasks": ["\\ud800"]}',
+                 b'{"texts": ["a good movie"], "tasks": ["acc", "x\\udfff"]}'):
+        r = _post(server, body)
+        assert r.status_code == 400 and "unknown task(s)" in r.json()["detail"], r.text
+    assert server.logfile.stat().st_size - size0 < 2048  # no traceback per request
+    assert _post(server, json.dumps({"texts": [SENT]}).encode()).status_code == 200
+
+
+def test_request_heads_are_refused_as_the_docs_say(server):
+    body = json.dumps({"texts": [SENT]}).encode()
+    big = httpx.post(f"{server.url}/predict", content=body, timeout=30,
+                     headers={"content-type": "application/json", **AUTH, "X-Pad": "y" * 40_000})
+    assert big.status_code == 431 and "16384" in big.json()["detail"]
+    # two Authorization headers, the wrong one first: refused, as one wrong header is
+    s = _raw(server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Authorization: Bearer wrong-key-0123456789\r\nAuthorization: Bearer " + KEY.encode()
+                          + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    answer, _ = _read_all(s)
+    assert b" 401 " in answer.split(b"\r\n")[0], answer[:300]
+    # Content-Length and Transfer-Encoding together: refused and the connection closed (RFC 9112 6.1)
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    s = _raw(server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
+                          b"Bearer " + KEY.encode() + b"\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          + chunked)
+    answer, took = _read_all(s, limit_s=10)
+    assert b" 400 " in answer.split(b"\r\n")[0] and b"Content-Length and Transfer-Encoding" in answer, answer[:300]
+    assert answer.count(b"HTTP/1.1") == 1 and took < 5  # closed, not kept open for a next request
+
+
+def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_path):
+    from adalayers.errors import ConfigError
+    from adalayers.serve.auth import ENV, read_api_key
+
+    (tmp_path / "short").write_text("k\n")
+    with pytest.raises(ConfigError, match="the API key has 1 characters; use at least 16"):
+        read_api_key(str(tmp_path / "short"))
+    monkeypatch.setenv(ENV, "   ")
+    with pytest.raises(ConfigError, match=r"\$ADALAYERS_API_KEY is set but blank"):
+        read_api_key(None)
+    monkeypatch.delenv(ENV)
+    assert read_api_key(None) is None
+    cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]), "--port", str(_free_port()),
+           "--threads", "1", "--heads", b"c\xff=" + bytes(runs["acc"])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, out
+    assert err.decode().strip().splitlines()[-1] == (f"error: --heads c\\xff={runs['acc']}: the task name is not "
+                                                     f"valid UTF-8; name it with NAME=RUN_FOLDER")
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory):
+    """`adalayers serve` on a tiny random Llama saved as a model folder, with a sequence head: /generate works;
+    a 4 s deadline and a queue of 2."""
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    root = tmp_path_factory.mktemp("serve-llm")
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    base = Backbone.load(str(root / "tiny-llama"))
+    runs = {"base": root / "tiny-llama", "root": root,
+            "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+            "ner": make_run(root / "ner", base, "token", NER, seed=4)}
+    server = Server(runs, "--request-timeout", "4", "--max-queue", "2").wait_started()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_generate_seed_outside_64_bits_is_422(llm_server):
+    body = {"prompts": ["the dog runs"], "max_new_tokens": 2, "do_sample": True}
+    for seed in (2 ** 64, -1, 10 ** 30):
+        r = httpx.post(f"{llm_server.url}/generate", json={**body, "seed": seed}, timeout=60)
+        assert r.status_code == 422 and "seed" in r.text, (seed, r.text[:300])
+    ok = [httpx.post(f"{llm_server.url}/generate", json={**body, "seed": 2 ** 64 - 1}, timeout=60) for _ in range(2)]
+    assert [r.status_code for r in ok] == [200, 200] and ok[0].json() == ok[1].json()
+
+
+def test_the_body_limit_fits_every_valid_request_in_either_encoding(server):
+    texts = ["\U0001F600" * 4000] * 8  # the most texts of the most characters; 12 bytes each when escaped
+    for body in (json.dumps({"texts": texts, "tasks": ["acc"]}),  # \ud83d\ude00 escapes: 384 KB
+                 json.dumps({"texts": texts, "tasks": ["acc"]}, ensure_ascii=False)):  # raw UTF-8: 128 KB
+        r = _post(server, body.encode("utf-8"))
+        assert r.status_code == 200 and len(r.json()["results"]) == 8, r.text[:300]
+    over = json.dumps({"texts": ["a" * 4001], "tasks": ["acc"]}).encode()  # characters are what is limited
+    assert _post(server, over).status_code == 413
+
+
+# --- scheduling: work is charged and computed per request; a pass nobody waits for stops between batches ----
+def test_one_requests_texts_are_never_windowed_for_anothers_token_head(server):
+    long = (SENT * 90)[:3600]  # ~800 tokens: many windows, were they made
+
+    async def pair():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=AUTH) as c:
+            return await asyncio.gather(c.post("/predict", json={"texts": [long] * 4, "tasks": ["acc"]}),
+                                        c.post("/predict", json={"texts": [SENT], "tasks": ["ner"]}))
+
+    batched = 0
+    for _ in range(8):  # until the two requests have shared one pass (they arrive within --max-wait-ms)
+        before = server.health()
+        a, b = asyncio.run(pair())
+        assert (a.status_code, b.status_code) == (200, 200)
+        assert set(a.json()["results"][0]["tasks"]) == {"acc"} and set(b.json()["results"][0]["tasks"]) == {"ner"}
+        after = server.health()
+        if after["batches_run"] - before["batches_run"] == 1:
+            batched += 1
+            assert after["base_rows_run"] - before["base_rows_run"] == 5  # 4 + 1 plain rows, no window
+    assert batched, "the two requests never shared a pass"
+
+
+def test_a_pass_past_its_deadline_stops_between_batches(busy_server):
+    before = busy_server.health()
+    r = httpx.post(f"{busy_server.url}/predict", json=_heavy(64), timeout=120)  # thousands of windows
+    assert r.status_code == 503 and "not answered within 0.3 s" in r.text
+    deadline = time.time() + 120
+    while busy_server.health()["busy"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    after = busy_server.health()
+    assert after["base_rows_skipped"] > before["base_rows_skipped"]  # stopped, not run to the end
+    assert after["requests_answered"] == before["requests_answered"]
+    assert httpx.post(f"{busy_server.url}/predict", json={"texts": [SENT]}, timeout=60).status_code in (200, 503)
+
+
+def test_an_abandoned_generation_stops_and_counts_against_the_queue(llm_server):
+    body = {"prompts": ["the dog runs quickly and"] * 8, "max_new_tokens": 256}  # seconds of decode steps
+    before = llm_server.health()
+    for _ in range(3):  # dropped after 0.3 s each; each counts against the queue (of 2) until it has stopped
+        try:
+            r = httpx.post(f"{llm_server.url}/generate", json=body, timeout=httpx.Timeout(30, read=0.3))
+            pytest.fail(f"answered before the client left: {r.status_code} {r.text[:300]}")
+        except httpx.ReadTimeout:
+            pass
+        deadline = time.time() + 60
+        while llm_server.health()["pending"]:
+            assert time.time() < deadline, llm_server.health()
+            time.sleep(0.05)
+    after = llm_server.health()
+    assert after["generations_stopped"] - before["generations_stopped"] == 3  # each stopped at a decode step
+    r = httpx.post(f"{llm_server.url}/predict", json={"texts": ["the dog runs"]}, timeout=60)
+    assert r.status_code == 200
+    short = httpx.post(f"{llm_server.url}/generate", json={**body, "max_new_tokens": 2}, timeout=60)
+    assert short.status_code == 200 and all(x["tokens"] <= 2 for x in short.json()["results"])
+
+
+def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server):
+    body = {"prompts": ["the dog runs quickly and"] * 32, "max_new_tokens": 256}  # far past 4 s of decode steps
+    before = llm_server.health()
+    r = httpx.post(f"{llm_server.url}/generate", json=body, timeout=60)
+    assert r.status_code == 503 and "not answered within 4 s" in r.text and int(r.headers["retry-after"]) >= 1
+    deadline = time.time() + 30
+    while llm_server.health()["pending"]:  # the stopped generation ends at its next decode step
+        assert time.time() < deadline
+        time.sleep(0.01)
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{llm_server.url}/generate", json=body, timeout=60))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while llm_server.health()["pending"] < 2:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    full = httpx.post(f"{llm_server.url}/predict", json={"texts": ["the dog runs"]}, timeout=60)
+    assert full.status_code == 503 and "queue is full" in full.text
+    for t in threads:
+        t.join(60)
+    assert [a.status_code for a in answers] == [503, 503], [(a.status_code, a.text[:200], a.elapsed.total_seconds()) for a in answers]
+    assert llm_server.health()["generations_stopped"] - before["generations_stopped"] == 3
+
+
+def test_a_request_nobody_waits_for_is_skipped_inside_a_shared_pass(runs):
+    """predict_group between micro-batches: the rows of the request whose client left are skipped, the other
+    request in the same pass is answered as if it had run alone."""
+    from adalayers.serve.api import SideTasks
+    from adalayers.serve.app import predict_group
+
+    side = SideTasks.load(str(runs["base"]), [str(runs["acc"]), str(runs["ner"])], primary=False, batch_size=4)
+    heavy = ([(SENT * 90)[:3600]] * 4, ["ner"], None)  # many windows: many micro-batches of 4 rows
+    light = ([SENT, "a good movie"], ["acc"], None)
+    asked = []
+
+    def gone() -> list[bool]:  # the heavy request's client leaves after the first micro-batch
+        asked.append(True)
+        return [len(asked) > 1, False]
+
+    answers = predict_group(side, [heavy, light], gone)
+    assert answers[0] == [] and len(asked) > 2
+    alone = side.predict(light[0], ["acc"])
+    for got, ref in zip(answers[1], alone, strict=True):  # other batch neighbours: float noise only
+        assert got["tasks"]["acc"]["label"] == ref["tasks"]["acc"]["label"]
+        assert got["tasks"]["acc"]["probabilities"]["bad"] == pytest.approx(ref["tasks"]["acc"]["probabilities"]["bad"],
+                                                                             abs=1e-4)
+    assert side.rows_skipped > 10 and side.rows_run < 20  # 4 + 2 plain rows and the first batch, no windows

@@ -95,15 +95,18 @@ def cmd_predict(args) -> int:
         from adalayers import run as runlib
         from adalayers.tasks import takes_pairs
 
-        lines = [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+        from adalayers.tasks.tables import iter_lines
+
+        # bytes that are not UTF-8 (or a line over tables.MAX_LINE_BYTES) stop here naming the line
+        numbered = [(n, line.rstrip("\r\n")) for n, line in enumerate(iter_lines(Path(args.file)), 1) if line.strip()]
         if takes_pairs(runlib.run_config(Path(args.run))):  # a pair per line: text TAB second text
-            bad = [n for n, line in enumerate(lines, 1) if "\t" not in line]
+            bad = [n for n, line in numbered if "\t" not in line]
             if bad:
                 raise AdaLayersError(f"{args.file}: line {bad[0]} has no TAB; {args.run} was trained on sentence "
                                      f"pairs: give one pair a line, text TAB second text")
-            pairs += [line.split("\t", 1) for line in lines]
+            pairs += [line.split("\t", 1) for _, line in numbered]
         else:
-            texts += lines
+            texts += [line for _, line in numbered]
     if texts and pairs:
         raise AdaLayersError("give single texts or pairs (--pair A B, or TAB-separated lines in --file), not both")
     if not texts and not pairs:

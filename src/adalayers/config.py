@@ -538,6 +538,7 @@ def validate(cfg: Config) -> list[str]:
     if cfg.train.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device: must be auto, cpu or cuda, got {cfg.train.device!r}")
     for name, value in [("mixer.k", cfg.mixer.k), ("head.num_heads", cfg.head.num_heads),
+                        ("head.dim_feedforward", cfg.head.dim_feedforward),
                         ("model.max_length", cfg.model.max_length or 8), ("head.encoder_layers", cfg.head.encoder_layers)]:
         if value < 1:
             p.append(f"{name}: must be at least 1, got {value}")
@@ -571,6 +572,35 @@ def validate(cfg: Config) -> list[str]:
                  f"{cfg.tune.startup_trials} / {cfg.tune.warmup_epochs}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
         p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
+    return p + _validate_sizes(cfg)
+
+
+# Upper bounds on sizes a config (or a run folder's config.json) may ask for: far above any useful value,
+# low enough that a typo or an edited file is a one-line error rather than gigabytes allocated.
+MAX_SIZES = {"mixer.k": 8192, "head.num_heads": 256, "head.dim_feedforward": 65536, "head.encoder_layers": 48,
+             "model.max_length": 131072}
+MAX_ALPHA = 10_000.0
+
+
+def _validate_sizes(cfg: Config) -> list[str]:
+    """Every float finite; the sizes above their MAX_SIZES bound; mixer.alpha in (0, MAX_ALPHA]."""
+    import math
+
+    p = []
+    for section in dataclasses.fields(cfg):
+        part = getattr(cfg, section.name)
+        for f in dataclasses.fields(part) if dataclasses.is_dataclass(part) else ():
+            value = getattr(part, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                p.append(f"{section.name}.{f.name}: must be a finite number, got {value}")
+    for name, most in MAX_SIZES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if isinstance(value, int) and value > most:
+            p.append(f"{name}: must be at most {most}, got {value}")
+    alpha = cfg.mixer.alpha
+    if math.isfinite(alpha) and not 0 < alpha <= MAX_ALPHA:
+        p.append(f"mixer.alpha: must be in (0, {MAX_ALPHA:g}], got {alpha}")
     return p
 
 

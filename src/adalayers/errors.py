@@ -23,3 +23,8 @@ class RunError(AdaLayersError):
 
 class TrainingError(AdaLayersError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
+
+
+class Cancelled(AdaLayersError):
+    """Work stopped between two steps (micro-batches, decode steps) because nobody waits for its answer any
+    more: every client left or every deadline passed."""

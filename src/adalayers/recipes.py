@@ -130,6 +130,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
 
 def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, overwrite: bool) -> dict:
     if distributed.is_main():
+        runlib.clean_leftovers(out)  # a killed --overwrite's folders beside `out`
         out.mkdir(parents=True, exist_ok=True)
     finished, unfinished = distributed.broadcast(
         ((out / "metrics.json").is_file(), (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file())

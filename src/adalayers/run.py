@@ -1,21 +1,26 @@
 """The run folder: everything needed to reuse a trained head, written atomically.
 
     config.json        resolved config, label names, base model name + fingerprint, file checksums
+                       (head.safetensors, and config.json's own content: see config_digest)
     head.safetensors   the trainable parameters only
     log.jsonl          one line per epoch
     metrics.json       {"validation": {...}, "test": {...}, "trainable_params", "base_params", "train_seconds"}
 
 Nothing is ever unpickled: weights are safetensors, everything else JSON. config.json is checked
-against RunMeta (pydantic, strict types) before anything in it is used; a head is loaded only when its
-sha256 matches the one config.json records (a run without it is refused) and all its weights are finite.
+against RunMeta (pydantic, strict types) and its own checksum (labels, template, head and mixer settings:
+an edit is refused; a run written before that checksum existed loads with a warning) before anything in
+it is used; a head is loaded only when its sha256 matches the one config.json records (a run without it
+is refused) and all its weights are finite.
 Files are created with the mode the umask allows (0666 & ~umask), as open() would.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -26,9 +31,15 @@ from safetensors.torch import load_file, save_file
 
 from adalayers import config as config_mod
 from adalayers.errors import ConfigError, ModelError, RunError
+from adalayers.jsoncheck import too_deep
 from adalayers.kinds import TaskKind
 
 HEAD = "head.safetensors"
+MAX_CONFIG_DEPTH = 16  # nesting of config.json (a valid one has 4: config.task.label_names.value)
+OWNER = ".owner"  # in a `.NAME.new-*` folder of replace_run: "host pid" of the process building it
+CONFIG = "config.json"  # also the checksums key of config.json's own content (config_digest)
+log = logging.getLogger(__name__)
+_unsealed_seen: set[str] = set()
 
 
 class BaseInfo(BaseModel):
@@ -145,8 +156,10 @@ def replace_run(out: Path, build) -> dict:
     out = Path(out)
     new = None
     if distributed.is_main():
+        clean_leftovers(out)
         new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
         os.chmod(new, 0o777 & ~_umask())
+        (new / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
     new = distributed.broadcast(new)
     try:
         result = build(new)
@@ -156,6 +169,7 @@ def replace_run(out: Path, build) -> dict:
         raise
     distributed.barrier()  # every rank has finished with the new folder
     if distributed.is_main():
+        (new / OWNER).unlink(missing_ok=True)
         old = out.parent / f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}"
         os.rename(out, old)
         try:
@@ -166,6 +180,40 @@ def replace_run(out: Path, build) -> dict:
         shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()  # no rank returns before `out` holds the new run
     return result
+
+
+def _alive(owner: Path) -> bool:
+    """Is the process named in a `.owner` file (host pid) still running on this host?"""
+    try:
+        host, pid = owner.read_text(encoding="utf-8").split()
+        if host != socket.gethostname():
+            return True  # another machine's: not ours to judge
+        os.kill(int(pid), 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return not owner.parent.exists() or owner.exists()  # unreadable: leave it alone
+
+
+def clean_leftovers(out: Path) -> None:
+    """What a killed --overwrite left beside `out`: a `.NAME.new-*` folder whose process is gone is removed;
+    a `.NAME.old-*` folder is the previous run: renamed back to `out` when the kill came between the two
+    renames (`out` missing), else removed (the swap had finished)."""
+    out = Path(out)
+    for leftover in sorted(out.parent.glob(f".{out.name}.new-*")):
+        if leftover.is_dir() and not _alive(leftover / OWNER):
+            log.warning("removing %s: the unfinished run of an --overwrite that was interrupted", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if not old.is_dir():
+            continue
+        if not out.exists():
+            log.warning("restoring %s from %s: an --overwrite was interrupted between its two renames", out, old)
+            os.rename(old, out)
+        else:
+            log.warning("removing %s: the previous run, already replaced by %s", old, out)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def save_head(run_dir: Path, task) -> str:
@@ -194,12 +242,37 @@ def resolved_data(cfg) -> dict:
 
 
 def save_config(run_dir: Path, cfg, labels: list[str], backbone, head_sha256: str | None = None, **extra) -> None:
-    write_json(Path(run_dir) / "config.json", {
+    write_config(run_dir, {
         "config": cfg.to_dict(), "data": resolved_data(cfg), "labels": labels,
         "base": {"name": backbone.name, "fingerprint": backbone.fingerprint(),
                  "num_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
                  "adds_bos": bool(getattr(backbone, "adds_bos", False))},
         "checksums": {HEAD: head_sha256} if head_sha256 else {}, **extra})
+
+
+def config_digest(meta: dict) -> str:
+    """sha256 of everything in a run's config.json that can change an answer: every key except `checksums`
+    and `data` (where training found its files), as canonical JSON (sorted keys, no spaces, ASCII)."""
+    content = {k: v for k, v in meta.items() if k not in ("checksums", "data")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_config(run_dir: Path, meta: dict) -> None:
+    """Write a run's config.json with the checksum of its own content (config_digest)."""
+    meta = {**meta, "checksums": {**meta.get("checksums", {}), CONFIG: config_digest(meta)}}
+    write_json(Path(run_dir) / CONFIG, meta)
+
+
+def _check_digest(path: Path, meta: dict) -> None:
+    recorded = meta["checksums"].get(CONFIG)
+    if recorded is None:  # written before config.json covered itself: loads, but say so (once per folder)
+        if str(path) not in _unsealed_seen:
+            _unsealed_seen.add(str(path))
+            log.warning("%s has no checksum of its own (written by an older adalayers): its labels and settings "
+                        "cannot be checked; train the run again to add one", path)
+    elif recorded != config_digest(meta):
+        raise RunError(f"{path}: its content does not match its checksum (labels, template or head/mixer settings "
+                       f"were edited); restore the file as training wrote it, or train the run again")
 
 
 def read_config(run_dir: Path) -> dict:
@@ -213,12 +286,17 @@ def read_config(run_dir: Path) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path}: not a valid run config ({e})") from None
+    except RecursionError:
+        raise RunError(f"{path}: not a valid run config (nested too deeply to read)") from None
     if not isinstance(meta, dict):
         raise RunError(f"{path}: not a valid run config (a JSON object is expected, got {type(meta).__name__})")
+    if too_deep(meta, MAX_CONFIG_DEPTH):
+        raise RunError(f"{path}: not a valid run config (nested more than {MAX_CONFIG_DEPTH} levels deep)")
     try:
         RunMeta.model_validate(meta)
     except ValidationError as e:
         raise RunError(f"{path}: not a valid run config: {config_mod.one_line(e)}") from None
+    _check_digest(path, meta)
     return meta
 
 
@@ -227,8 +305,9 @@ def run_config(run_dir: Path, meta: dict | None = None):
     meta = meta or read_config(run_dir)
     try:
         cfg = config_mod.from_dict(meta["config"])
-    except ConfigError as e:
-        raise RunError(f"{Path(run_dir) / 'config.json'}: {e}") from None
+    except ConfigError as e:  # one line: "invalid config: a; b"
+        one = str(e).replace(":\n  - ", ": ", 1).replace("\n  - ", "; ")
+        raise RunError(f"{Path(run_dir) / 'config.json'}: {one}") from None
     for key, value in (meta.get("data") or {}).items():  # where training found the data: from any folder
         if isinstance(value, str) and hasattr(cfg.task, key):
             setattr(cfg.task, key, value)

@@ -3,8 +3,10 @@
 A text is refused when
   - it is not valid Unicode: a lone surrogate (e.g. "\\ud800", which JSON can carry) cannot be
     encoded as UTF-8, so no tokenizer can read it;
-  - it is empty: nothing is left after removing whitespace, control characters (Cc, e.g. NUL) and
-    format characters (Cf, e.g. the zero-width space U+200B, which tokenizers drop);
+  - it is empty: nothing is left after removing whitespace, control characters (Cc, e.g. NUL),
+    format characters (Cf, e.g. the zero-width space U+200B, which tokenizers drop), marks without a
+    base letter (Mn/Mc/Me: combining accents, variation selectors) and the blank fillers that render
+    as nothing (U+2800 braille blank, U+3164 / U+115F / U+1160 / U+FFA0 Hangul fillers);
   - it is longer than the character limit.
 """
 from __future__ import annotations
@@ -13,12 +15,14 @@ import unicodedata
 
 from adalayers.errors import DataError
 
-INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}
+INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Mc", "Me"}
+FILLERS = set("\u2800\u3164\u115f\u1160\uffa0")
 
 
 def is_blank(text: str) -> bool:
-    """True when the text holds only whitespace, control and format (zero-width) characters."""
-    return all(c.isspace() or unicodedata.category(c) in INVISIBLE for c in text)
+    """True when the text holds only whitespace, control, format (zero-width) characters, lone marks and
+    blank fillers: nothing a tokenizer turns into a word."""
+    return all(c.isspace() or c in FILLERS or unicodedata.category(c) in INVISIBLE for c in text)
 
 
 def text_problem(text, max_chars: int | None = None) -> str | None:

@@ -27,7 +27,8 @@ def cmd_predict_files(args) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         manifest = local.run(job, args.output, batch_size=args.batch_size, device=args.device)
-    print(json.dumps({"output": str(args.output), "rows": manifest["rows"], "parts": len(manifest["parts"]),
+    print(json.dumps({"output": str(args.output), "rows_read": manifest.get("rows_read"),
+                      "rows": manifest["rows"], "parts": len(manifest["parts"]),
                       "bad_rows": manifest.get("bad_rows", 0), "seconds": manifest.get("seconds_last_run")}))
     return 0
 

@@ -4,7 +4,8 @@ PATH is a file, a folder (every file in it with a known extension, sorted by nam
 Formats by extension: .csv, .tsv/.tab, .jsonl/.ndjson/.json (one object a line), .parquet/.pq.
 CSV/TSV/JSON Lines are read line by line (tasks/tables.py's readers, exact "file:line" locations);
 Parquet by record batch (pyarrow's iter_batches, location "file: row N"). A row whose text (or, for
-sentence pairs, second text) is missing or empty, or that the reader finds malformed, is a bad row: an
+sentence pairs, second text) is missing, empty or unusable (textcheck), or that the reader finds malformed
+(an unterminated quote, a line over tables.MAX_LINE_BYTES, JSON nested too deeply), is a bad row: an
 error naming file and line, or skipped and counted under `skipping_bad_rows(True)`.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Iterator
 from adalayers.errors import DataError
 from adalayers.tasks import bad_row
 from adalayers.tasks.tables import iter_delimited, iter_jsonl
+from adalayers.textcheck import text_problem
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
            ".parquet": "parquet", ".pq": "parquet"}
@@ -106,12 +108,15 @@ def check_columns(files: list[Path], columns: list[str]) -> None:
 
 
 def _text_problem(row: dict, column: str, value) -> str | None:
-    """Why `value` (row[column]) is not a usable text, or None."""
-    if isinstance(value, str) and value.strip():
-        return None
+    """Why `value` (row[column]) is not a usable text, or None: textcheck's rule (blank, zero-width only,
+    a lone surrogate), the one SideTasks.predict applies, so a bad text is a bad row, not a failed batch."""
     if column not in row:
-        return "missing"
-    return "empty" if value is None or isinstance(value, str) else f"not text: {value!r}"
+        return "is missing"
+    if value is None:
+        return "is empty"
+    if not isinstance(value, str):
+        return f"is a {type(value).__name__}, not text"
+    return text_problem(value)
 
 
 def records(files: list[Path], id_column: str, text_column: str,
@@ -124,14 +129,17 @@ def records(files: list[Path], id_column: str, text_column: str,
             if id_column not in row or row[id_column] is None:
                 bad_row(f"{where}: no value in the id column {id_column!r}")
                 continue
+            if isinstance(row[id_column], (dict, list)):
+                bad_row(f"{where}: the id column {id_column!r} holds a {type(row[id_column]).__name__}, not a value")
+                continue
             text = row.get(text_column)
             problem = _text_problem(row, text_column, text)
             if problem:
-                bad_row(f"{where}: the text column {text_column!r} is {problem}")
+                bad_row(f"{where}: the text column {text_column!r} {problem}")
                 continue
             second = row.get(text_pair_column) if text_pair_column else None
             problem = text_pair_column and _text_problem(row, text_pair_column, second)
             if problem:
-                bad_row(f"{where}: the second-text column {text_pair_column!r} is {problem}")
+                bad_row(f"{where}: the second-text column {text_pair_column!r} {problem}")
                 continue
             yield Record(where, str(row[id_column]), text, second)

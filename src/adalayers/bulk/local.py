@@ -5,7 +5,9 @@ OUTPUT is a folder:
     part-00000.parquet ...   PART_ROWS predictions each (the last part fewer), written to a temporary
                              file and renamed, so a part is either whole or absent
     _manifest.json           the job's settings, then after every part: the parts so far and how many
-                             input rows they consumed; `complete` once the input is exhausted
+                             input rows they consumed; `complete` once the input is exhausted, with the
+                             totals (rows_read = rows + bad_rows, checked)
+    _bad_rows.txt            with --skip-bad-rows: every skipped row, "file:line: why", one a line
 
 Resume: a rerun with the same settings re-reads the input without predicting up to the rows the listed
 parts consumed, then continues with the next part; a part written after the manifest's last update
@@ -26,12 +28,13 @@ import pyarrow as pa
 
 from adalayers.bulk.inputs import input_files, records
 from adalayers.bulk.predictor import BatchPredictor, check_heads
-from adalayers.errors import DataError
-from adalayers.run import write_json
+from adalayers.errors import AdaLayersError, DataError
+from adalayers.run import atomic_write, write_json
 from adalayers.tasks import skipping_bad_rows
 
 log = logging.getLogger(__name__)
 MANIFEST = "_manifest.json"  # "_": pyarrow and Ray skip it when reading the folder as a dataset
+BAD_ROWS = "_bad_rows.txt"    # every skipped row, one "file:line: why" a line
 OUTPUT_FORMATS = ("parquet", "jsonl")
 
 
@@ -140,26 +143,49 @@ def run(job: Job, out: Path, batch_size: int = 32, device: str = "cpu", num_thre
             chunk = list(itertools.islice(stream, job.part_rows))
             if not chunk:
                 break
-            tables = []
-            for s in range(0, len(chunk), batch_size):
-                batch = chunk[s: s + batch_size]
-                tables.append(predictor.predict([r.id for r in batch], [r.text for r in batch],
-                                                [r.text_pair for r in batch] if job.text_pair_column else None))
-                bar.update(len(batch))
+            table = _predict(predictor, chunk, batch_size, job.text_pair_column is not None, bar)
             seen += len(chunk)
             name = part_name(len(manifest["parts"]), job.output_format)
-            write_part(out / name, pa.concat_tables(tables), job.output_format)
-            manifest["parts"].append({"name": name, "rows": len(chunk), "first": chunk[0].where,
+            write_part(out / name, table, job.output_format)
+            manifest["parts"].append({"name": name, "rows": table.num_rows, "first": chunk[0].where,
                                       "last": chunk[-1].where})
             manifest["consumed"] = seen + len(skipped or [])
             write_json(out / MANIFEST, manifest)
         bad = list(skipped or [])
     bar.close()
-    manifest.update(complete=True, rows=sum(p["rows"] for p in manifest["parts"]), bad_rows=len(bad),
-                    first_bad_rows=bad[:20], seconds_last_run=round(time.perf_counter() - start, 2))
+    return _finish(out, manifest, seen, bad, time.perf_counter() - start)
+
+
+def _predict(predictor: BatchPredictor, chunk: list, batch_size: int, pairs: bool, bar) -> pa.Table:
+    """One part's rows -> its table, batch by batch; a table that lost or gained a row is refused."""
+    tables = []
+    for s in range(0, len(chunk), batch_size):
+        batch = chunk[s: s + batch_size]
+        tables.append(predictor.predict([r.id for r in batch], [r.text for r in batch],
+                                        [r.text_pair for r in batch] if pairs else None))
+        bar.update(len(batch))
+    table = pa.concat_tables(tables)
+    if table.num_rows != len(chunk):
+        raise AdaLayersError(f"rows {chunk[0].where} to {chunk[-1].where}: {len(chunk)} rows in, "
+                             f"{table.num_rows} predictions out; nothing of this part was written")
+    return table
+
+
+def _finish(out: Path, manifest: dict, good: int, bad: list[str], seconds: float) -> dict:
+    """Check and record the totals: every row read is in the output or in _bad_rows.txt (file:line, why)."""
+    written = sum(p["rows"] for p in manifest["parts"])
+    totals = {"read": good + len(bad), "written": written, "bad": len(bad)}
+    if good != written:
+        raise AdaLayersError(f"{out}: the row totals do not add up: {good} good rows read, {written} rows in the "
+                             f"parts (was an input file changed while the job ran?); delete the folder to start over")
+    atomic_write(out / BAD_ROWS, "".join(m.replace("\n", " ") + "\n" for m in bad))
+    manifest.update(complete=True, rows=written, bad_rows=len(bad), rows_read=totals["read"],
+                    first_bad_rows=bad[:20], seconds_last_run=round(seconds, 2))
     write_json(out / MANIFEST, manifest)
     for message in bad[:5]:
         log.warning("skipped bad row: %s", message)
     if len(bad) > 5:
-        log.warning("... %d bad rows skipped in all (the first 20 are in %s)", len(bad), out / MANIFEST)
+        log.warning("... %d bad rows skipped in all (every one in %s)", len(bad), out / BAD_ROWS)
+    log.info("rows read: %d = %d written + %d bad%s", totals["read"], written, len(bad),
+             f" (listed in {out / BAD_ROWS})" if bad else "")
     return manifest

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from adalayers.errors import DataError
 from adalayers.kinds import TaskKind
+from adalayers.textcheck import text_problem
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class BatchPredictor:
         keep = []
         for i, (id_, text) in enumerate(zip(ids, texts)):
             missing = [c for c, v in ((self.text_column, text), (self.text_pair_column, seconds and seconds[i]))
-                       if c and not (isinstance(v, str) and v.strip())]
+                       if c and text_problem(v) is not None]  # textcheck's rule: blank, zero-width, lone surrogates
             if id_ is not None and not missing:
                 keep.append(i)
             elif not self.skip_bad_rows:

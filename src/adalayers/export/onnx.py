@@ -1,6 +1,8 @@
 """Write DIR/ with model.onnx (base + every head), optionally model.int8.onnx, tokenizer files,
-export.json (inputs, outputs, labels, base fingerprint) and heads/<task>/ (each head's config.json
-and head.safetensors, so the folder serves on its own).
+export.json (inputs, outputs, labels, base fingerprint, the sha256 of every other file but the heads', run
+folders as paths relative to DIR) and heads/<task>/ (each head's config.json and head.safetensors, with
+their own checksums, so the folder serves on its own). Opening the folder checks the graph it runs and the
+tokenizer files against those sha256 (verify).
 
 torch.onnx.export with dynamic batch and sequence axes, through the TorchScript exporter
 (dynamo=False): on these models it gives the same graph as the dynamo exporter in seconds instead
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -93,7 +96,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                 task.kind, ["batch", len(task.labels)])
             outputs.append({"name": output_name(name), "task": name, "kind": task.kind, "labels": task.labels,
                             "shape": shape})
-            described[name] = {"kind": task.kind, "labels": task.labels, "run": str(path),
+            described[name] = {"kind": task.kind, "labels": task.labels, "run": _relative(path, out),
                                "max_length": cfg.model.max_length, "used_layers": task.used_layers()}
             dest = tmp / "heads" / name
             dest.mkdir(parents=True)
@@ -108,7 +111,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                 "projected_layers": graph.used_layers, "opset": OPSET,
                 "files": {"fp32": MODEL, **({"int8": MODEL_INT8} if int8 else {})},
                 **({"int8_scheme": {"name": int8_scheme, **asdict(INT8_SCHEMES[int8_scheme])}} if int8 else {}),
-                "torch": torch.__version__}
+                "torch": torch.__version__, "checksums": checksums(tmp)}
         runlib.write_json(tmp / META, meta)
         _replace(tmp, out)
     except BaseException:
@@ -127,6 +130,40 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(out)
+
+
+def _relative(path, out: Path) -> str:
+    """The run folder as seen from the export folder (never an absolute path of the machine that exported)."""
+    return os.path.relpath(Path(path).resolve(), Path(out).resolve())
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    """sha256 of every file of an export folder but export.json and the heads (their run folders' own
+    checksums cover them), by relative path."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): runlib.sha256(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != META and "heads" not in p.relative_to(folder).parts}
+
+
+def verify(folder: Path, meta: dict, graph: str) -> None:
+    """Refuse an export folder whose files differ from the sha256 in export.json (the graph run, the
+    tokenizer files); an export written before checksums existed is loaded with a warning."""
+    sums = meta.get("checksums")
+    if not isinstance(sums, dict):
+        log.warning("%s has no checksums (exported by an older adalayers): its files cannot be checked; "
+                    "export it again to add them", Path(folder) / META)
+        return
+    if graph not in sums:
+        log.warning("%s: %s is not in its checksums (added after the export): it is not checked", folder, graph)
+    for name, want in sums.items():
+        path = Path(folder) / name
+        if name in meta.get("files", {}).values() and name != graph:
+            continue  # the other graph (fp32 / int8) is not read
+        if not path.is_file():
+            raise RunError(f"{path}: missing (export.json lists it); export the folder again")
+        if runlib.sha256(path) != want:
+            raise RunError(f"{path}: checksum does not match export.json (the file was changed or damaged); "
+                           f"export the folder again")
 
 
 def read_meta(folder: Path) -> dict:

@@ -25,7 +25,7 @@ from adalayers import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, output_name
 from adalayers.export.int8 import DEFAULT_INT8
-from adalayers.export.onnx import META, export, read_meta
+from adalayers.export.onnx import META, export, read_meta, verify
 from adalayers.serve.api import Head, SideTasks, parse_head_arg
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class OnnxSideTasks(SideTasks):
         file = graph or meta["files"].get("int8" if int8 else "fp32")
         if file is None or not (folder / file).is_file():
             raise RunError(f"{folder}: has no {file or 'int8 graph'}; export it (with --int8 for int8)")
+        verify(folder, meta, file)  # the graph and tokenizer files against export.json's sha256
         unknown = [n for n in names or [] if n not in meta["heads"]]
         if unknown:
             raise ModelError(f"{folder}: no head named {', '.join(unknown)}; it has {', '.join(meta['heads'])}")

@@ -24,6 +24,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,7 +33,7 @@ from adalayers.textcheck import check_texts
 from adalayers.backbone import Backbone
 from adalayers.encoding import collate, word_windows
 from adalayers.engine.predict import in_order, predict
-from adalayers.errors import DataError, ModelError
+from adalayers.errors import Cancelled, ConfigError, DataError, ModelError
 from adalayers.sidetask import shared_tap
 from adalayers.tasks import check_pairs, takes_pairs
 from adalayers.templates import Template
@@ -70,8 +71,21 @@ def parse_head_arg(arg: str) -> tuple[str, Path]:
 
     name, sep, path = arg.partition("=")
     if sep and name and "/" not in name:
-        return name, resolve_run(path)
-    return Path(arg.partition("@")[0]).name, resolve_run(arg)
+        return _task_name(name, arg), resolve_run(path)
+    return _task_name(Path(arg.partition("@")[0]).name, arg), resolve_run(arg)
+
+
+def _task_name(name: str, arg: str) -> str:
+    """A task name every answer can carry: valid UTF-8 (argv bytes that are not arrive as lone surrogates)
+    and printable."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise ConfigError(f"--heads {shown}: the task name is not valid UTF-8; name it with NAME=RUN_FOLDER") from None
+    if not name.isprintable():
+        raise ConfigError(f"--heads {arg!r}: the task name holds unprintable characters; name it with NAME=RUN_FOLDER")
+    return name
 
 
 def heads_base(run_dirs: list) -> str:
@@ -99,6 +113,8 @@ class SideTasks:
         limit = min(int(getattr(backbone.tokenizer, "model_max_length", 512) or 512), 100_000)
         self.max_length = min(max_length or max([h.max_length for h in heads] or [limit]), limit)
         self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
+        self.rows_run = 0      # token rows (plain rows and windows) the base has run, all passes together
+        self.rows_skipped = 0  # rows of passes stopped early because nobody waited for them (Cancelled)
         for h in heads:
             h.template.check(backbone.tokenizer, backbone.name, h.pairs, h.kind)
         templates = {h.template for h in heads}
@@ -187,9 +203,15 @@ class SideTasks:
 
     # --- predicting ------------------------------------------------------------------------
     def predict(self, texts: list[str], tasks: list[str] | None = None,
-                text_pairs: list[str] | None = None) -> list[dict]:
+                text_pairs: list[str] | None = None, windows: list[bool] | None = None,
+                abandoned: Callable[[], set[int]] | None = None) -> list[dict]:
         """Every asked head's prediction per text. A head trained on sentence pairs needs `text_pairs`
-        (one second text per text); the others refuse them. Without `tasks`: the heads that take the input."""
+        (one second text per text); the others refuse them. Without `tasks`: the heads that take the input.
+        `windows`: per text, whether its long text is split into windows for the token heads (default: for
+        every text when a token head is asked); a text without them gets token-head answers from its plain
+        (truncated) row. `abandoned`: asked before every micro-batch of the pass, the indices of the texts
+        nobody waits for any more: their rows are skipped from then on and their results are None; when it
+        names every text the pass stops (Cancelled)."""
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise DataError(f"{len(texts)} texts but {len(text_pairs)} second texts: give one second text per text")
         names = self.select(tasks, text_pairs is not None)
@@ -200,14 +222,20 @@ class SideTasks:
         if second is not None:
             rows, spans = self._pair_rows(wrapped, second), [[] for _ in texts]
         else:
-            rows, spans = self._rows(wrapped, any(h.kind == TaskKind.TOKENS for h in heads))
+            tokens = any(h.kind == TaskKind.TOKENS for h in heads)
+            rows, spans = self._rows(wrapped, [tokens and w for w in windows] if windows else [tokens] * len(texts))
         with self._lock, torch.inference_mode():
-            outs = self._run(rows, heads)
-        results = [self._result(i, text, rows, outs, heads, spans[i]) for i, text in enumerate(wrapped)]
+            outs = self._run(rows, heads, abandoned)
+        skipped = {rows[r]["text"] for r, out in enumerate(outs["heads"][heads[0].name]) if out is None} if heads \
+            else set()
+        results = [None if i in skipped else self._result(i, text, rows, outs, heads, spans[i])
+                   for i, text in enumerate(wrapped)]
         for r, text in zip(results, texts):
-            r["text"] = text  # the caller's text, not the wrapped one
+            if r is not None:
+                r["text"] = text  # the caller's text, not the wrapped one
         for r, second in zip(results, text_pairs or []):
-            r["text_pair"] = second
+            if r is not None:
+                r["text_pair"] = second
         return results
 
     def wrap(self, texts: list[str], text_pairs: list[str] | None = None) -> tuple[list[str], list[str] | None]:
@@ -261,8 +289,9 @@ class SideTasks:
             counts.append(min(n, budget) + special + (n + special * -(-n // budget) if windows and n > budget else 0))
         return counts
 
-    def _rows(self, texts: list[str], windows: bool) -> tuple[list[dict], list[list[tuple[int, int]]]]:
-        """Token rows: one plain (truncated) row per text, then word-boundary windows of long texts."""
+    def _rows(self, texts: list[str], windows: list[bool]) -> tuple[list[dict], list[list[tuple[int, int]]]]:
+        """Token rows: one plain (truncated) row per text, then word-boundary windows of the long texts
+        whose `windows` flag is set."""
         tok = self.backbone.tokenizer
         spans = [[m.span() for m in re.finditer(r"\S+", t)] for t in texts]
         enc = self._tokenize(texts, truncation=True, max_length=self.max_length, return_offsets_mapping=tok.is_fast)
@@ -271,11 +300,11 @@ class SideTasks:
         rows = [self._row(enc, i, i, 0, spans[i]) for i in range(len(texts))]
         for i, row in enumerate(rows):  # truncated: tokens were cut, not merely characters the tokenizer drops
             row["truncated"] = len(full["input_ids"][i]) > budget
-        if not windows:
+        if not any(windows):
             return rows, spans
         cuts = []  # (text index, character span of the window)
         for i, text in enumerate(texts):
-            if len(full["input_ids"][i]) <= budget:
+            if not windows[i] or len(full["input_ids"][i]) <= budget:
                 continue
             rows[i]["token_rows"] = False  # the token heads read this text's windows instead
             rows[i]["windows"] = []
@@ -301,7 +330,7 @@ class SideTasks:
             row["word_ids"] = _word_ids(enc["offset_mapping"][r], spans, offset)
         return row
 
-    def _run(self, rows: list[dict], heads: list[Head]) -> dict:
+    def _run(self, rows: list[dict], heads: list[Head], abandoned: Callable[[], set[int]] | None = None) -> dict:
         """One base pass per batch of rows, all heads tapping it (the engine's one predict loop, batches in
         row order, in this process). -> per row: the base's own output and each head's output (class
         probabilities, per-token probabilities, or the value), cut to the row's real tokens."""
@@ -320,12 +349,18 @@ class SideTasks:
             return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()})
                     for j in range(size)]
 
-        per_row = predict(lambda batch: (*self._forward(batch, heads, stop), len(batch["input_ids"])),
-                          in_order(len(rows), self.batch_size),
+        def step(batch):
+            self.rows_run += len(batch["input_ids"])
+            return (*self._forward(batch, heads, stop), len(batch["input_ids"]))
+
+        per_row = predict(step, self._plan(rows, abandoned),
                           lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),
                           outputs, shard=False)
         base_rows, head_rows = [None] * len(rows), {h.name: [None] * len(rows) for h in heads}
-        for i, (row, (own, values)) in enumerate(zip(rows, per_row)):
+        for i, (row, out) in enumerate(zip(rows, per_row)):
+            if out is None:  # skipped: nobody waits for its text
+                continue
+            own, values = out
             n = len(row["input_ids"])
             for h in heads:
                 head_rows[h.name][i] = _real(values[h.name], n, left) if h.kind == TaskKind.TOKENS else values[h.name]
@@ -334,6 +369,21 @@ class SideTasks:
                 if not torch.isfinite(base_rows[i]).all():
                     raise ModelError(f"the base {self.backbone.name!r} produced non-finite values")
         return {"base": base_rows, "heads": head_rows}
+
+    def _plan(self, rows: list[dict], abandoned: Callable[[], set[int]] | None):
+        """The micro-batches of row indices, in order; before each, the rows of texts nobody waits for are
+        left out (counted in rows_skipped), and once no text is waited for the pass stops (Cancelled)."""
+        texts, seen = len({r["text"] for r in rows}), 0
+        for idx in in_order(len(rows), self.batch_size):
+            gone = abandoned() if abandoned is not None else set()
+            if gone and len(gone) >= texts:
+                self.rows_skipped += len(rows) - seen
+                raise Cancelled("nobody waits for this pass any more")
+            seen += len(idx)
+            keep = [i for i in idx if rows[i]["text"] not in gone]
+            self.rows_skipped += len(idx) - len(keep)
+            if keep:
+                yield keep
 
     def _forward(self, batch: dict, heads: list[Head], stop: int | None):
         """One pass of the base over a batch: (its own output or None, {head name: float logits on the CPU}).

@@ -27,16 +27,15 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi_offline import FastAPIOffline
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from adalayers.config import ServeConfig
-from adalayers.errors import AdaLayersError, DataError
+from adalayers.errors import AdaLayersError, Cancelled, DataError
+from adalayers.kinds import TaskKind
 from adalayers.serve.api import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.limits import BodyLimit, FiniteRequest, json_safe
+from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, client_gone, max_body_bytes
 from adalayers.serve.memory import process_memory
 from adalayers.serve.routers.ui import add_ui_routes
 from adalayers.textcheck import text_problem
@@ -91,6 +90,7 @@ class Batcher:
     refused: int = 0     # requests answered 503 because the queue was full
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
     pending: int = 0     # requests queued or running whose answer is still awaited
+    generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
 
     def __post_init__(self):
         self.queue = asyncio.Queue()
@@ -110,6 +110,21 @@ class Batcher:
 
     def _settled(self, _future) -> None:
         self.pending -= 1
+
+    def admit(self):
+        """Count work that does not go through the queue (a generation) as pending, under the same
+        --max-queue: returns the function that ends its count, or None when max_queue requests are pending."""
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            return None
+        self.pending += 1
+        ended = []
+
+        def release() -> None:
+            if not ended:
+                ended.append(True)
+                self.pending -= 1
+        return release
 
     def retry_after_s(self) -> int:
         return max(1, math.ceil(self.pass_s * (self.pending + 1)))
@@ -149,7 +164,8 @@ class Batcher:
         t0, self.busy = time.perf_counter(), True
         try:
             answers = await asyncio.to_thread(predict_group, self.side,
-                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs])
+                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs],
+                                              lambda: [job.future.done() for job in jobs])
         finally:
             self.busy = False
         self.passes += 1
@@ -170,6 +186,8 @@ class Batcher:
             return
         try:
             self._deliver(live, await self._predict(live))
+        except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
+            self.dropped += len(live)
         except Exception as e:  # noqa: BLE001
             if len(live) == 1:
                 return self._fail(live[0], e)
@@ -180,6 +198,8 @@ class Batcher:
                     continue
                 try:
                     self._deliver([job], await self._predict([job]))
+                except Cancelled:
+                    self.dropped += 1
                 except Exception as e1:  # noqa: BLE001
                     self._fail(job, e1)
 
@@ -203,17 +223,33 @@ def public_name(base: str) -> str:
     return path.name if path.is_absolute() or base.startswith(".") or path.exists() else base
 
 
-def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]]) -> list[list[dict]]:
+def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
+                  gone=None) -> list[list[dict]]:
     """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
     SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
+    A request's long texts are split into token-head windows only when that request asks for a token
+    head (what it was charged for), never for another request's. `gone()`: per request, whether nobody
+    waits for it any more; its texts' remaining rows are skipped (SideTasks.predict's `abandoned`) and its
+    answer is left empty.
     The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
     texts = [t for texts, _, _ in group for t in texts]
     second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
-    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second)
-    answers, start = [], 0
-    for texts, tasks, _ in group:
-        mine = results[start: start + len(texts)]
-        start += len(texts)
+    windows = [any(side.heads[n].kind == TaskKind.TOKENS for n in tasks) for texts, tasks, _ in group
+               for _ in texts]
+    starts = [0]
+    for texts_, _, _ in group:
+        starts.append(starts[-1] + len(texts_))
+
+    def abandoned() -> set[int]:
+        return {t for k, done in enumerate(gone()) if done for t in range(starts[k], starts[k + 1])}
+
+    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second,
+                           windows=windows, abandoned=abandoned if gone is not None else None)
+    answers = []
+    for k, (_, tasks, _) in enumerate(group):
+        mine = results[starts[k]: starts[k + 1]]
+        if any(r is None for r in mine):
+            mine = []  # skipped: nobody waits for this request
         for r in mine:
             r["tasks"] = {name: r["tasks"][name] for name in tasks}
         answers.append(mine)
@@ -238,20 +274,13 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
-async def _client_gone(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
                batcher=None) -> FastAPI:
     """The app; `batcher` (submit -> _Job, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
     cfg = cfg or ServeConfig()
     batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                  max(1, cfg.max_batch_tokens), max(1, cfg.max_queue))
-    # a body bigger than the largest valid request (JSON may escape a character as 6 bytes) is refused unread
-    max_body = cfg.max_texts * (cfg.max_chars * 6 + 16) + 4096
+    max_body = max_body_bytes(cfg)  # larger than any valid request: refused unread
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -272,10 +301,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # added last: runs first, before any body is read
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError):
-        # the errors echo the input, which may hold NaN or lone surrogates: made JSON-safe
-        return JSONResponse(status_code=422, content={"detail": json_safe(jsonable_encoder(exc.errors()))})
+    add_error_handlers(app)  # 4xx answers that echo client input (NaN, lone surrogates, deep JSON) stay 4xx
 
     @app.post("/predict", response_model=PredictResponse,
               responses={401: {"description": "API key missing or wrong"}, 408: {"description": "read timeout"},
@@ -318,7 +344,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
         except Busy:
             raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
                                      "retry later", headers={"Retry-After": str(batcher.retry_after_s())}) from None
-        gone = asyncio.create_task(_client_gone(request))
+        gone = asyncio.create_task(client_gone(request))
         try:
             left = cfg.request_timeout_s - (time.perf_counter() - arrived)
             await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
@@ -362,7 +388,9 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                 "queued": batcher.queue.qsize(), "pending": batcher.pending, "batches_run": batcher.passes, "requests_answered": batcher.requests,
                 "requests_dropped": batcher.dropped, "requests_refused": batcher.refused,
                 "clients_gone": batcher.gone, "deadlines_passed": batcher.expired, "busy": batcher.busy,
-                "largest_batch_tokens": batcher.largest_tokens, "max_batch_tokens": batcher.max_batch_tokens,
+                "largest_batch_tokens": batcher.largest_tokens, "base_rows_run": side.rows_run,
+                "base_rows_skipped": side.rows_skipped,
+                "generations_stopped": getattr(batcher, "generations_stopped", 0), "max_batch_tokens": batcher.max_batch_tokens,
                 "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                 "uptime_s": round(time.time() - app.state.started, 1), "memory": process_memory()}
 

@@ -9,20 +9,24 @@
 Same limits and text rules as /predict (--max-texts prompts of at most --max-chars characters, no
 lone surrogates or blank prompts, no NaN/Infinity; body limit, API key and read timeout from the app), max_new_tokens at
 most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
-token is generated. A client that leaves a stream stops its generation at the next token.
+token is generated. A client that leaves a stream stops its generation at the next token. POST /generate
+counts under --max-queue as a /predict request does (503 when full), is bounded by --request-timeout
+(503), and a client that leaves it stops it at the next decode step.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from adalayers.errors import AdaLayersError, ModelError
+from adalayers.errors import AdaLayersError, Cancelled, ModelError
 from adalayers.serve.generate import stream
-from adalayers.serve.limits import FiniteRequest
+from adalayers.serve.limits import FiniteRequest, client_gone
 from adalayers.textcheck import text_problem
 
 MAX_NEW_TOKENS = 256
@@ -41,7 +45,8 @@ class GenerateRequest(FiniteRequest):
     do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = all).")
-    seed: int | None = Field(None, description="Seed of the sampling (same seed, same text).")
+    seed: int | None = Field(None, ge=0, le=2 ** 64 - 1,
+                             description="Seed of the sampling (same seed, same text); 0 to 2^64-1.")
     steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
     answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
     guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
@@ -73,15 +78,50 @@ def _kwargs(req: GenerateRequest) -> dict:
                 answer_only=req.answer_only, guard={n: (g.label, g.threshold) for n, g in (req.guard or {}).items()})
 
 
+def _until_done(events, stop: threading.Event) -> list[dict]:
+    """Run a generation's events to its results, stopping at the next decode step once `stop` is set."""
+    try:
+        for event in events:
+            if stop.is_set():
+                raise Cancelled("nobody waits for this generation any more")
+            if event["event"] == "done":
+                return event["results"]
+    finally:
+        events.close()
+    raise AdaLayersError("generation ended without a result")
+
+
 def add_generate_routes(app: FastAPI, side, cfg) -> None:
     @app.post("/generate")
-    async def generate(req: GenerateRequest):
+    async def generate(req: GenerateRequest, request: Request):
+        """Counted under --max-queue and bounded by --request-timeout as /predict is; a client that leaves
+        (or a deadline that passes) stops the generation at its next decode step."""
+        arrived, batcher = time.perf_counter(), app.state.batcher
         _check(req, side, cfg)
+        release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)
+        if release is None:
+            raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
+                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+        stop = threading.Event()
+        work = asyncio.ensure_future(asyncio.to_thread(_until_done, stream(side, req.prompts, **_kwargs(req)), stop))
+        work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it stops
+        gone = asyncio.create_task(client_gone(request))
         try:
-            results = await asyncio.to_thread(side.generate, req.prompts, **_kwargs(req))
+            left = cfg.request_timeout_s - (time.perf_counter() - arrived)
+            await asyncio.wait({work, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            stop.set()
+            batcher.generations_stopped = getattr(batcher, "generations_stopped", 0) + 1
+            if gone.done() and not gone.cancelled():
+                return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
+            raise HTTPException(503, f"not answered within {cfg.request_timeout_s:g} s (--request-timeout); "
+                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+        try:
+            return {"results": work.result()}
         except (ModelError, AdaLayersError) as e:
             raise HTTPException(400, str(e)) from None
-        return {"results": results}
 
     @app.post("/generate/stream")
     async def generate_stream(req: GenerateRequest):

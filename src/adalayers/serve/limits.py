@@ -1,6 +1,8 @@
 """Bounds on what one client can make the server read: body size and read time.
 
-BodyLimit (ASGI middleware): a body is refused with 413 as soon as it is known to be too large:
+BodyLimit (ASGI middleware): a request line plus headers over MAX_HEADER_BYTES is refused with 431, one
+with both Content-Length and Transfer-Encoding with 400 (both close the connection), before anything else.
+A body is refused with 413 as soon as it is known to be too large:
 at once when its Content-Length says so, otherwise while it is being read, counting the bytes
 of every chunk (Transfer-Encoding: chunked has no Content-Length). At most `max_bytes` + one
 chunk is ever held, whatever the transfer encoding.
@@ -22,9 +24,36 @@ import h11
 from pydantic import BaseModel, ConfigDict, model_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from adalayers.jsoncheck import json_problem
+
 
 class BodyTooLarge(Exception):
     """Raised into the app from receive() when the body passes the limit."""
+
+
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers
+JSON_BYTES_PER_CHAR = 12      # the most JSON spends on one character: a non-BMP one as "\\ud83d\\ude00"
+
+
+def max_body_bytes(cfg) -> int:
+    """The largest body a valid request can have, in any JSON encoding: --max-texts texts and as many
+    second texts (sentence pairs), each of --max-chars characters at JSON_BYTES_PER_CHAR bytes, with their
+    quotes and commas, plus 4 KiB for the rest of the request. Characters and tokens are limited after
+    parsing (--max-chars, --max-tokens); this byte limit only keeps larger bodies from being read."""
+    return 2 * cfg.max_texts * (cfg.max_chars * JSON_BYTES_PER_CHAR + 16) + 4096
+
+
+def framing_problem(scope, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[int, str] | None:
+    """(status, why) for a request whose head is refused: headers over `max_header_bytes` (431), or both
+    Content-Length and Transfer-Encoding, which RFC 9112 (6.1) says to refuse and close (400)."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+    if size > max_header_bytes:
+        return 431, f"the request line and headers have {size} bytes; the limit is {max_header_bytes}"
+    names = {k for k, _ in scope["headers"]}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        return 400, "the request has both Content-Length and Transfer-Encoding; send one"
+    return None
 
 
 class BodyLimit:
@@ -34,6 +63,9 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        refused = framing_problem(scope)
+        if refused:
+            return await _answer(send, *refused)
         size = dict(scope["headers"]).get(b"content-length", b"")
         if size.isdigit() and int(size) > self.max_bytes:
             return await self._refuse(send, f"request body has {int(size)} bytes")
@@ -64,11 +96,16 @@ class BodyLimit:
             await self._refuse(send, f"request body passed {self.max_bytes} bytes while being read")
 
     async def _refuse(self, send, what: str) -> None:
-        body = json.dumps({"detail": f"{what}; the limit is {self.max_bytes} bytes{self.hint}"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 413, f"{what}; the limit is {self.max_bytes} bytes{self.hint}")
+
+
+async def _answer(send, status: int, detail: str) -> None:
+    """A JSON error answer that closes the connection (the request's body is never read)."""
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def timed_h11(read_timeout: float) -> type[H11Protocol]:
@@ -115,28 +152,38 @@ def timed_h11(read_timeout: float) -> type[H11Protocol]:
     return TimedH11Protocol
 
 
-def has_non_finite(value) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(has_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(has_non_finite(v) for v in value)
-    return False
+MAX_DEPTH = 32  # JSON nesting a request body may have (the deepest valid one: 4)
+
+
+def body_problem(value, max_depth: int = MAX_DEPTH) -> str | None:
+    """Why a parsed JSON body cannot be read further, or None (jsoncheck: too deep, or non-finite)."""
+    problem = json_problem(value, max_depth)
+    return f"the request {problem}" if problem else None
 
 
 class FiniteRequest(BaseModel):
     """A request body: unknown fields refused, and any non-finite number in it (JSON NaN, Infinity,
-    an overflowing 1e999) a 422 before the fields are read."""
+    an overflowing 1e999) or nesting deeper than MAX_DEPTH a 422 before the fields are read."""
 
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
     def _finite_numbers(cls, data):
-        if has_non_finite(data):
-            raise ValueError("the request holds a non-finite number (NaN or Infinity); JSON numbers must be finite")
+        problem = body_problem(data)
+        if problem:
+            raise ValueError(problem)
         return data
+
+
+def shallow(value, depth: int = 3):
+    """`value` cut to `depth` levels (deeper containers become "..."): for echoing a request's input in an
+    error message without walking (or printing) all of a deeply nested body."""
+    if isinstance(value, dict):
+        return {k: shallow(v, depth - 1) for k, v in value.items()} if depth > 0 else "..."
+    if isinstance(value, (list, tuple)):
+        return [shallow(v, depth - 1) for v in value] if depth > 0 else "..."
+    return value
 
 
 def json_safe(value):
@@ -151,3 +198,29 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def add_error_handlers(app) -> None:
+    """4xx answers that can always be sent: a validation error echoes its input cut to a few levels
+    (shallow) and JSON-safe (json_safe), and an HTTPException's detail (which may quote a task name
+    with a lone surrogate) is made JSON-safe, so no client input turns a 4xx into a 500."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request, exc: RequestValidationError):
+        errors = [{**e, "input": shallow(e["input"])} if "input" in e else e for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": json_safe(jsonable_encoder(errors))})
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, exc: HTTPException):
+        return JSONResponse(status_code=exc.status_code, content={"detail": json_safe(exc.detail)},
+                            headers=exc.headers)
+
+
+async def client_gone(request) -> None:
+    """Returns when the client disconnects (the body has been read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -60,14 +60,41 @@ def is_number(spec) -> bool:
     return isinstance(spec, int) or (isinstance(spec, str) and spec.lstrip("-").isdigit())
 
 
-def iter_lines(path: Path):
-    """The file's lines, decoded one at a time (bounded memory); a line that is not UTF-8 names its number."""
+MAX_LINE_BYTES = 8 * 1024 * 1024  # one line of a CSV/TSV/JSON Lines file; a longer line is a bad row
+
+
+def _raw_lines(f, limit: int):
+    """The file's lines as bytes, each read with at most `limit` + 1 bytes in memory; a longer line is
+    skipped to its end in bounded chunks and given as None."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(1 << 20)
+            yield None
+            continue
+        yield raw
+
+
+def iter_lines(path: Path, start: int = 0, limit: int | None = None):
+    """The file's lines after the first `start`, decoded one at a time (bounded memory: a line longer than
+    `limit` bytes (default MAX_LINE_BYTES) or not UTF-8 is a bad row naming its number, given as an empty line)."""
+    limit = limit or MAX_LINE_BYTES
     with open(require_file(path), "rb") as f:
-        for n, raw in enumerate(f, start=1):
+        for n, raw in enumerate(_raw_lines(f, limit), start=1):
+            if n <= start:
+                continue
+            if raw is None:
+                bad_row(f"{path}:{n}: the line is longer than {limit} bytes")
+                yield "\n"
+                continue
             try:  # a BOM (Excel's CSV) is not part of the first column name
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from None
+                bad_row(f"{path}:{n}: not valid UTF-8 ({e.reason}); save the file as UTF-8")
+                yield "\n"
 
 
 def _nonblank(path: Path, lines):
@@ -84,30 +111,55 @@ def iter_delimited(path: Path, delimiter: str, header: bool):
     """Stream a CSV/TSV file: ("file:line", {column: value}) per data row, the line where the row starts.
 
     Columns are the header's names (header=True) or 0..n-1; a row with another number of cells is a bad row.
+    A row the parser refuses (a quote never closed, text after a closing quote, a field over the csv
+    module's size limit) is a bad row named by its first line, and parsing starts again on the next line:
+    an unterminated quote costs its own row, never the rest of the file.
     """
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(_nonblank(path, iter_lines(path)), delimiter=delimiter, quoting=quoting)
-    columns, end = None, 0
-    try:
-        for cells in reader:
-            line, end = end + 1, reader.line_num  # a quoted field may span lines: report where the row starts
+    columns, skip, kind = None, 0, "TSV" if delimiter == "\t" else "CSV"
+    while True:  # once, plus once more after each bad row that spans lines
+        lines = iter_lines(path, skip)
+        reader = csv.reader(_nonblank(path, lines) if skip == 0 else lines, delimiter=delimiter,
+                            quoting=csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL, strict=True)
+        end, restart = skip, None
+        while restart is None:
+            try:
+                cells = next(reader, None)
+            except csv.Error as e:
+                first, end = end + 1, skip + reader.line_num
+                if columns is None:
+                    raise DataError(f"{path}:{first}: not valid {kind} ({e})") from None
+                what = "a quoted field opened here is never closed" if "end of data" in str(e) else f"not valid {kind} ({e})"
+                span = f"; lines {first}-{end} would be one row" if end > first else ""
+                bad_row(f"{path}:{first}: {what}{span}")
+                restart = first if end > first else None  # parse the following lines again on their own
+                continue
+            if cells is None:
+                return
+            line, end = end + 1, skip + reader.line_num  # a quoted field may span lines: where the row starts
             if not cells or not any(c.strip() for c in cells):
                 continue
             if columns is None:
-                columns = [c.strip() for c in cells] if header else list(range(len(cells)))
+                columns = _columns(path, line, cells, header)
                 if header:
-                    twice = sorted({c for c in columns if columns.count(c) > 1})
-                    if twice:
-                        raise DataError(f"{path}:{line}: column {', '.join(map(repr, twice))} appears more than once "
-                                        f"in the header; rename or remove the extra column")
                     continue
             if len(cells) != len(columns):
                 shown = ", ".join(map(str, columns)) if header else f"the first row's {len(columns)}"
                 bad_row(f"{path}:{line}: expected {len(columns)} columns ({shown}), got {len(cells)}")
                 continue
             yield f"{path}:{line}", dict(zip(columns, cells))
-    except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({e})") from None
+        skip = restart
+
+
+def _columns(path: Path, line: int, cells: list[str], header: bool) -> list:
+    """The column names from a header row (each once), or 0..n-1 without a header."""
+    if not header:
+        return list(range(len(cells)))
+    columns = [c.strip() for c in cells]
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise DataError(f"{path}:{line}: column {', '.join(map(repr, twice))} appears more than once "
+                        f"in the header; rename or remove the extra column")
+    return columns
 
 
 def read_delimited(path: Path, delimiter: str, header: bool) -> Table:
@@ -126,6 +178,9 @@ def iter_jsonl(path: Path):
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             bad_row(f"{path}:{n}: not valid JSON ({e.msg}); JSON Lines needs one object per line")
+            continue
+        except RecursionError:
+            bad_row(f"{path}:{n}: the JSON is nested too deeply to read")
             continue
         if not isinstance(obj, dict):
             bad_row(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}; JSON Lines needs one "
