@@ -36,26 +36,39 @@ from adalayers.kinds import TaskKind
 
 
 def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
-            generator: torch.Generator | None) -> torch.Tensor:
-    """Greedy argmax, or a draw from softmax(logits / temperature) restricted to the top_k (0 = all)."""
+            generator: torch.Generator | None, top_p: float = 1.0) -> torch.Tensor:
+    """Greedy argmax, or a draw from p = softmax(logits / temperature) restricted to the top_k (0 = all)
+    and to the nucleus: the most likely tokens whose probabilities, in decreasing order, sum to top_p
+    (a token is kept when the mass before it is below top_p; the first one always)."""
     if not do_sample:
         return logits.argmax(-1)
     logits = logits.float() / max(temperature, 1e-6)
     if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+    if top_p < 1.0:
+        probs, order = torch.softmax(logits, -1).sort(-1, descending=True)
+        cut = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
+    probs = torch.softmax(logits, -1)
+    return torch.multinomial(probs.cpu() if generator is not None else probs, 1,
+                             generator=generator).squeeze(-1).to(logits.device)
 
 
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
            do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
            steps: bool = False, answer_only: list[str] | tuple = (),
-           guard: dict[str, tuple[str, float]] | None = None, ignore_eos: bool = False) -> Iterator[dict]:
-    """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}]} after the prefill,
-    {"event": "step", "step", "tokens": [text piece per prompt, None once ended], "values": {task: [per prompt]}}
-    per token, then {"event": "done", "results": [...]}.
+           guard: dict[str, tuple[str, float]] | None = None, ignore_eos: bool = False, top_p: float = 1.0,
+           stop: list[str] | tuple = (), raw: bool = False) -> Iterator[dict]:
+    """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}], "token_ids": [per prompt]}
+    after the prefill, {"event": "step", "step", "tokens": [text piece per prompt, None once ended],
+    "ids": [token id per prompt, None once ended], "values": {task: [per prompt]}} per token, then
+    {"event": "done", "results": [...]}.
 
-    The "done" event's "results" is what `generate` returns. Holds the SideTasks lock throughout.
+    stop: strings that end a prompt's answer ("finish": "stop") once its text holds one; the token
+    that completes it is the row's last (the heads read it, as a guard's), and "text" is cut before it.
+    raw: the prompts are the text the base reads as they are (e.g. a rendered chat): the heads'
+    task.template is not applied. The "done" event's "results" is what `generate` returns.
     """
     backbone = side.backbone
     if not backbone.is_causal or backbone.model.get_output_embeddings() is None:
@@ -84,7 +97,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     # The lock and the hooks are held for one forward at a time, never across a yield: a server
     # resumes this generator on any thread (or drops it when the client leaves), and requests of
     # others run between two steps. Grad modes are per thread, so each step sets its own.
-    wrapped, _ = side.wrap(prompts)  # the heads' task.template (e.g. the chat template): generation continues it
+    wrapped = list(prompts) if raw else side.wrap(prompts)[0]  # the heads' task.template (e.g. the chat template)
     enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
               return_offsets_mapping=tok.is_fast)
     ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
@@ -120,14 +133,15 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     prompt_out = {h.name: read(h.name, real) for h in heads}
     prompt_json = [{h.name: _output(h, prompt_out[h.name][b], enc, b, p) for h in heads}
                    for b, p in enumerate(wrapped)]
-    yield {"event": "prompt", "results": prompt_json}
+    prompt_ids = [ids[b][attn[b].bool()].tolist() for b in range(B)]
+    yield {"event": "prompt", "results": prompt_json, "token_ids": prompt_ids}
     generated = [[] for _ in range(B)]
     finish = [None] * B
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)
     step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != TaskKind.TOKENS
                    and (steps or n in guard)}
     for s in range(max_new_tokens):
-        nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator)
+        nxt = _sample(out.logits[:, -1], do_sample, temperature, top_k, generator, top_p)
         nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
         live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), dtype=nxt.dtype, device=nxt.device))
         for b in range(B):
@@ -138,11 +152,13 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             else:
                 finish[b] = "eos"
         done = done | ~live
+        for b in _stopped(tok, prompt_ids, generated, live, stop):  # ends after this token, as a guard
+            finish[b], done[b] = "stop", True
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
         real = torch.cat([real, live.unsqueeze(1)], 1)
         last = s == max_new_tokens - 1 or bool(done.all())
         if last and not heads:
-            yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": {}}
+            yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "ids": _ids(nxt, live), "values": {}}
             break
         out = forward(nxt.unsqueeze(1), attn, _cache_of(out))  # the last one: for the heads only
         values = {}
@@ -158,15 +174,14 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
             for b in torch.nonzero(fired).flatten().tolist():
                 finish[b] = "guard"
             done = done | fired
-        yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "values": values}
+        yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "ids": _ids(nxt, live), "values": values}
         if last or bool(done.all()):
             break
     final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
     results = []
     for b, (prompt, read_prompt) in enumerate(zip(prompts, wrapped)):
-        prompt_ids = ids[b][attn[b, :prompt_len].bool()].tolist()
-        answer, answer_offsets = _answer(tok, prompt_ids, generated[b])
-        r = {"prompt": prompt, "text": answer, "tokens": len(generated[b]), "token_ids": generated[b],
+        answer, answer_offsets = _answer(tok, prompt_ids[b], generated[b])
+        r = {"prompt": prompt, "text": _cut(answer, stop), "tokens": len(generated[b]), "token_ids": generated[b],
              "finish": finish[b] or "length", "prompt_tasks": prompt_json[b], "tasks": {}}
         for h in heads:
             r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, read_prompt + answer,
@@ -196,6 +211,32 @@ def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def _ids(nxt: torch.Tensor, live: torch.Tensor) -> list[int | None]:
+    return [int(t) if ok else None for t, ok in zip(nxt.tolist(), live.tolist())]
+
+
+def _stopped(tok, prompt_ids: list[list[int]], generated: list[list[int]], live: torch.Tensor, stop) -> list[int]:
+    """Rows whose answer so far (this step's token included, decoded after the prompt as `_answer`
+    does) holds one of the stop strings."""
+    if not stop:
+        return []
+    return [b for b in torch.nonzero(live).flatten().tolist()
+            if any(s in answer_text(tok, prompt_ids[b], generated[b]) for s in stop)]
+
+
+def answer_text(tok, prompt_ids: list[int], generated: list[int]) -> str:
+    """The generated tokens' text as it continues the prompt's (decoded after the prompt's tokens, so
+    the space a token puts before its word is kept; decoded alone, a tokenizer may strip it)."""
+    head = tok.decode(prompt_ids, skip_special_tokens=True)
+    full = tok.decode(prompt_ids + generated, skip_special_tokens=True)
+    return full[len(head):] if full.startswith(head) else tok.decode(generated, skip_special_tokens=True)
+
+
+def _cut(text: str, stop) -> str:
+    """The text before the first of the stop strings in it (all of it when none is in it)."""
+    return text[:min([i for i in (text.find(s) for s in stop) if i >= 0], default=len(text))]
+
+
 def _pieces(tok, nxt: torch.Tensor, live: torch.Tensor) -> list[str | None]:
     return [tok.decode([int(t)]) if ok else None for t, ok in zip(nxt.tolist(), live.tolist())]
 
@@ -206,11 +247,9 @@ def _answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list
     Decoded after the prompt's tokens, so the space a token puts before its word is kept (decoded
     alone, a tokenizer strips it); a leading space belongs to no word.
     """
-    head = tok.decode(prompt_ids, skip_special_tokens=True)
     spans, prev, text = [], 0, ""
     for j in range(len(generated)):
-        full = tok.decode(prompt_ids + generated[: j + 1], skip_special_tokens=True)
-        text = full[len(head):] if full.startswith(head) else tok.decode(generated[: j + 1], skip_special_tokens=True)
+        text = answer_text(tok, prompt_ids, generated[: j + 1])
         piece = text[prev:]
         spans.append((prev + len(piece) - len(piece.lstrip()), len(text)))
         prev = len(text)

@@ -1,0 +1,1 @@
+"""HTTP routes of `adalayers serve`, one module per endpoint group (registered in serve/app.create_app)."""
