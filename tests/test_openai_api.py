@@ -278,3 +278,27 @@ def test_embeddings_equal_predicts_base_output(servers):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=model, messages=MESSAGES)
     assert "not a decoder LLM" in e.value.message
+
+
+def test_chat_template_file_for_a_base_without_one(tmp_path):
+    """--chat-template: a base whose tokenizer has no chat template (as gemma3-270m's GGUF) chats with the
+    given one; an unreadable file is refused at start in one line."""
+    from adalayers.config import ServeConfig
+    from adalayers.errors import ConfigError
+    from adalayers.serve.app import create_app
+    from runs_util import serve_in_thread
+    from tinydecoders import decoder_backbone
+
+    base = decoder_backbone("llama")  # no chat template
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}she loves {{ m['content'] }} .{% endfor %} it is")
+    with serve_in_thread(create_app(side, ServeConfig(chat_template=str(template)))) as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        r = c.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=4, temperature=0)
+    rendered = chat_text(base.tokenizer, MESSAGES, template=template.read_text())
+    assert rendered == f"she loves {CONTENT} . it is"  # the tokenizer prepends BOS itself: never two
+    assert r.choices[0].message.content == side.generate([rendered], 4, tasks=[])[0]["text"]
+    assert r.usage.prompt_tokens == len(base.tokenizer(rendered)["input_ids"])
+    with pytest.raises(ConfigError, match="--chat-template .*nope.jinja: cannot read it"):
+        create_app(side, ServeConfig(chat_template=str(tmp_path / "nope.jinja")))

@@ -238,6 +238,9 @@ class ServeConfig(BaseModel):
                                                    "seconds (uvicorn).")
     api_key_file: str | None = Field(None, description="File holding the bearer token every request must send "
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
+    chat_template: str | None = Field(None, description="File holding a Jinja chat template for "
+                                                        "/v1/chat/completions, in place of the base tokenizer's own "
+                                                        "(for bases that have none, e.g. GGUF files).")
 
     def __init__(self, **values):
         try:

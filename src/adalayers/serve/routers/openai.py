@@ -30,7 +30,7 @@ from adalayers.serve.completions import Completion
 from adalayers.serve.generate import stream
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
-from adalayers.templates import chat_text
+from adalayers.templates import chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -44,6 +44,7 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
     app.add_middleware(OpenAIErrors)  # added after the others: outermost, sees their 401 and 413 too
     app.add_exception_handler(OpenAIError, _error_response)
     slots, started = Slots(cfg.max_queue), int(time.time())
+    template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
 
     @app.get("/v1/models")
     async def models():
@@ -55,7 +56,7 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest):
         _check(req, side, name)
-        prompt = _chat_prompt(req.messages, side, cfg)
+        prompt = _chat_prompt(req.messages, side, cfg, template)
         return await _generate(side, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
                                                                        side.backbone.tokenizer))
 
@@ -119,7 +120,7 @@ def _check(req: OpenAIRequest, side, name: str) -> None:
     max_new_tokens(req)
 
 
-def _chat_prompt(messages: list[dict], side, cfg) -> str:
+def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
     """The conversation in the base's chat template, ready for the assistant's turn."""
     if not messages:
         raise OpenAIError(400, "messages is empty: give at least one message", "messages")
@@ -134,9 +135,9 @@ def _chat_prompt(messages: list[dict], side, cfg) -> str:
                                    f"{', '.join(ROLES)}", f"messages[{i}].role", "unsupported_value")
         conversation.append({"role": ROLES[m["role"]], "content": _content(m.get("content"), i, cfg)})
     try:
-        prompt = chat_text(side.backbone.tokenizer, conversation)
+        prompt = chat_text(side.backbone.tokenizer, conversation, template=template)
     except AdaLayersError as e:
-        raise OpenAIError(400, f"the base's chat template: {e} (use /v1/completions)", "messages") from None
+        raise OpenAIError(400, f"the base's chat template: {e}; or use /v1/completions", "messages") from None
     _fits(side, prompt, "the conversation", "messages")
     return prompt
 
