@@ -6,6 +6,7 @@ against SideTasks.generate / /predict run on the same folders in this process.""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -302,3 +303,40 @@ def test_chat_template_file_for_a_base_without_one(tmp_path):
     assert r.usage.prompt_tokens == len(base.tokenizer(rendered)["input_ids"])
     with pytest.raises(ConfigError, match="--chat-template .*nope.jinja: cannot read it"):
         create_app(side, ServeConfig(chat_template=str(tmp_path / "nope.jinja")))
+
+
+def test_generations_are_bounded_and_a_client_that_leaves_frees_its_slot(tmp_path):
+    """--max-queue generations at once (one more: 503 in OpenAI's shape); a stream whose client leaves
+    gives its slot back, so the next request runs."""
+    from adalayers.config import ServeConfig
+    from adalayers.serve.app import create_app
+    from adalayers.serve.protocol import OpenAIError
+    from adalayers.serve.routers.openai import Slots
+    from runs_util import serve_in_thread
+    from tinydecoders import decoder_backbone
+
+    slots = Slots(1)
+    release = slots.take()
+    with pytest.raises(OpenAIError) as e:
+        slots.take()
+    assert e.value.status == 503 and e.value.headers["Retry-After"]
+    release()
+    release()  # twice: counted once
+    assert slots.active == 0
+    slots.take()
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    body = {"model": "tiny-llama", "prompt": "the dog", "max_tokens": 256, "stream": True,
+            "adalayers": {"steps": True}}
+    with serve_in_thread(create_app(side, ServeConfig(max_queue=1))) as url, httpx.Client(base_url=url) as c:
+        for _ in range(3):
+            with c.stream("POST", "/v1/completions", json=body, timeout=30) as s:
+                assert s.status_code == 200
+                next(s.iter_lines())  # leaves after the first event
+            for _ in range(200):  # the slot comes back once the server sees the client gone
+                r = c.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
+                if r.status_code != 503:
+                    break
+                assert r.json()["error"]["type"] == "server_error" and r.headers["retry-after"]
+                time.sleep(0.05)
+            assert r.status_code == 200, r.text

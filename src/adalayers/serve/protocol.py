@@ -59,22 +59,29 @@ class OpenAIRequest(FiniteRequest):
     can name them in a 400; known but unsupported ones are checked by `unsupported`."""
     model_config = ConfigDict(extra="allow")
     model: str
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0: greedy decoding.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0: greedy decoding (default 1).")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling (default 1: off).")
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
     stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the completion.")
-    n: int = Field(1, ge=1)
+    n: int | None = Field(None, ge=1)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict | None = None
     logprobs: bool | int | None = None
     adalayers: SideOptions | None = None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling(self) -> dict:
+        """serve/generate.stream's sampling arguments: greedy at temperature 0, else a draw (OpenAI's
+        defaults: temperature 1, top_p 1)."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return {"do_sample": temperature > 0, "temperature": temperature or 1.0,
+                "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed}
 
 
 class ChatRequest(OpenAIRequest):
@@ -92,8 +99,8 @@ class ChatRequest(OpenAIRequest):
 
 class CompletionRequest(OpenAIRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
-    echo: bool = False
+    max_tokens: int | None = Field(None, ge=1, description="Default 16, as OpenAI's.")
+    echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
 
@@ -136,8 +143,10 @@ def unsupported(req: BaseModel) -> OpenAIError | None:
 
 
 def max_new_tokens(req: ChatRequest | CompletionRequest) -> int:
-    """max_completion_tokens, else max_tokens, else MAX_NEW_TOKENS; more than MAX_NEW_TOKENS is a 400."""
-    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens or MAX_NEW_TOKENS
+    """max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat);
+    more than MAX_NEW_TOKENS is a 400."""
+    default = MAX_NEW_TOKENS if isinstance(req, ChatRequest) else 16
+    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens or default
     if asked > MAX_NEW_TOKENS:
         param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
         raise OpenAIError(400, f"{param} is {asked}; adalayers serve generates at most {MAX_NEW_TOKENS} tokens "

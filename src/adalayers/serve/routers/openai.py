@@ -194,9 +194,9 @@ async def _generate(side, slots: Slots, req: OpenAIRequest, prompts: list[str], 
     opts = req.adalayers
     shape.side_tasks, shape.stops = opts is not None, req.stops()
     shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    kwargs = dict(max_new_tokens=max_new_tokens(req), tasks=opts.tasks if opts else [], do_sample=req.temperature > 0,
-                  temperature=req.temperature or 1.0, top_p=req.top_p, seed=req.seed, stop=shape.stops, raw=True,
-                  steps=bool(opts and opts.steps), answer_only=opts.answer_only if opts else [],
+    kwargs = dict(max_new_tokens=max_new_tokens(req), tasks=opts.tasks if opts else [], **req.sampling(),
+                  stop=shape.stops, raw=True, steps=bool(opts and opts.steps),
+                  answer_only=opts.answer_only if opts else [],
                   guard={n: (g.label, g.threshold) for n, g in ((opts.guard or {}) if opts else {}).items()})
     release = slots.take()
     events = stream(side, prompts, **kwargs)
