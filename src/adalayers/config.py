@@ -238,6 +238,9 @@ class ServeConfig(BaseModel):
                                                    "seconds (uvicorn).")
     api_key_file: str | None = Field(None, description="File holding the bearer token every request must send "
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
+    continuous_batching: bool = Field(True, description="Generations on the /v1 routes share decode steps: a new "
+                                                        "request's rows join the running batch between two steps "
+                                                        "(off: each request decodes alone, taking turns).")
     chat_template: str | None = Field(None, description="File holding a Jinja chat template for "
                                                         "/v1/chat/completions, in place of the base tokenizer's own "
                                                         "(for bases that have none, e.g. GGUF files).")

@@ -55,6 +55,36 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
                              generator=generator).squeeze(-1).to(logits.device)
 
 
+def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str] | None, answer_only, guard,
+                  ignore_eos: bool) -> tuple[list[str], dict, set]:
+    """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
+    the guard {head: (label, threshold)}, the end-of-text token ids; none with ignore_eos)."""
+    backbone = side.backbone
+    if not backbone.is_causal or backbone.model.get_output_embeddings() is None:
+        raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
+    names = side.check_tasks(tasks)
+    for n in list(answer_only) + list(guard or {}):
+        if n not in names:
+            raise DataError(f"unknown task {n!r} in answer_only/guard; asked: {', '.join(names)}")
+    if not prompts:
+        raise DataError("no prompts")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p.strip():
+            raise DataError(f"prompt {i + 1} is empty")
+    if not 1 <= int(max_new_tokens) <= 4096:
+        raise DataError(f"max_new_tokens must be 1..4096, got {max_new_tokens}")
+    guard = {n: (lab, float(th)) for n, (lab, th) in (guard or {}).items()}
+    for n, (lab, _) in guard.items():
+        if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
+            raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
+                            f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
+    tok, model = backbone.tokenizer, backbone.model
+    eos = set() if ignore_eos else {  # ignore_eos: always max_new_tokens (benchmarks)
+        t for t in [tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None))
+        if t is not None}
+    return names, guard, eos
+
+
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
            do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
            steps: bool = False, answer_only: list[str] | tuple = (),
@@ -71,28 +101,9 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     task.template is not applied. The "done" event's "results" is what `generate` returns.
     """
     backbone = side.backbone
-    if not backbone.is_causal or backbone.model.get_output_embeddings() is None:
-        raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
-    names = side.check_tasks(tasks)
-    for n in list(answer_only) + list(guard or {}):
-        if n not in names:
-            raise DataError(f"unknown task {n!r} in answer_only/guard; asked: {', '.join(names)}")
-    if not prompts:
-        raise DataError("no prompts")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p.strip():
-            raise DataError(f"prompt {i + 1} is empty")
-    if not 1 <= int(max_new_tokens) <= 4096:
-        raise DataError(f"max_new_tokens must be 1..4096, got {max_new_tokens}")
+    names, guard, eos = check_request(side, prompts, max_new_tokens, tasks, answer_only, guard, ignore_eos)
     heads = [side.heads[n] for n in names]
-    guard = {n: (lab, float(th)) for n, (lab, th) in (guard or {}).items()}
-    for n, (lab, _) in guard.items():
-        if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
-            raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
-                            f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
-    tok, model = backbone.tokenizer, backbone.model
-    eos = set() if ignore_eos else {  # ignore_eos: always max_new_tokens (benchmarks)
-        t for t in [tok.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None)) if t is not None}
+    tok = backbone.tokenizer
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     # The lock and the hooks are held for one forward at a time, never across a yield: a server
     # resumes this generator on any thread (or drops it when the client leaves), and requests of
@@ -105,33 +116,22 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     prompt_len = attn.shape[1]
     B = ids.shape[0]
     accs = {h.name: None for h in heads}
-    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
 
-    @torch.no_grad()
     def forward(input_ids, attention, cache):
-        with side._lock:  # the heads' per-pass state is shared with other requests
-            for h in heads:
-                h.task.begin()
-            with backbone.hooked(shared_tap([h.task for h in heads]) if heads else None):
-                out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                            position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
-            for h in heads:
-                step = h.task.take()
-                accs[h.name] = step if accs[h.name] is None else torch.cat([accs[h.name], step], 1)
+        out, new = forward_step(side, heads, input_ids, attention, cache)
+        for name, step in new.items():
+            accs[name] = step if accs[name] is None else torch.cat([accs[name], step], 1)
         return out
 
-    @torch.no_grad()
     def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
-        task = side.heads[name].task
         if only_answer:
             mask = mask.clone()
             mask[:, :prompt_len] = False
-        out = task.read(accs[name], mask, skip_bos=False if only_answer else None).float().cpu()
-        return out if task.kind == TaskKind.REGRESSION else torch.softmax(out, -1)
+        return read_head(side, name, accs[name], mask, only_answer)
 
     out = forward(ids, attn, None)
     prompt_out = {h.name: read(h.name, real) for h in heads}
-    prompt_json = [{h.name: _output(h, prompt_out[h.name][b], enc, b, p) for h in heads}
+    prompt_json = [{h.name: _output(h, prompt_out[h.name][b], _offsets(enc, b), p) for h in heads}
                    for b, p in enumerate(wrapped)]
     prompt_ids = [ids[b][attn[b].bool()].tolist() for b in range(B)]
     yield {"event": "prompt", "results": prompt_json, "token_ids": prompt_ids}
@@ -184,7 +184,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
         r = {"prompt": prompt, "text": _cut(answer, stop), "tokens": len(generated[b]), "token_ids": generated[b],
              "finish": finish[b] or "length", "prompt_tasks": prompt_json[b], "tasks": {}}
         for h in heads:
-            r["tasks"][h.name] = _output(h, final[h.name][b], enc, b, read_prompt + answer,
+            r["tasks"][h.name] = _output(h, final[h.name][b], _offsets(enc, b), read_prompt + answer,
                                          [(len(read_prompt) + a, len(read_prompt) + e) for a, e in answer_offsets])
         if step_values:
             r["steps"] = {n: v[b] for n, v in step_values.items()}
@@ -256,7 +256,36 @@ def _answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list
     return text, spans
 
 
-def _output(head, values: torch.Tensor, enc, b: int, text: str,
+def _offsets(enc, b: int) -> list[tuple[int, int]] | None:
+    """Row b's character offsets per (left-padded) column, when the tokenizer gives them."""
+    return [tuple(o) for o in enc["offset_mapping"][b].tolist()] if "offset_mapping" in enc else None
+
+
+@torch.no_grad()
+def forward_step(side, heads: list, input_ids: torch.Tensor, attention: torch.Tensor, cache):
+    """One forward of the base (prefill: cache None; decode: one token per row) with the heads' hooks:
+    (the model's output, {head: the accumulator columns of these positions}). Holds the SideTasks lock
+    for this forward only: the heads' per-pass state is shared with other requests."""
+    backbone = side.backbone
+    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
+    with side._lock:
+        for h in heads:
+            h.task.begin()
+        with backbone.hooked(shared_tap([h.task for h in heads]) if heads else None):
+            out = backbone.model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
+                                 position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+        return out, {h.name: h.task.take() for h in heads}
+
+
+@torch.no_grad()
+def read_head(side, name: str, acc: torch.Tensor, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
+    """A head's values on its accumulator F under `mask`: class probabilities, or the value."""
+    task = side.heads[name].task
+    out = task.read(acc, mask, skip_bos=False if only_answer else None).float().cpu()
+    return out if task.kind == TaskKind.REGRESSION else torch.softmax(out, -1)
+
+
+def _output(head, values: torch.Tensor, offsets: list[tuple[int, int]] | None, text: str,
             answer_offsets: list[tuple[int, int]] | None = None) -> dict:
     """A head's values -> the same JSON as /predict gives (labels + probabilities, a value, or word tags).
 
@@ -267,6 +296,6 @@ def _output(head, values: torch.Tensor, enc, b: int, text: str,
     if head.kind != TaskKind.TOKENS:
         return _sequence_output(head.kind, head.task.labels, values)
     spans = [m.span() for m in re.finditer(r"\S+", text)]
-    offsets = [tuple(o) for o in enc["offset_mapping"][b].tolist()] + list(answer_offsets or [])
+    offsets = list(offsets or []) + list(answer_offsets or [])
     values = values[: len(offsets)]  # columns after the answer's end are padding
     return _tag_words(head.task.labels, text, spans, [({"word_ids": _word_ids(offsets, spans, 0)}, values)])

@@ -15,6 +15,7 @@ OpenAI's shape {"error": {"message", "type", "param", "code"}}; at most --max-qu
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import threading
@@ -30,6 +31,7 @@ from adalayers.serve.completions import Completion
 from adalayers.serve.generate import stream
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
+from adalayers.serve.scheduler import Scheduler
 from adalayers.templates import chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
@@ -45,6 +47,8 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
     app.add_exception_handler(OpenAIError, _error_response)
     slots, started = Slots(cfg.max_queue), int(time.time())
     template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
+    generate = Scheduler(side, cfg.max_batch).stream if cfg.continuous_batching and side.backbone.is_causal else \
+        functools.partial(stream, side)  # without: each request decodes alone, taking turns between steps
 
     @app.get("/v1/models")
     async def models():
@@ -57,8 +61,8 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
     async def chat_completions(req: ChatRequest):
         _check(req, side, name)
         prompt = _chat_prompt(req.messages, side, cfg, template)
-        return await _generate(side, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
-                                                                       side.backbone.tokenizer))
+        return await _generate(generate, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
+                                                                           side.backbone.tokenizer))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -66,8 +70,8 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
         prompts = _prompts(req.prompt, cfg)
         for i, p in enumerate(prompts):
             _fits(side, p, f"prompt {i + 1}", "prompt")
-        return await _generate(side, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
-                                                                      side.backbone.tokenizer))
+        return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
+                                                                          side.backbone.tokenizer))
 
     add_pooling_routes(app, side, cfg, name, answer_texts)
 
@@ -189,8 +193,9 @@ def _fits(side, text: str, what: str, param: str) -> None:
                                "(--max-length, or the heads' model.max_length)", param, "context_length_exceeded")
 
 
-async def _generate(side, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion):
-    """Run serve/generate.stream for the prompts; a bad request is a 400 before any token is generated."""
+async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion):
+    """Run `generate` (Scheduler.stream, or serve/generate.stream) for the prompts; a bad request is a 400
+    before any token is generated."""
     opts = req.adalayers
     shape.side_tasks, shape.stops = opts is not None, req.stops()
     shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
@@ -198,17 +203,15 @@ async def _generate(side, slots: Slots, req: OpenAIRequest, prompts: list[str], 
                   stop=shape.stops, raw=True, steps=bool(opts and opts.steps),
                   answer_only=opts.answer_only if opts else [],
                   guard={n: (g.label, g.threshold) for n, g in ((opts.guard or {}) if opts else {}).items()})
-    release = slots.take()
-    events = stream(side, prompts, **kwargs)
+    release, events = slots.take(), None
     try:  # the prefill runs here: a bad request is answered before the response starts
+        events = generate(prompts, **kwargs)
         first = await asyncio.to_thread(next, events)
     except AdaLayersError as e:
-        events.close()
-        release()
+        _close(events, release)
         raise OpenAIError(400, str(e), "adalayers") from None
     except BaseException:
-        events.close()
-        release()
+        _close(events, release)
         raise
     if not req.stream:
         try:
@@ -229,6 +232,12 @@ async def _generate(side, slots: Slots, req: OpenAIRequest, prompts: list[str], 
     body = sse()
     weakref.finalize(body, release)  # a stream never started still gives its slot back
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _close(events, release) -> None:
+    if events is not None:
+        events.close()
+    release()
 
 
 async def _error_response(_request: Request, exc: OpenAIError) -> JSONResponse:
