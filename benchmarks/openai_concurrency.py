@@ -1,18 +1,18 @@
-"""Concurrent streaming clients on the OpenAI-compatible route: aggregate tokens/s and time to first token.
+"""Concurrent streaming clients on the OpenAI-compatible route: aggregate tokens/s and time to first token,
+without and with continuous batching, in one run.
 
 `adalayers serve` runs in a subprocess (uvicorn, 127.0.0.1) on the base with N side-task heads (configs/
-cola.yaml's settings, freshly initialised weights: the work does not depend on the weights); for each
-concurrency level C, C clients of the real `openai` AsyncOpenAI client each stream one completion of --new
-tokens at once (greedy, every head asked through the extra "adalayers" field, stream_options.include_usage
-for the token counts). Per level:
+cola.yaml's settings, freshly initialised weights: the work does not depend on the weights), once with
+--no-continuous-batching ("before": each request decodes alone, requests take turns between steps) and
+once as it starts by default ("after": one scheduler, a new request's rows join the running batch between
+decode steps); one server at a time. For each concurrency level C, C clients of the real `openai`
+AsyncOpenAI client each stream one completion of --new tokens at once (greedy, every head asked through
+the extra "adalayers" field, stream_options.include_usage for the token counts). Per level:
 
     tokens_per_s   all generated tokens (from usage) / wall time from the first request to the last [DONE]
     ttft_p50/p99   seconds from a client's request to its first chunk with text
-    speedup        tokens_per_s / tokens_per_s at C = 1
-
-The first chunk with text needs the prompt's prefill and one decode step, so C = 1's TTFT is the single-client
-prefill time the goal of issue 36 compares to. The generation loop today runs each request as its own batch
-(requests take turns between decode steps): this measures that, and is the "before" of continuous batching.
+    speedup        tokens_per_s / tokens_per_s of one client (same mode)
+    ttft_p99_vs_1  ttft_p99 / the one-client TTFT (same mode): the prefill time of a lone request
 
     nice -n 10 python benchmarks/openai_concurrency.py --base gemma3-270m --heads 4 --clients 1,4,8,16 --new 24,128
 """
@@ -91,6 +91,21 @@ async def level(url: str, model: str, clients: int, new: int, tasks: list[str]) 
             "ttft_p99_s": round(ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))], 3)}
 
 
+def run_levels(url: str, model: str, mode: str, args) -> list[dict]:
+    tasks = [f"head{i}" for i in range(args.heads)]
+    asyncio.run(level(url, model, 1, 4, tasks))  # warm-up
+    rows = []
+    for new in map(int, args.new.split(",")):
+        for clients in map(int, args.clients.split(",")):
+            row = {"mode": mode, **asyncio.run(level(url, model, clients, new, tasks))}
+            one = next((r for r in rows if r["new"] == new and r["clients"] == 1), row)
+            row["speedup"] = round(row["tokens_per_s"] / one["tokens_per_s"], 2)
+            row["ttft_p99_vs_1"] = round(row["ttft_p99_s"] / one["ttft_p50_s"], 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="gemma3-270m")
@@ -100,23 +115,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServeProcess(args.base, head_folders(args.base, args.heads, Path(tmp)), Path(tmp),
-                              "--threads", str(args.threads), "--max-queue", "64", "--max-length", "512")
-        try:
-            server.wait_started()
-            url, model = f"{server.url}/v1", Path(args.base).name
-            tasks = [f"head{i}" for i in range(args.heads)]
-            asyncio.run(level(url, model, 1, 4, tasks))  # warm-up
-            rows = []
-            for new in map(int, args.new.split(",")):
-                for clients in map(int, args.clients.split(",")):
-                    rows.append(asyncio.run(level(url, model, clients, new, tasks)))
-                    one = next((r for r in rows if r["new"] == new and r["clients"] == 1), rows[-1])
-                    rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / one["tokens_per_s"], 2)
-                    print(json.dumps(rows[-1]), flush=True)
-        finally:
-            server.stop()
+        heads = head_folders(args.base, args.heads, Path(tmp))
+        for mode, flags in (("before", ["--no-continuous-batching"]), ("after", [])):
+            server = ServeProcess(args.base, heads, Path(tmp), "--threads", str(args.threads), "--max-queue", "64",
+                                  "--max-length", "512", *flags)
+            try:
+                server.wait_started()
+                rows += run_levels(f"{server.url}/v1", Path(args.base).name, mode, args)
+            finally:
+                server.stop()
     settings = {"base": args.base, "heads": args.heads, "threads": args.threads, "torch": torch.__version__,
                 "machine": platform.machine(), "cpus": os.cpu_count(), "decoding": "greedy",
                 "route": "/v1/completions, stream, include_usage, every head asked"}

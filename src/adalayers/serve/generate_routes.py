@@ -9,11 +9,13 @@
 Same limits and text rules as /predict (--max-texts prompts of at most --max-chars characters, no
 lone surrogates or blank prompts, no NaN/Infinity; body limit, API key and read timeout from the app), max_new_tokens at
 most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
-token is generated. A client that leaves a stream stops its generation at the next token.
+token is generated. A client that leaves a stream stops its generation at the next token. Concurrent
+requests share decode steps (serve/scheduler.py) unless --no-continuous-batching.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 from fastapi import FastAPI, HTTPException
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from adalayers.errors import AdaLayersError, ModelError
 from adalayers.serve.generate import stream
 from adalayers.serve.limits import FiniteRequest
+from adalayers.serve.scheduler import Scheduler
 from adalayers.textcheck import text_problem
 
 MAX_NEW_TOKENS = 256
@@ -73,12 +76,23 @@ def _kwargs(req: GenerateRequest) -> dict:
                 answer_only=req.answer_only, guard={n: (g.label, g.threshold) for n, g in (req.guard or {}).items()})
 
 
+def decoder(side, cfg):
+    """How the service generates: the continuous-batching scheduler (serve/scheduler.py), or with
+    cfg.continuous_batching off, serve/generate.stream per request (each alone, taking turns between steps).
+    Either takes (prompts, **stream's options) and gives stream's events."""
+    if cfg.continuous_batching and side.backbone.is_causal:
+        return Scheduler(side, cfg.max_batch).stream
+    return functools.partial(stream, side)
+
+
 def add_generate_routes(app: FastAPI, side, cfg) -> None:
+    app.state.decode = decode = decoder(side, cfg)  # the /v1 routes generate through the same one
+
     @app.post("/generate")
     async def generate(req: GenerateRequest):
         _check(req, side, cfg)
         try:
-            results = await asyncio.to_thread(side.generate, req.prompts, **_kwargs(req))
+            results = await asyncio.to_thread(_results, decode, req.prompts, _kwargs(req))
         except (ModelError, AdaLayersError) as e:
             raise HTTPException(400, str(e)) from None
         return {"results": results}
@@ -86,11 +100,13 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
     @app.post("/generate/stream")
     async def generate_stream(req: GenerateRequest):
         _check(req, side, cfg)
-        events = stream(side, req.prompts, **_kwargs(req))
+        events = None
         try:  # the prefill runs here: a bad request is still answered 4xx, not inside the stream
+            events = decode(req.prompts, **_kwargs(req))
             first = await asyncio.to_thread(next, events)
         except (ModelError, AdaLayersError) as e:
-            events.close()
+            if events is not None:
+                events.close()
             raise HTTPException(400, str(e)) from None
 
         def sse():  # iterated in a worker thread by Starlette; closing it ends the generation
@@ -102,6 +118,18 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
                 events.close()
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _results(decode, prompts: list[str], kwargs: dict) -> list[dict]:
+    """The "done" event's results of one generation."""
+    events = decode(prompts, **kwargs)
+    try:
+        for event in events:
+            if event["event"] == "done":
+                return event["results"]
+    finally:
+        events.close()
+    raise RuntimeError("generation ended without a result")  # unreachable: every generation ends with done
 
 
 def _sse(event: dict) -> str:

@@ -6,8 +6,9 @@
     POST /v1/classify          every sequence head, vLLM's shape (routers/pooling.py)
     POST /v1/embeddings        encoder bases: the sentence embedding /predict gives as "base" (routers/pooling.py)
 
-Generation is serve/generate.stream (the one decode loop of /generate and SideTasks.generate), its events
-shaped by serve/completions.py. Side tasks are opt-in per request through the extra body field
+Generation goes through the service's decoder, the one /generate uses (generate_routes.decoder: the
+continuous-batching scheduler of serve/scheduler.py, or serve/generate.stream per request with
+--no-continuous-batching); its events are shaped by serve/completions.py. Side tasks are opt-in per request through the extra body field
 "adalayers" (serve/protocol.py); without it the answer is what an OpenAI client expects, nothing more.
 Every error on /v1/* (401 and 413 from the middlewares, 422 from validation, 503 when busy) is in
 OpenAI's shape {"error": {"message", "type", "param", "code"}}; at most --max-queue generations run at once.
@@ -15,7 +16,6 @@ OpenAI's shape {"error": {"message", "type", "param", "code"}}; at most --max-qu
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import threading
@@ -28,10 +28,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from adalayers.errors import AdaLayersError
 from adalayers.kinds import TaskKind
 from adalayers.serve.completions import Completion
-from adalayers.serve.generate import stream
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
-from adalayers.serve.scheduler import Scheduler
+from adalayers.serve.generate_routes import decoder
 from adalayers.templates import chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
@@ -47,8 +46,7 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
     app.add_exception_handler(OpenAIError, _error_response)
     slots, started = Slots(cfg.max_queue), int(time.time())
     template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
-    generate = Scheduler(side, cfg.max_batch).stream if cfg.continuous_batching and side.backbone.is_causal else \
-        functools.partial(stream, side)  # without: each request decodes alone, taking turns between steps
+    generate = getattr(app.state, "decode", None) or decoder(side, cfg)  # /generate's scheduler, shared
 
     @app.get("/v1/models")
     async def models():
