@@ -40,8 +40,9 @@ def _close(a, b, where=""):
         assert a == b, where
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma3"])
-def test_requests_joining_between_steps_get_what_they_get_alone(kind, tmp_path):
+@pytest.mark.parametrize("kind,stagger", [("llama", 0.02), ("gemma3", 0.02), ("llama", 0.0)])
+def test_requests_joining_between_steps_get_what_they_get_alone(kind, stagger, tmp_path):
+    """stagger 0: the requests arrive together and share one prefill; 0.02 s: later ones join a decoding batch."""
     base = decoder_backbone(kind)
     side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3),
                                           make_run(tmp_path / "ner", base, "token", NER, seed=4)])
@@ -57,10 +58,10 @@ def test_requests_joining_between_steps_get_what_they_get_alone(kind, tmp_path):
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
     for t in threads:  # staggered: later requests join a batch that is already decoding
         t.start()
-        time.sleep(0.02)
+        time.sleep(stagger)
     for t in threads:
         t.join(timeout=120)
-    assert max(rows_per_step) > 2 and len(set(rows_per_step)) > 2  # rows joined and left
+    assert max(rows_per_step) > 2 and len(set(rows_per_step)) > 1  # rows joined and left
     for (prompts, kw), events in zip(REQUESTS, got):
         kinds = [e["event"] for e in events]
         assert kinds[0] == "prompt" and kinds[-1] == "done" and set(kinds[1:-1]) == {"step"}

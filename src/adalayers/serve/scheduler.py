@@ -5,9 +5,9 @@
     # arguments and events: "prompt" (after the prefill), one "step" per token, then "done"
 
 A new request waits in a queue. Between two decode steps the scheduler prefills every waiting request
-(its prompts as one left-padded batch, the heads' hooks on) and merges its rows into the running batch
-(serve/batching.Batch: rows line up on the right, per-row positions, masks, accumulators and KV cache);
-then one decode step runs for all rows of all requests together. A row leaves as soon as it ends
+(all their prompts as one left-padded batch, the heads' hooks on: one forward) and merges their rows into
+the running batch (serve/batching.Batch: rows line up on the right, per-row positions, masks, accumulators
+and KV cache); then one decode step runs for all rows of all requests together. A row leaves as soon as it ends
 (end of text, max tokens, stop string, guard) and a request gets its "done" event when its last row
 has left. Every loaded head accumulates on every row (one pass feeds them all); each request reads
 the heads it asked for. Sampling runs per request with its own generator, so a seed gives the same
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 from typing import Iterator
 
@@ -84,38 +85,55 @@ class Scheduler:
                 batch = None
 
     def _admit(self, batch: Batch | None) -> Batch | None:
-        """Waiting requests prefilled and merged in (blocking while nothing runs); cancelled rows dropped."""
+        """Waiting requests prefilled together (one forward) and merged in, blocking while nothing runs;
+        rows of requests whose consumer left are dropped."""
         if batch is not None and any(r.owner.cancelled.is_set() for r in batch.rows):
             batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.owner.cancelled.is_set()])
             batch = batch if batch.rows else None
-        while batch is None or len(batch.rows) < self.max_rows:
+        jobs, rows = [], len(batch.rows) if batch is not None else 0
+        while rows < self.max_rows:
             try:
-                job = self.waiting.get(block=batch is None)
+                job = self.waiting.get(block=batch is None and not jobs)
             except queue.Empty:
                 break
-            if job.cancelled.is_set():
-                continue
-            try:
-                new = self._prefill(job)
-            except Exception as e:  # noqa: BLE001  (this request alone fails)
-                job.events.put(e)
-                continue
+            if not job.cancelled.is_set():
+                jobs.append(job)
+                rows += len(job.prompts)
+        for new in self._prefilled(jobs):
             batch = new if batch is None else batch.merge(new)
         return batch
 
-    def _prefill(self, job: Job) -> Batch:
+    def _prefilled(self, jobs: list[Job]) -> list[Batch]:
+        """The jobs' prompts in one prefill; when that fails, each job alone, so only a faulty one fails."""
+        if not jobs:
+            return []
+        try:
+            return [self._prefill(jobs)]
+        except Exception:  # noqa: BLE001
+            if len(jobs) == 1:
+                jobs[0].events.put(sys.exc_info()[1])
+                return []
+        return [b for job in jobs for b in self._prefilled([job])]
+
+    def _prefill(self, jobs: list[Job]) -> Batch:
         side, tok = self.side, self.side.backbone.tokenizer
-        enc = tok(job.wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+        wrapped = [w for job in jobs for w in job.wrapped]
+        enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
                   return_offsets_mapping=tok.is_fast)
         ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
         out, accs = forward_step(side, self.heads, ids, attn, None)
-        real = attn.bool()
-        values = {n: read_head(side, n, accs[n], real) for n in job.names}
-        job.prompt_json = [{n: _output(side.heads[n], values[n][b], _offsets(enc, b), p) for n in job.names}
-                           for b, p in enumerate(job.wrapped)]
-        prompt_ids = [ids[b][real[b]].tolist() for b in range(len(job.prompts))]
-        job.events.put({"event": "prompt", "results": job.prompt_json, "token_ids": prompt_ids})
-        rows = [Row(job, b, prompt_ids[b], _offsets(enc, b), 0, attn.shape[1]) for b in range(len(job.prompts))]
+        real, rows, start, events = attn.bool(), [], 0, []
+        for job in jobs:
+            mine = list(range(start, start + len(job.prompts)))
+            start += len(job.prompts)
+            values = {n: read_head(side, n, accs[n][mine], real[mine]) for n in job.names}
+            job.prompt_json = [{n: _output(side.heads[n], values[n][j], _offsets(enc, b), job.wrapped[j])
+                                for n in job.names} for j, b in enumerate(mine)]
+            prompt_ids = [ids[b][real[b]].tolist() for b in mine]
+            events.append((job, {"event": "prompt", "results": job.prompt_json, "token_ids": prompt_ids}))
+            rows += [Row(job, j, prompt_ids[j], _offsets(enc, b), 0, attn.shape[1]) for j, b in enumerate(mine)]
+        for job, event in events:  # only once the whole prefill has succeeded
+            job.events.put(event)
         return Batch(rows, attn, real, accs, _cache_of(out), out.logits[:, -1])
 
     def _step(self, batch: Batch) -> Batch | None:
