@@ -1,12 +1,16 @@
 """Run folders for tests: a freshly initialised SideTask saved the way training saves its best epoch."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import torch
 import uvicorn
 
@@ -15,6 +19,7 @@ from adalayers.config import Config
 from adalayers.sidetask import SideTask
 
 NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_run(run_dir: Path, backbone, kind: str, labels: list[str], seed: int, p: list[float] | None = None,
@@ -59,3 +64,49 @@ def serve_in_thread(app, log_level: str = "warning"):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """`adalayers serve --base BASE --heads HEADS... FLAGS` under uvicorn in a subprocess on a free loopback
+    port (this checkout's src first on PYTHONPATH), its output in ROOT_DIR/server-PORT.log."""
+
+    def __init__(self, base, heads: list, root: Path, *flags: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logfile = Path(root) / f"server-{self.port}.log"
+        self.log = open(self.logfile, "w")
+        cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(base),
+               "--heads", *map(str, heads), "--port", str(self.port), "--threads", "1", *flags]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_started(self) -> "ServeProcess":
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.logfile.read_text()
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise AssertionError("server did not start")
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()

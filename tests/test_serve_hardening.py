@@ -18,19 +18,13 @@ import pytest
 from adalayers import cli
 from adalayers.backbone import Backbone
 
-from runs_util import NER, make_run
+from runs_util import NER, ServeProcess, free_port, make_run
 from tinymodels import tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "s3cret-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SENT = "john sees the big dog and the small cat "
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,41 +37,11 @@ def runs(tmp_path_factory):
             "ner": make_run(root / "ner", base, "token", NER, seed=4)}
 
 
-class Server:
+class Server(ServeProcess):
+    """`adalayers serve` of a base with some of its heads (default: the tiny BERT's acc and ner; runs_util.ServeProcess)."""
+
     def __init__(self, runs, *flags: str, heads: tuple[str, ...] = ("acc", "ner")):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(runs["root"] / f"server-{self.port}.log", "w")
-        cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]),
-               "--heads", *[str(runs[h]) for h in heads], "--port", str(self.port), "--threads", "1", *flags]
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.logfile = runs["root"] / f"server-{self.port}.log"
-
-    def wait_started(self) -> "Server":
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert self.proc.poll() is None, self.logfile.read_text()
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.2)
-        raise AssertionError("server did not start")
-
-    def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
-
-    def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self.log.close()
+        super().__init__(runs["base"], [runs[h] for h in heads], runs["root"], *flags)
 
 
 @pytest.fixture(scope="module")
@@ -373,7 +337,7 @@ def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_pat
         read_api_key(None)
     monkeypatch.delenv(ENV)
     assert read_api_key(None) is None
-    cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]), "--port", str(_free_port()),
+    cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(runs["base"]), "--port", str(free_port()),
            "--threads", "1", "--heads", b"c\xff=" + bytes(runs["acc"])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

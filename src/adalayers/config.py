@@ -240,6 +240,12 @@ class ServeConfig(BaseModel):
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.")
     ui: bool = Field(True, description="Serve the playground page at GET / (heads, a text box, streamed "
                                        "generation); off: the API alone.")
+    continuous_batching: bool = Field(True, description="Generations on the /v1 routes share decode steps: a new "
+                                                        "request's rows join the running batch between two steps "
+                                                        "(off: each request decodes alone, taking turns).")
+    chat_template: str | None = Field(None, description="File holding a Jinja chat template for "
+                                                        "/v1/chat/completions, in place of the base tokenizer's own "
+                                                        "(for bases that have none, e.g. GGUF files).")
 
     def __init__(self, **values):
         try:

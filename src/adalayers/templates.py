@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from pathlib import Path
 
 from adalayers.errors import ConfigError, DataError, ModelError
 from adalayers.kinds import TaskKind
@@ -109,16 +110,39 @@ class Template:
                             f"got {'single texts' if pairs is None else 'sentence pairs'}")
         if self.spec != "chat":
             return [self.spec.format(text=t, text_pair=p) for t, p in zip(texts, pairs or [None] * len(texts))], None
-        from adalayers.backbone import _prepends_bos
+        try:
+            return [chat_text(tokenizer, [{"role": "user", "content": t}], self.add_generation_prompt)
+                    for t in texts], None
+        except ModelError as e:
+            raise ModelError(f"task.template: {e}") from None
 
-        bos = tokenizer.bos_token if _prepends_bos(tokenizer) else None
-        out = []
-        for t in texts:
-            try:
-                s = tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                  add_generation_prompt=self.add_generation_prompt)
-            except Exception as e:  # noqa: BLE001  (jinja raises its own error types)
-                raise ModelError(f"task.template: the tokenizer's chat template fails: {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
-            out.append(s[len(bos):] if bos and s.startswith(bos) else s)
-        return out, None
+
+def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = True, template: str | None = None) -> str:
+    """A conversation ([{"role", "content"}, ...]) as the base reads it: the tokenizer's chat template (or
+    `template`, a Jinja chat template given instead), with the template's leading BOS dropped when the
+    tokenizer prepends one itself (never two). Used by task.template chat and the service's chat completions."""
+    from adalayers.backbone import _prepends_bos
+
+    if not template and not getattr(tokenizer, "chat_template", None):
+        raise ModelError("the tokenizer has no chat template (adalayers serve --chat-template FILE gives one)")
+    try:
+        s = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                          **({"chat_template": template} if template else {}))
+    except Exception as e:  # noqa: BLE001  (jinja raises its own error types)
+        raise ModelError(f"the tokenizer's chat template fails: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    bos = tokenizer.bos_token if _prepends_bos(tokenizer) else None
+    return s[len(bos):] if bos and s.startswith(bos) else s
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """The Jinja chat template in the file `path` (None: none given); ConfigError when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--chat-template {path}: cannot read it ({e.__class__.__name__}: {e})") from None
+    if "{{" not in text and "{%" not in text:
+        raise ConfigError(f"--chat-template {path}: not a Jinja template (no {{{{ }}}} or {{% %}} in it)")
+    return text

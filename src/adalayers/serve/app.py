@@ -6,6 +6,8 @@
     GET  /health   liveness, counters and memory (serve/memory.py; open even when an API key is set)
     GET  /openapi.json, /docs, /redoc (their scripts served from the package: no CDN)
     GET  /         the playground page (serve/routers/ui.py; ServeConfig.ui, --no-ui leaves it out)
+    /v1/models, /v1/chat/completions, /v1/completions, /v1/classify, /v1/embeddings: OpenAI- and
+                   vLLM-compatible (serve/routers/openai.py)
 
 Requests wait in a bounded asyncio queue (full: 503 with Retry-After); one worker takes the first,
 gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_batch_tokens
@@ -27,7 +29,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi_offline import FastAPIOffline
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from adalayers.config import ServeConfig
@@ -274,6 +275,64 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
 
 
+async def answer_texts(side: SideTasks, batcher, cfg: ServeConfig, request: Request, arrived: float,
+                       texts: list[str], text_pairs: list[str] | None, tasks: list[str] | None
+                       ) -> tuple[list[dict], int]:
+    """Check texts (limits, text rules, task names), queue them in the batcher and await their results:
+    (results as /predict gives them, tokens run). Every failure is an HTTPException naming the problem
+    (a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes answer through this."""
+    for what, given in (("text", texts), ("second text", text_pairs or [])):
+        for i, t in enumerate(given):
+            if len(t) > cfg.max_chars:
+                raise HTTPException(413, f"{what} {i + 1} has {len(t)} characters; the limit is "
+                                         f"{cfg.max_chars} (--max-chars)")
+            problem = text_problem(t)
+            if problem:
+                raise HTTPException(422, f"{what} {i + 1} {problem}")
+    unknown = [t for t in (tasks or []) if t not in side.heads]
+    if unknown:
+        raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
+    try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
+        tasks = side.select(list(dict.fromkeys(tasks)) if tasks is not None else None, text_pairs is not None)
+        tokens = sum(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
+    except DataError as e:
+        raise HTTPException(422, str(e)) from None
+    if tokens > cfg.max_tokens:
+        raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
+                                 f"{cfg.max_tokens} (--max-tokens)")
+    if await request.is_disconnected():  # hung up while it was being checked: never queued, never run
+        batcher.gone += 1
+        batcher.dropped += 1
+        raise HTTPException(499, "client disconnected")  # never sent
+    try:
+        job = batcher.submit(texts, tasks, tokens, text_pairs)
+    except Busy:
+        raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
+                                 "retry later", headers={"Retry-After": str(batcher.retry_after_s())}) from None
+    gone = asyncio.create_task(client_gone(request))
+    try:
+        left = cfg.request_timeout_s - (time.perf_counter() - arrived)
+        await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.future.done():
+        job.future.cancel()  # the batcher drops it unrun
+        if gone.done() and not gone.cancelled():
+            batcher.gone += 1
+            raise HTTPException(499, "client disconnected")  # never sent
+        batcher.expired += 1
+        raise HTTPException(503, f"not answered within {cfg.request_timeout_s:g} s (--request-timeout); "
+                                 "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+    try:
+        return job.future.result(), tokens
+    except DataError as e:
+        raise HTTPException(422, str(e)) from None
+    except AdaLayersError as e:
+        raise HTTPException(500, f"server-side error: {e}") from None
+    except Exception as e:  # noqa: BLE001  (logged by the batcher)
+        raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
+
+
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
                batcher=None) -> FastAPI:
     """The app; `batcher` (submit -> _Job, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
@@ -315,57 +374,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
             raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
                                      f"(--max-texts)")
         texts, text_pairs = _split_pairs(req)
-        for what, given in (("text", texts), ("second text", text_pairs or [])):
-            for i, t in enumerate(given):
-                if len(t) > cfg.max_chars:
-                    raise HTTPException(413, f"{what} {i + 1} has {len(t)} characters; the limit is "
-                                             f"{cfg.max_chars} (--max-chars)")
-                problem = text_problem(t)
-                if problem:
-                    raise HTTPException(422, f"{what} {i + 1} {problem}")
-        unknown = [t for t in (req.tasks or []) if t not in side.heads]
-        if unknown:
-            raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
-        try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
-            tasks = side.select(list(dict.fromkeys(req.tasks)) if req.tasks is not None else None,
-                                text_pairs is not None)
-            tokens = sum(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
-        except DataError as e:
-            raise HTTPException(422, str(e)) from None
-        if tokens > cfg.max_tokens:
-            raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
-                                     f"{cfg.max_tokens} (--max-tokens)")
-        if await request.is_disconnected():  # hung up while it was being checked: never queued, never run
-            batcher.gone += 1
-            batcher.dropped += 1
-            return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
-        try:
-            job = batcher.submit(texts, tasks, tokens, text_pairs)
-        except Busy:
-            raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
-                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())}) from None
-        gone = asyncio.create_task(client_gone(request))
-        try:
-            left = cfg.request_timeout_s - (time.perf_counter() - arrived)
-            await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not job.future.done():
-            job.future.cancel()  # the batcher drops it unrun
-            if gone.done() and not gone.cancelled():
-                batcher.gone += 1
-                return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
-            batcher.expired += 1
-            raise HTTPException(503, f"not answered within {cfg.request_timeout_s:g} s (--request-timeout); "
-                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
-        try:
-            results = job.future.result()
-        except DataError as e:
-            raise HTTPException(422, str(e)) from None
-        except AdaLayersError as e:
-            raise HTTPException(500, f"server-side error: {e}") from None
-        except Exception as e:  # noqa: BLE001  (logged by the batcher)
-            raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
+        results, _ = await answer_texts(side, batcher, cfg, request, arrived, texts, text_pairs, req.tasks)
         if not req.base:
             for r in results:
                 r.pop("base", None)
@@ -375,6 +384,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     add_generate_routes(app, side, cfg)  # POST /generate, /generate/stream (decoder LLM bases)
     if cfg.ui:
         add_ui_routes(app)  # GET /: the playground page (serve/routers/ui.py)
+    from adalayers.serve.routers.openai import add_openai_routes
+    add_openai_routes(app, side, cfg, public_name(side.backbone.name), answer_texts)  # /v1/* (OpenAI, vLLM)
 
     @app.get("/tasks")
     async def tasks():

@@ -31,7 +31,9 @@ def cmd_serve(args) -> int:
                       primary=not args.no_primary, device=args.device, num_threads=args.threads,
                       max_tokens=args.max_tokens, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
                       request_timeout_s=args.request_timeout, read_timeout_s=args.read_timeout,
-                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file, ui=not args.no_ui)
+                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file,
+                      chat_template=args.chat_template, continuous_batching=not args.no_continuous_batching,
+                      ui=not args.no_ui)
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
     api_key = read_api_key(cfg.api_key_file)
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
@@ -112,6 +114,10 @@ def add_commands(sub) -> None:
     p.add_argument("--api-key-file", default=None, metavar="FILE", help=_help("api_key_file"))
     p.add_argument("--no-ui", action="store_true",
                    help="leave out the playground page at GET / (default: served; see docs/serving.md)")
+    p.add_argument("--no-continuous-batching", action="store_true",
+                   help="each generation on the /v1 routes decodes alone, taking turns between steps (default: "
+                        "they share decode steps, a new request joining between two)")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help=_help("chat_template"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")

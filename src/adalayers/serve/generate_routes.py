@@ -11,11 +11,13 @@ lone surrogates or blank prompts, no NaN/Infinity; body limit, API key and read 
 most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
 token is generated. A client that leaves a stream stops its generation at the next token. POST /generate
 counts under --max-queue as a /predict request does (503 when full), is bounded by --request-timeout
-(503), and a client that leaves it stops it at the next decode step.
+(503), and a client that leaves it stops it at the next decode step. Concurrent requests share decode
+steps (serve/scheduler.py) unless --no-continuous-batching.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from adalayers.errors import AdaLayersError, Cancelled, ModelError
 from adalayers.serve.generate import stream
 from adalayers.serve.limits import FiniteRequest, client_gone
+from adalayers.serve.scheduler import Scheduler
 from adalayers.textcheck import text_problem
 
 MAX_NEW_TOKENS = 256
@@ -89,9 +92,18 @@ def _until_done(events, stop: threading.Event) -> list[dict]:
     finally:
         events.close()
     raise AdaLayersError("generation ended without a result")
+def decoder(side, cfg):
+    """How the service generates: the continuous-batching scheduler (serve/scheduler.py), or with
+    cfg.continuous_batching off, serve/generate.stream per request (each alone, taking turns between steps).
+    Either takes (prompts, **stream's options) and gives stream's events."""
+    if cfg.continuous_batching and Scheduler.supports(side.backbone):
+        return Scheduler(side, cfg.max_batch).stream
+    return functools.partial(stream, side)
 
 
 def add_generate_routes(app: FastAPI, side, cfg) -> None:
+    app.state.decode = decode = decoder(side, cfg)  # the /v1 routes generate through the same one
+
     @app.post("/generate")
     async def generate(req: GenerateRequest, request: Request):
         """Counted under --max-queue and bounded by --request-timeout as /predict is; a client that leaves
@@ -103,7 +115,7 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
             raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
                                      "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
         stop = threading.Event()
-        work = asyncio.ensure_future(asyncio.to_thread(_until_done, stream(side, req.prompts, **_kwargs(req)), stop))
+        work = asyncio.ensure_future(asyncio.to_thread(_until_done, decode(req.prompts, **_kwargs(req)), stop))
         work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it stops
         gone = asyncio.create_task(client_gone(request))
         try:
@@ -126,11 +138,13 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
     @app.post("/generate/stream")
     async def generate_stream(req: GenerateRequest):
         _check(req, side, cfg)
-        events = stream(side, req.prompts, **_kwargs(req))
+        events = None
         try:  # the prefill runs here: a bad request is still answered 4xx, not inside the stream
+            events = decode(req.prompts, **_kwargs(req))
             first = await asyncio.to_thread(next, events)
         except (ModelError, AdaLayersError) as e:
-            events.close()
+            if events is not None:
+                events.close()
             raise HTTPException(400, str(e)) from None
 
         def sse():  # iterated in a worker thread by Starlette; closing it ends the generation

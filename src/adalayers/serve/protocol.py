@@ -1,0 +1,154 @@
+"""Request and response models of the OpenAI-compatible routes (/v1/*), and OpenAI's error shape.
+
+The requests follow OpenAI's chat completions, completions and embeddings APIs and vLLM's classify
+API. What adalayers does not do is named, never ignored: a field it does not know, or a known one
+set to what it does not support (n > 1, tools, logprobs, ...), is a 400 in OpenAI's error shape
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "n", "code": "unsupported_value"}}
+
+Side tasks are asked for with one extra field, "adalayers" (the `openai` client's extra_body):
+
+    {"adalayers": {"tasks": ["cola"], "steps": false, "guard": {"policy": {"label": "unsafe", "threshold": 0.9}},
+                   "answer_only": ["policy"]}}
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from adalayers.serve.generate_routes import MAX_NEW_TOKENS, GuardRule
+from adalayers.serve.limits import FiniteRequest
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = "server_error" if status >= 500 else "authentication_error" if status == 401 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class SideOptions(BaseModel):
+    """The extra "adalayers" field: which side tasks to answer, and how."""
+    model_config = ConfigDict(extra="forbid")
+    tasks: list[str] | None = Field(None, description="Side tasks to answer (default: all).")
+    steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
+    guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: stop a completion "
+                                                                 "(finish_reason content_filter) once that head "
+                                                                 "gives the label at least that probability.")
+    answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class OpenAIRequest(FiniteRequest):
+    """Fields both generation routes share. Unknown fields are kept (extra="allow") so that the route
+    can name them in a 400; known but unsupported ones are checked by `unsupported`."""
+    model_config = ConfigDict(extra="allow")
+    model: str
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0: greedy decoding (default 1).")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling (default 1: off).")
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings that end the completion.")
+    n: int | None = Field(None, ge=1)
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
+    logprobs: bool | int | None = None
+    adalayers: SideOptions | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling(self) -> dict:
+        """serve/generate.stream's sampling arguments: greedy at temperature 0, else a draw (OpenAI's
+        defaults: temperature 1, top_p 1)."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return {"do_sample": temperature > 0, "temperature": temperature or 1.0,
+                "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed}
+
+
+class ChatRequest(OpenAIRequest):
+    messages: list[dict] = Field(description="[{role: system|developer|user|assistant, content: text}, ...]")
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(OpenAIRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1, description="Default 16, as OpenAI's.")
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class EmbeddingRequest(FiniteRequest):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class ClassifyRequest(FiniteRequest):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(description="The name of a sequence head (GET /v1/models lists them).")
+    input: str | list[str] | list[list[str]] = Field(description="Texts, or [text, second] pairs for a pair head.")
+    user: str | None = None
+
+
+# what each field may be for adalayers to run it (the default, or these values); anything else is a 400
+SUPPORTED = {"n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+             "logprobs": (False, 0), "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",),
+             "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},),
+             "parallel_tool_calls": (False, True), "echo": (False,), "suffix": ("",), "best_of": (1,)}
+
+
+def unsupported(req: BaseModel) -> OpenAIError | None:
+    """The first field of `req` set to something adalayers does not do (None when all is supported)."""
+    extra = sorted(req.model_extra or {})
+    if extra:
+        return OpenAIError(400, f"unsupported parameter: {extra[0]!r} (adalayers serve does not know it)",
+                           extra[0], "unsupported_parameter")
+    for name in req.model_fields_set:
+        value = getattr(req, name)
+        if name in SUPPORTED and value is not None and value not in SUPPORTED[name]:
+            return OpenAIError(400, f"unsupported value of {name!r}: {value!r} (adalayers serve takes "
+                                    f"{' or '.join(map(repr, SUPPORTED[name]))})", name, "unsupported_value")
+    return None
+
+
+def max_new_tokens(req: ChatRequest | CompletionRequest) -> int:
+    """max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat);
+    more than MAX_NEW_TOKENS is a 400."""
+    default = MAX_NEW_TOKENS if isinstance(req, ChatRequest) else 16
+    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens or default
+    if asked > MAX_NEW_TOKENS:
+        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        raise OpenAIError(400, f"{param} is {asked}; adalayers serve generates at most {MAX_NEW_TOKENS} tokens "
+                               "per completion", param, "unsupported_value")
+    return asked

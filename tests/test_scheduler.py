@@ -1,0 +1,83 @@
+"""Continuous batching (serve/scheduler.py): requests that join a running batch between decode steps, with rows
+that leave as they end, get what each gets decoding alone (serve/generate.stream), on tiny random decoders with
+full attention (Llama) and sliding-window layers (Gemma 3), with sequence and token heads."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from adalayers.errors import DataError
+from adalayers.serve.api import SideTasks
+from adalayers.serve.generate import generate
+from adalayers.serve.scheduler import Scheduler
+from runs_util import NER, make_run
+from tinydecoders import decoder_backbone
+
+REQUESTS = [(["the dog runs quickly and", "a book"], dict(max_new_tokens=6, steps=True)),
+            (["she loves the big movie"], dict(max_new_tokens=9, tasks=["acc"], answer_only=["acc"])),
+            (["a"], dict(max_new_tokens=3, tasks=[])),
+            (["the cat sees a dog and it is good . they love it"],
+             dict(max_new_tokens=12, do_sample=True, temperature=1.0, seed=5, steps=True)),
+            (["john"], dict(max_new_tokens=7, guard={"acc": ("good", 0.6)})),
+            (["mary sees"], dict(max_new_tokens=8, stop=["dog"], do_sample=True, seed=2))]
+
+
+def _close(a, b, where=""):
+    """Equal JSON, floats within 1e-4."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=1e-4), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("kind,stagger", [("llama", 0.02), ("gemma3", 0.02), ("llama", 0.0)])
+def test_requests_joining_between_steps_get_what_they_get_alone(kind, stagger, tmp_path):
+    """stagger 0: the requests arrive together and share one prefill; 0.02 s: later ones join a decoding batch."""
+    base = decoder_backbone(kind)
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3),
+                                          make_run(tmp_path / "ner", base, "token", NER, seed=4)])
+    scheduler = Scheduler(side)
+    rows_per_step = []
+    step = scheduler._step
+    scheduler._step = lambda batch: (rows_per_step.append(len(batch.rows)), step(batch))[1]
+    got = [None] * len(REQUESTS)
+
+    def client(i):
+        got[i] = list(scheduler.stream(REQUESTS[i][0], **REQUESTS[i][1]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
+    for t in threads:  # staggered: later requests join a batch that is already decoding
+        t.start()
+        time.sleep(stagger)
+    for t in threads:
+        t.join(timeout=120)
+    assert max(rows_per_step) > 2 and len(set(rows_per_step)) > 1  # rows joined and left
+    for (prompts, kw), events in zip(REQUESTS, got):
+        kinds = [e["event"] for e in events]
+        assert kinds[0] == "prompt" and kinds[-1] == "done" and set(kinds[1:-1]) == {"step"}
+        alone = generate(side, prompts, **kw)
+        for mine, ref in zip(events[-1]["results"], alone):
+            assert mine["text"] == ref["text"]
+            _close(mine, ref)
+
+
+def test_a_bad_request_fails_alone_before_it_is_queued(tmp_path):
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    scheduler = Scheduler(side)
+    with pytest.raises(DataError, match="one of its labels"):
+        scheduler.stream(["a"], guard={"acc": ("meh", 0.5)})
+    events = scheduler.stream(["the dog"], max_new_tokens=2)
+    next(events)
+    events.close()  # a consumer that leaves: its rows leave at the next step
+    assert list(scheduler.stream(["a book"], max_new_tokens=2))[-1]["results"][0]["tokens"] <= 2
