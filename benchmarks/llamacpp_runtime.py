@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -145,11 +144,12 @@ def prefill(sides: dict, repeats: int) -> dict:
 
 def peak_rss(runtime: str, base: str, threads: int) -> float:
     """MB: a fresh process loads the runtime with 4 heads and generates 24 tokens for one prompt."""
-    code = (f"import sys, resource, torch; sys.path[:0] = [{str(ROOT / 'src')!r}, {str(ROOT / 'benchmarks')!r}]; "
+    # VmHWM, the process's own peak (ru_maxrss would carry this parent's peak over the fork)
+    code = (f"import sys, torch; sys.path[:0] = [{str(ROOT / 'src')!r}, {str(ROOT / 'benchmarks')!r}]; "
             f"torch.set_num_threads({threads}); from llamacpp_runtime import load_side; "
             f"s = load_side({runtime!r}, {base!r}, {threads}); "
             f"s.generate(['The history of the city begins in'], 24, ignore_eos=True); "
-            f"print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            f"print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return round(int(out.stdout.strip().splitlines()[-1]) / 1024, 1)
 

@@ -110,12 +110,17 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
         (or a deadline that passes) stops the generation at its next decode step."""
         arrived, batcher = time.perf_counter(), app.state.batcher
         _check(req, side, cfg)
+        try:  # the scheduler checks a request as it takes it: a bad one is a 400 before it counts or runs
+            events = decode(req.prompts, **_kwargs(req))
+        except (ModelError, AdaLayersError) as e:
+            raise HTTPException(400, str(e)) from None
         release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)
         if release is None:
+            events.close()
             raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
                                      "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
         stop = threading.Event()
-        work = asyncio.ensure_future(asyncio.to_thread(_until_done, decode(req.prompts, **_kwargs(req)), stop))
+        work = asyncio.ensure_future(asyncio.to_thread(_until_done, events, stop))
         work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it stops
         gone = asyncio.create_task(client_gone(request))
         try:
