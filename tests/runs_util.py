@@ -110,3 +110,22 @@ class ServeProcess:
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.log.close()
+
+
+def assert_json_close(a, b, tol: float, path: str = "") -> None:
+    """The same JSON: equal keys, lengths, strings and ints; floats within `tol` (absolute)."""
+    import pytest
+
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, path
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_json_close(a[k], b[k], tol, f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_json_close(x, y, tol, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=tol), path
+    else:
+        assert a == b, path

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
 from adalayers.backbone import Backbone  # noqa: E402
-from runs_util import NER, make_run  # noqa: E402
+from runs_util import NER, assert_json_close, make_run  # noqa: E402
 from test_serve_hardening import Server  # noqa: E402
 from tinygguf import write_tiny_llama  # noqa: E402
 
@@ -46,21 +46,9 @@ def _post(server, path, body):
     return r.json()
 
 
-def _close(a: dict, b: dict, path: str = "") -> None:
-    """Same JSON: equal strings, ints, lists and keys; floats within 2e-3 (llama.cpp's f16 KV cache)."""
-    assert type(a) is type(b), path
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, abs=2e-3), path
-    else:
-        assert a == b, path
+def _close(a, b, where=""):
+    """Equal JSON, floats within 2e-3 (llama.cpp keeps its KV cache in f16)."""
+    assert_json_close(a, b, 2e-3, where)
 
 
 def test_predict_answers_the_same(servers):

@@ -12,7 +12,7 @@ from adalayers.errors import DataError
 from adalayers.serve.api import SideTasks
 from adalayers.serve.generate import generate
 from adalayers.serve.scheduler import Scheduler
-from runs_util import NER, make_run
+from runs_util import NER, assert_json_close, make_run
 from tinydecoders import decoder_backbone
 
 REQUESTS = [(["the dog runs quickly and", "a book"], dict(max_new_tokens=6, steps=True)),
@@ -26,18 +26,7 @@ REQUESTS = [(["the dog runs quickly and", "a book"], dict(max_new_tokens=6, step
 
 def _close(a, b, where=""):
     """Equal JSON, floats within 1e-4."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _close(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, abs=1e-4), where
-    else:
-        assert a == b, where
+    assert_json_close(a, b, 1e-4, where)
 
 
 @pytest.mark.parametrize("kind,stagger", [("llama", 0.02), ("gemma3", 0.02), ("llama", 0.0)])
