@@ -49,6 +49,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -343,6 +344,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak"))
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k != "out"}
+    settings["data"] = os.path.relpath(args.data, ROOT)  # results hold paths relative to the repository
     settings.update(max_texts=MAX_TEXTS, max_chars=MAX_CHARS)
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))
