@@ -68,6 +68,10 @@ class LlamaCppBackbone:
             raise ModelError(f"cannot read the tokenizer of {path}: {str(e).splitlines()[0]}") from None
         return cls(engine, tokenizer, name, path)
 
+    def rows_per_pass(self, max_length: int, wanted: int) -> int:
+        """At most `wanted` rows of up to max_length tokens that fit one llama_batch (one decode, one pass)."""
+        return max(1, min(wanted, self.engine.n_batch // max_length))
+
     # what SideTasks and run folders ask of a base
     model = None  # no torch module: SideTasks asks it only for non-causal bases
 

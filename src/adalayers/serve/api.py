@@ -145,7 +145,7 @@ class SideTasks:
 
             backbone = LlamaCppBackbone.load(base, threads=kw.pop("threads", None))
             side = cls.from_backbone(backbone, run_dirs, primary, **kw)
-            side.batch_size = max(1, min(side.batch_size, backbone.engine.n_batch // side.max_length))  # one decode
+            side.batch_size = backbone.rows_per_pass(side.max_length, side.batch_size)
             return side
         if backend != "torch":
             from adalayers.export.runtime import OnnxSideTasks
