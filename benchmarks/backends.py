@@ -35,13 +35,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from adalayers import config as configlib  # noqa: E402
 from adalayers import metrics  # noqa: E402
-from adalayers import run as runlib  # noqa: E402
-from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.store import run as runlib  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8  # noqa: E402
 from adalayers.export.onnx import export  # noqa: E402
-from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
-from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
-from adalayers.tasks import load_task  # noqa: E402
+from adalayers.infer.onnx import OnnxSideTasks  # noqa: E402
+from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
+from adalayers.data.tasks import load_task  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 
 BACKENDS = ["torch", "onnx", "onnx-int8"]
@@ -56,7 +56,7 @@ def sides(base: Backbone, heads: list[tuple[str, Path]], folder: Path, threads: 
 
 def fresh_heads(base: Backbone, folder: Path) -> list[str]:
     """NAME=RUN folders of freshly initialised heads shaped as configs/cola.yaml and configs/conll.yaml."""
-    from adalayers.sidetask import SideTask
+    from adalayers.model.sidetask import SideTask
 
     labels = {"cola": ["unacceptable", "acceptable"],
               "conll": ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]}

@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers import config as config_mod  # noqa: E402
-from adalayers.backbone import Backbone  # noqa: E402
-from adalayers.run import write_json  # noqa: E402
-from adalayers.serve.api import Head, SideTasks  # noqa: E402
-from adalayers.sidetask import SideTask  # noqa: E402
-from adalayers.templates import Template  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
+from adalayers.store.run import write_json  # noqa: E402
+from adalayers.infer.sidetasks import Head, SideTasks  # noqa: E402
+from adalayers.model.sidetask import SideTask  # noqa: E402
+from adalayers.data.templates import Template  # noqa: E402
 
 TEXTS = ["def add(a, b):", "The quick brown fox jumps over the lazy dog."]
 

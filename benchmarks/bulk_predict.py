@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from adalayers.run import atomic_write, write_json  # noqa: E402
-from adalayers.tasks.imdb import read_imdb  # noqa: E402
+from adalayers.store.run import atomic_write, write_json  # noqa: E402
+from adalayers.data.tasks.imdb import read_imdb  # noqa: E402
 
 
 def imdb_subset(data: Path, rows: int, path: Path) -> None:

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from adalayers import config, recipes
-from adalayers.cache.source import cache_dir
-from adalayers.cache.store import list_entries
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.store.cache.source import cache_dir
+from adalayers.store.cache.store import list_entries
 
 
 def one_run(cfg_path: str, overrides: list[str], out: Path) -> dict:

@@ -23,7 +23,7 @@ from sklearn.metrics import matthews_corrcoef
 
 from adalayers import config
 from adalayers.serve import SideTasks
-from adalayers.tasks import load_task, read_lines
+from adalayers.data.tasks import load_task, read_lines
 
 
 def sources(path: Path) -> list[str]:

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from adalayers import config, recipes
-from adalayers import run as runlib
-from adalayers.evaluate import evaluate_split
-from adalayers.precision import autocast_for, cpu_bf16_flags
-from adalayers.states import LiveStates
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.store import run as runlib
+from adalayers.engine.evaluate import evaluate_split
+from adalayers.model.precision import autocast_for, cpu_bf16_flags
+from adalayers.model.states import LiveStates
 
 
 def agreement(a: list, b: list) -> float:

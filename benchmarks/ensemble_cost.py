@@ -26,11 +26,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from adalayers import config, recipes  # noqa: E402
-from adalayers.encoding import EncodedSplit, batches  # noqa: E402
-from adalayers.ensemble import EnsembleTask  # noqa: E402
-from adalayers.run import atomic_write, write_json  # noqa: E402
-from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
+from adalayers import config  # noqa: E402
+from adalayers.cli import recipes
+from adalayers.data.encoding import EncodedSplit, batches  # noqa: E402
+from adalayers.model.ensemble import EnsembleTask  # noqa: E402
+from adalayers.store.run import atomic_write, write_json  # noqa: E402
+from adalayers.model.sidetask import SideTask, shared_tap  # noqa: E402
 
 
 def heads(cfg, backbone, labels, n: int, seed0: int) -> list[SideTask]:

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers import config as config_mod  # noqa: E402
-from adalayers.backbone import Backbone  # noqa: E402
-from adalayers.run import write_json  # noqa: E402
-from adalayers.serve.api import Head, SideTasks  # noqa: E402
-from adalayers.sidetask import SideTask  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
+from adalayers.store.run import write_json  # noqa: E402
+from adalayers.infer.sidetasks import Head, SideTasks  # noqa: E402
+from adalayers.model.sidetask import SideTask  # noqa: E402
 
 PROMPTS = ["The history of the city begins in", "Write a short note to a friend about the weather:",
            "Three facts about the moon:", "The recipe needs flour, eggs and", "Once upon a time, a small robot",

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
-from adalayers import config, recipes, run
-from adalayers.tasks import TASKS, load_task
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.store import run
+from adalayers.data.tasks import TASKS, load_task
 
 GENERIC = {
     "cola": lambda d: {"train": f"{d}/glue/CoLA/train.tsv", "test": f"{d}/glue/CoLA/dev.tsv", "text": 3, "label": 1,
@@ -43,9 +45,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    from adalayers.tasks import files, glue  # noqa: F401  (register their tasks)
+    from adalayers.data.tasks import files, glue  # noqa: F401  (register their tasks)
     try:
-        from adalayers.tasks import conll  # noqa: F401  (the built-in CoNLL-2003 reader, where present)
+        from adalayers.data.tasks import conll  # noqa: F401  (the built-in CoNLL-2003 reader, where present)
     except ImportError:
         pass
     data_dir = str(config.Config().data_dir().resolve())

@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize  # noqa: E402
 from adalayers.export.onnx import MODEL, export  # noqa: E402
-from adalayers.export.runtime import OnnxSideTasks  # noqa: E402
-from adalayers.serve.api import SideTasks, parse_head_arg  # noqa: E402
+from adalayers.infer.onnx import OnnxSideTasks  # noqa: E402
+from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
 from backends import add_run_args, quality, save, start, timing  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 

@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adalayers import config, metrics, recipes
-from adalayers.encoding import batch_plan, split_batch
+from adalayers import config, metrics
+from adalayers.cli import recipes
+from adalayers.data.encoding import batch_plan, split_batch
 from adalayers.kinds import TaskKind
-from adalayers.run import write_json
+from adalayers.store.run import write_json
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger("linear_probes")

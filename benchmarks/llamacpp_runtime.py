@@ -35,17 +35,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.infer.llamacpp_backbone import LlamaCppBackbone  # noqa: E402
-from adalayers.run import write_json  # noqa: E402
-from adalayers.serve.api import SideTasks  # noqa: E402
+from adalayers.store.run import write_json  # noqa: E402
+from adalayers.infer.sidetasks import SideTasks  # noqa: E402
 from generation_overhead import PROMPTS, heads_for  # noqa: E402
 
 
 def cola_dev(n: int | None = None) -> tuple[list[str], list[str]]:
     """CoLA's GLUE dev set (the project's CoLA test split), read as configs/cola.yaml reads it."""
     from adalayers import config as config_mod
-    from adalayers.tasks import load_task
+    from adalayers.data.tasks import load_task
 
     rows = load_task(config_mod.load(ROOT / "configs" / "cola.yaml")).splits["test"][:n]
     return [r.text for r in rows], [r.label for r in rows]

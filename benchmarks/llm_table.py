@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from adalayers.seeds import cell
+from adalayers.lab.seeds import cell
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASKS = ("cola", "conll2003", "imdb")

@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from adalayers import run as runlib  # noqa: E402
-from adalayers.backbone import Backbone, resolve  # noqa: E402
+from adalayers.store import run as runlib  # noqa: E402
+from adalayers.model.backbone import Backbone, resolve  # noqa: E402
 from adalayers.config import Config  # noqa: E402
-from adalayers.sidetask import SideTask  # noqa: E402
+from adalayers.model.sidetask import SideTask  # noqa: E402
 from one_pass import one_pass  # noqa: E402
 
 TASKS = {"sst5": ("sequence", ["very negative", "negative", "neutral", "positive", "very positive"]),

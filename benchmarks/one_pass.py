@@ -2,7 +2,7 @@
 
     (a)  the base alone
     (b)  the base + N side heads in one pass (one tap: GELU(Z_i) once and one GEMM per layer for all
-         heads, adalayers.fused)
+         heads, adalayers.model.fused)
     (u)  as (b), but each head taps on its own (its own GELU, GEMM and LayerNorm per layer): the
          per-head path the fused one replaces, side by side with it
     (h)  the heads' own work without the base: the fused tap over the base's stored hidden states,
@@ -44,11 +44,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from adalayers.backbone import Backbone, resolve  # noqa: E402
+from adalayers.model.backbone import Backbone, resolve  # noqa: E402
 from adalayers.config import Config  # noqa: E402
-from adalayers.precision import autocast_for  # noqa: E402
-from adalayers.run import write_json, atomic_write  # noqa: E402
-from adalayers.sidetask import SideTask, shared_tap  # noqa: E402
+from adalayers.model.precision import autocast_for  # noqa: E402
+from adalayers.store.run import write_json, atomic_write  # noqa: E402
+from adalayers.model.sidetask import SideTask, shared_tap  # noqa: E402
 
 ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,h4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
 

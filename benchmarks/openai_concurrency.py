@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from adalayers import config as config_mod  # noqa: E402
-from adalayers import run as runlib  # noqa: E402
-from adalayers.backbone import Backbone  # noqa: E402
-from adalayers.sidetask import SideTask  # noqa: E402
+from adalayers.store import run as runlib  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
+from adalayers.model.sidetask import SideTask  # noqa: E402
 from runs_util import ServeProcess  # noqa: E402
 
 PROMPTS = ["The history of the city begins in", "Write a short note to a friend about the weather:",

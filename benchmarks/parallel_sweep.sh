@@ -23,7 +23,7 @@ done
 sets+=(--set "train.num_threads=${THREADS:-2}")
 mkdir -p "$dir"
 trap 'kill 0' INT TERM   # a timeout or Ctrl-C stops every part
-read -r layers seed0 < <(python3 -c "import sys; from adalayers import config as c; from adalayers.backbone import Backbone
+read -r layers seed0 < <(python3 -c "import sys; from adalayers import config as c; from adalayers.model.backbone import Backbone
 args = sys.argv[2:]
 cfg = c.load(sys.argv[1], [v for a, v in zip(args, args[1:]) if a == '--set'])
 print(Backbone.load(cfg.model.base, cfg.model.states, 'cpu').num_layers, cfg.train.seed)" "$config" "${sets[@]}")

@@ -33,17 +33,17 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from adalayers.run import atomic_write, write_json  # noqa: E402
+from adalayers.store.run import atomic_write, write_json  # noqa: E402
 
 SETTINGS = {"batching": ["--max-batch", "32", "--max-wait-ms", "5"],
             "no batching": ["--max-batch", "1", "--max-wait-ms", "0"]}
 
 
 def untrained_heads(base: str, folder: Path) -> list[str]:
-    from adalayers import run as runlib
-    from adalayers.backbone import Backbone
+    from adalayers.store import run as runlib
+    from adalayers.model.backbone import Backbone
     from adalayers.config import Config
-    from adalayers.sidetask import SideTask
+    from adalayers.model.sidetask import SideTask
 
     backbone = Backbone.load(base)
     runs = []

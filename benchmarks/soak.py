@@ -62,7 +62,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import ROOT, sentences, start_server, untrained_heads  # noqa: E402
 
-from adalayers.run import atomic_write, write_json  # noqa: E402
+from adalayers.store.run import atomic_write, write_json  # noqa: E402
 
 MAX_TEXTS, MAX_CHARS = 16, 2000
 # the clients drop a connection idle this long, sooner than the server's --keep-alive (5 s): a client that

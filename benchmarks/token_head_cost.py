@@ -28,10 +28,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from adalayers import config, recipes  # noqa: E402
-from adalayers.encoding import batches  # noqa: E402
-from adalayers.heads import TokenHead  # noqa: E402
-from adalayers.run import atomic_write, write_json  # noqa: E402
+from adalayers import config  # noqa: E402
+from adalayers.cli import recipes
+from adalayers.data.encoding import batches  # noqa: E402
+from adalayers.model.heads import TokenHead  # noqa: E402
+from adalayers.store.run import atomic_write, write_json  # noqa: E402
 
 
 def padded_forward(head: TokenHead, F, mask):

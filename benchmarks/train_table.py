@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from adalayers import config, recipes
-from adalayers.run import write_json
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.store.run import write_json
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from adalayers.seeds import cell
+from adalayers.lab.seeds import cell
 
 
 def load(path: Path) -> dict | None:

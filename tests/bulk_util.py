@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 
 from conftest import WORDS, tiny_model, tiny_tokenizer
 from runs_util import NER, make_run

@@ -9,7 +9,7 @@ import torch
 import transformers
 from transformers import BertTokenizerFast
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ADALAYERS_DATA") or ROOT.parent / "shared" / "data")

@@ -14,9 +14,9 @@ import httpx
 import torch
 import uvicorn
 
-from adalayers import run as runlib
+from adalayers.store import run as runlib
 from adalayers.config import Config
-from adalayers.sidetask import SideTask
+from adalayers.model.sidetask import SideTask
 
 NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 ROOT = Path(__file__).resolve().parents[1]

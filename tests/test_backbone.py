@@ -2,8 +2,8 @@
 import torch
 
 from adalayers.config import Config
-from adalayers.sidetask import SideTask
-from adalayers.states import LiveStates
+from adalayers.model.sidetask import SideTask
+from adalayers.model.states import LiveStates
 
 from conftest import tiny_backbone
 

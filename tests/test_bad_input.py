@@ -4,9 +4,10 @@ import string
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from adalayers import config, recipes
+from adalayers import config
+from adalayers.cli import recipes
 from adalayers.errors import AdaLayersError, ConfigError, DataError
-from adalayers.tasks import load_task
+from adalayers.data.tasks import load_task
 
 
 def cola_dir(tmp_path, train: bytes, dev: bytes = b"s\t1\t\tA fine sentence.\n"):

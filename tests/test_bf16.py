@@ -3,9 +3,10 @@ import pytest
 import torch
 import torch.nn.functional as nnf
 
-from adalayers import bf16, config
+from adalayers.model import bf16
+from adalayers import config
 from adalayers.errors import ConfigError
-from adalayers.sidetask import SideTask
+from adalayers.model.sidetask import SideTask
 
 
 def reference(x, w, b):
@@ -69,11 +70,11 @@ def test_head_precision_is_checked():
 
 @pytest.mark.parametrize("flags, warned", [([], True), (["avx512_bf16"], False)])
 def test_bf16_without_bf16_instructions_is_warned_about(flags, warned, monkeypatch, caplog):
-    from adalayers import precision
+    from adalayers.model import precision
 
     monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: flags)
     tc = config.from_dict({"train": {"head_precision": "bf16"}}).train
-    with caplog.at_level("WARNING", logger="adalayers.precision"):
+    with caplog.at_level("WARNING", logger="adalayers.model.precision"):
         precision.warn_if_slow(tc, torch.device("cpu"))
         precision.warn_if_slow(config.from_dict({}).train, torch.device("cpu"))  # fp32: nothing to say
     assert [r.getMessage() for r in caplog.records] == (

@@ -7,9 +7,10 @@ import json
 import pytest
 from sklearn.metrics import confusion_matrix, f1_score, precision_score, recall_score
 
-from adalayers import config, metrics, recipes
+from adalayers import config, metrics
+from adalayers.cli import recipes
 from adalayers.errors import ConfigError
-from adalayers.tasks import load_task
+from adalayers.data.tasks import load_task
 
 from test_files_task import sentiment_rows, tiny, tiny_base, write_csv  # noqa: F401  (tiny_base: a fixture)
 

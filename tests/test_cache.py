@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from adalayers import config, recipes
-from adalayers.backbone import Backbone
-from adalayers.cache import source as cache_source
-from adalayers.cache.source import cached_source
-from adalayers.cache.store import layer_file
-from adalayers.encoding import batches
-from adalayers.sidetask import SideTask
-from adalayers.states import LiveStates
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.model.backbone import Backbone
+from adalayers.store.cache import source as cache_source
+from adalayers.store.cache.source import cached_source
+from adalayers.store.cache.store import layer_file
+from adalayers.data.encoding import batches
+from adalayers.model.sidetask import SideTask
+from adalayers.model.states import LiveStates
 
 WORDS = ("the a cat dog bird sat ran flew on under over mat tree house quickly slowly big small red "
          "green and but because it was is very").split()
@@ -261,7 +262,7 @@ def test_pinned_layer_reads_only_that_layer(setup):
 
 
 def test_training_from_the_cache_matches_training_live(setup, tmp_path):
-    from adalayers.train import fit, seed_everything
+    from adalayers.engine.train import fit, seed_everything
 
     results = {}
     for name in ("live", "cached"):

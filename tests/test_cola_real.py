@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from adalayers import config, recipes
+from adalayers import config
+from adalayers.cli import recipes
 
 from conftest import DATA, needs_data
 

@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
-from adalayers import cli, config, recipes, strategies
-from adalayers.backbone import Backbone
+from adalayers import cli, config
+from adalayers.cli import recipes
+from adalayers.lab import strategies
+from adalayers.model.backbone import Backbone
 
 from test_files_task import sentiment_rows, tiny_base, write_csv  # noqa: F401  (tiny_base: a fixture)
 

@@ -6,7 +6,7 @@ from adalayers.errors import ConfigError
 
 def test_repo_configs_load():
     from conftest import ROOT
-    from adalayers.multitask import config as multitask_config
+    from adalayers.lab.multitask import config as multitask_config
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         (multitask_config if path.stem.startswith("multitask") else config).load(path)
 
@@ -123,8 +123,8 @@ def test_serve_flag_errors_are_one_line(capsys):
 
 def test_the_old_name_epochs_is_refused_with_its_new_name():
     """max_epochs is declared once (config.OptimSettings) for run and multi-task configs alike."""
-    from adalayers.multitask.config import from_dict as multitask_config
-    from adalayers.multitask.config import stored
+    from adalayers.lab.multitask.config import from_dict as multitask_config
+    from adalayers.lab.multitask.config import stored
 
     with pytest.raises(ConfigError, match=r"train\.epochs: renamed to train\.max_epochs; rename it in your config"):
         config.from_dict({"train": {"epochs": 3}})

@@ -2,7 +2,7 @@
 import pytest
 
 from adalayers.errors import DataError
-from adalayers.tasks.conll import iob1_to_iob2, read_conll
+from adalayers.data.tasks.conll import iob1_to_iob2, read_conll
 
 from conftest import DATA
 from tinymodels import conll_files
@@ -53,7 +53,7 @@ def test_real_files_match_the_published_counts():
     from collections import Counter
 
     from adalayers import config
-    from adalayers.tasks import load_task
+    from adalayers.data.tasks import load_task
 
     data = load_task(config.from_dict({"task": {"name": "conll2003", "data_dir": str(DATA)}}))
     assert {k: len(v) for k, v in data.splits.items()} == {"train": 14041, "validation": 3250, "test": 3453}

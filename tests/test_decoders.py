@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 from adalayers.config import Config
-from adalayers.encoding import collate
+from adalayers.data.encoding import collate
 from adalayers.errors import ModelError
-from adalayers.heads import last_token
-from adalayers.sidetask import SideTask
+from adalayers.model.heads import last_token
+from adalayers.model.sidetask import SideTask
 from tinydecoders import DECODERS, decoder_backbone, decoder_model, decoder_tokenizer
 
 TEXTS = ["the dog runs quickly and the cat sees mary", "a book", "she loves the big movie ."]
@@ -138,7 +138,7 @@ def test_gguf_errors(tmp_path):
 
 def test_cache_keeps_a_huge_bos_state_finite():
     """Gemma's BOS state leaves float16's range; stored as inf it made every head's gradient NaN."""
-    from adalayers.cache.source import to_fp16
+    from adalayers.store.cache.source import to_fp16
 
     h = torch.tensor([[1.5e5, -2e5, 3.0], [0.5, 70000.0, -1.0]])
     stored = to_fp16(h)

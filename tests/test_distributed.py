@@ -81,7 +81,7 @@ def setup(tmp_path):
 
 
 def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkeypatch):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
@@ -152,7 +152,7 @@ def test_commands_that_do_not_run_under_torchrun_say_so_in_one_line(argv, name, 
 
 
 def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup, monkeypatch):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])

@@ -1,8 +1,8 @@
-"""adalayers.dropout: Bernoulli with p on a 2^-15 grid, the inverse scale, torch's own off the CPU and in eval."""
+"""adalayers.model.dropout: Bernoulli with p on a 2^-15 grid, the inverse scale, torch's own off the CPU and in eval."""
 import pytest
 import torch
 
-from adalayers.dropout import Dropout, dropout
+from adalayers.model.dropout import Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.03, 0.2, 0.5])

@@ -3,7 +3,8 @@ one step under bf16 autocast; TaskKind parsing; the loss and the window of a res
 import pytest
 import torch
 
-from adalayers import recipes, strategies
+from adalayers.cli import recipes
+from adalayers.lab import strategies
 from adalayers.engine import loop as fit_module
 from adalayers.errors import ConfigError
 from adalayers.kinds import TaskKind
@@ -42,8 +43,8 @@ def test_every_strategy_takes_one_bf16_step_through_the_engine(spec, steps, tmp_
 
 
 def test_multitask_takes_bf16_steps_through_the_same_engine(steps):
-    from adalayers.multitask.config import from_dict
-    from adalayers.multitask.trainer import train
+    from adalayers.lab.multitask.config import from_dict
+    from adalayers.lab.multitask.trainer import train
 
     torch.set_num_threads(1)
     cfg = from_dict(mt_config(precision="bf16", pcgrad=True))
@@ -143,7 +144,8 @@ def test_fit_stops_early_and_keeps_the_best_epoch():
 def test_resume_reads_the_stored_config_with_this_versions_defaults(tmp_path):
     """A resume state saved before a config field existed (or with another tune section) resumes;
     a setting that changes what is learned is still refused, by name."""
-    from adalayers import checkpoint, config
+    from adalayers.store import checkpoint
+    from adalayers import config
     from adalayers.engine import FitSettings, fit
     from adalayers.errors import TrainingError
 

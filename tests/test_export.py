@@ -12,8 +12,8 @@ import torch
 from adalayers.errors import AdaLayersError, ModelError, RunError
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import export, read_meta
-from adalayers.export.runtime import OnnxSideTasks
-from adalayers.serve.api import SideTasks
+from adalayers.infer.onnx import OnnxSideTasks
+from adalayers.infer.sidetasks import SideTasks
 
 from conftest import tiny_backbone
 from runs_util import NER, make_run
@@ -155,7 +155,7 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
 
 def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, monkeypatch):
     """SideTasks.load(base, runs, backend="onnx") exports into the cache once, then reuses it."""
-    import adalayers.export.runtime as runtime
+    import adalayers.infer.onnx as runtime
 
     base = tiny_backbone("bert", tokenizer)
     base.model.save_pretrained(tmp_path / "base")

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 from adalayers.config import Config
 from adalayers.export.onnx import export
-from adalayers.export.runtime import OnnxSideTasks
-from adalayers.serve.api import SideTasks
-from adalayers.tasks import load_task
+from adalayers.infer.onnx import OnnxSideTasks
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.data.tasks import load_task
 
 from conftest import DATA, ROOT, needs_data
 from runs_util import NER, make_run

@@ -13,7 +13,7 @@ import pytest
 
 from adalayers import cli
 from adalayers.errors import DataError
-from adalayers.tasks import fetch
+from adalayers.data.tasks import fetch
 
 
 def test_offline_says_which_folder_in_one_line(tmp_path, monkeypatch, capsys):

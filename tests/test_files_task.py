@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from adalayers import cli, config, recipes
+from adalayers import cli, config
+from adalayers.cli import recipes
 from adalayers.errors import ConfigError, DataError
-from adalayers.tasks import load_task
-from adalayers.tasks.files import iob1_to_iob2
+from adalayers.data.tasks import load_task
+from adalayers.data.tasks.files import iob1_to_iob2
 
 DATA = Path("../shared/data")
 FILLER = "the a movie film plot actor scene story music ending script it was is quite rather".split()
@@ -28,7 +29,7 @@ NAMES = ["alice", "bob", "carol", "dave"]
 def tiny_base(tmp_path_factory) -> str:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from adalayers.model_packages import path_for
+    from adalayers.model.model_packages import path_for
 
     folder = tmp_path_factory.mktemp("tiny_bert")
     tok = AutoTokenizer.from_pretrained(str(path_for("minilm-l6")))
@@ -205,7 +206,7 @@ def test_cli_shortcut_without_config(tiny_base, tmp_path, capsys):
 
 
 def test_cli_shortcut_picks_regression_settings(tmp_path):
-    from adalayers.tasks.shortcut import shortcut_config
+    from adalayers.data.tasks.shortcut import shortcut_config
 
     train = write_csv(tmp_path / "s.csv", [["a b", "0.5"], ["c d", "1.25"]], ["text", "label"])
     cfg = shortcut_config(None, {"train": str(train)}, [])
@@ -234,7 +235,7 @@ def test_cola_as_generic_tsv_matches_builtin_reader(tiny_base, tmp_path):
 
 @pytest.mark.skipif(not (DATA / "conll2003").is_dir(), reason="needs ../shared/data/conll2003")
 def test_conll2003_as_generic_conll_gives_the_builtin_examples():
-    from adalayers.tasks import TASKS
+    from adalayers.data.tasks import TASKS
 
     folder = DATA / "conll2003"
     b = load({"train": str(folder / "eng.train"), "validation": str(folder / "eng.testa"),

@@ -12,7 +12,7 @@ import pytest
 
 from adalayers import cli
 from adalayers import config
-from adalayers import health
+from adalayers.engine import health
 from adalayers.errors import DataError, ModelError
 
 from conftest import tiny_backbone
@@ -47,7 +47,7 @@ def _varied(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def test_a_head_that_answers_one_class_says_so_with_what_to_try(base, tmp_path, caplog):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     rows = [("the same sentence every time", "pos" if i % 3 else "neg") for i in range(320)]  # no signal at all
     with caplog.at_level(logging.WARNING, logger="adalayers"):
@@ -61,7 +61,7 @@ def test_a_head_that_answers_one_class_says_so_with_what_to_try(base, tmp_path, 
 
 
 def test_a_head_that_learned_gives_no_warning(base, tmp_path, caplog):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     with caplog.at_level(logging.WARNING, logger="adalayers"):
         metrics = recipes.train(_cfg(base, _csv(tmp_path / "v.csv", _varied(400)), lr=1e-2, max_epochs=3),
@@ -107,7 +107,7 @@ def test_one_answer_for_every_kind():
 
 
 def test_a_failed_train_leaves_no_empty_run_folder(base, tmp_path, capsys):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     cfg = _cfg(base, tmp_path / "missing.csv")
     with pytest.raises(DataError, match="missing.csv"):
@@ -124,7 +124,7 @@ def test_a_failed_train_leaves_no_empty_run_folder(base, tmp_path, capsys):
 
 
 def test_predict_on_an_unfinished_run_says_so(base, tmp_path, capsys):
-    from adalayers.backbone import Backbone
+    from adalayers.model.backbone import Backbone
 
     run = make_run(tmp_path / "acc", Backbone.load(str(base)), "sequence", ["bad", "good"], seed=3)
     assert cli.main(["predict", str(run), "a good movie"]) == 0
@@ -142,7 +142,7 @@ def test_predict_on_an_unfinished_run_says_so(base, tmp_path, capsys):
 
 
 def test_serve_takes_the_base_from_the_run_folders(tmp_path, tokenizer):
-    from adalayers.serve.api import SideTasks, heads_base
+    from adalayers.infer.sidetasks import SideTasks, heads_base
 
     one, two = tiny_backbone("bert", tokenizer), tiny_backbone("roberta", tokenizer)
     a = make_run(tmp_path / "a", one, "sequence", ["bad", "good"], seed=1)
@@ -158,8 +158,8 @@ def test_serve_takes_the_base_from_the_run_folders(tmp_path, tokenizer):
 
 
 def test_serve_without_base_loads_the_heads_base(base, tmp_path):
-    from adalayers.backbone import Backbone
-    from adalayers.serve.api import SideTasks
+    from adalayers.model.backbone import Backbone
+    from adalayers.infer.sidetasks import SideTasks
 
     run = make_run(tmp_path / "acc", Backbone.load(str(base)), "sequence", ["bad", "good"], seed=3)
     side = SideTasks.load(None, [run])
@@ -169,7 +169,7 @@ def test_serve_without_base_loads_the_heads_base(base, tmp_path):
 def test_loading_a_base_from_python_prints_no_bars(base, capfd):
     from transformers.utils import logging as hf_logging
 
-    from adalayers.backbone import Backbone
+    from adalayers.model.backbone import Backbone
 
     hf_logging.enable_progress_bar()  # as in a fresh Python session
     Backbone.load(str(base))
@@ -178,7 +178,7 @@ def test_loading_a_base_from_python_prints_no_bars(base, capfd):
 
 
 def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog):
-    from adalayers import recipes
+    from adalayers.cli import recipes
     from adalayers.engine.loop import time_left
 
     assert time_left([20.0, 4.0, 5.0, 100.0, 5.0], 36) == "  ~3m00s left at most"  # the median: one slow epoch is no trend
@@ -197,7 +197,7 @@ def test_gguf_conversion_draws_adalayers_bar_not_transformers(capfd):
     pytest.importorskip("gguf")
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from adalayers.gguf_models import _own_bar
+    from adalayers.model.gguf_models import _own_bar
 
     original = gguf_utils.tqdm
     with _own_bar():  # what the conversion loop of transformers calls, with its own description
@@ -208,7 +208,7 @@ def test_gguf_conversion_draws_adalayers_bar_not_transformers(capfd):
 
 
 def test_predict_files_without_base_takes_the_heads_base(base, tmp_path, capsys):
-    from adalayers.backbone import Backbone
+    from adalayers.model.backbone import Backbone
 
     run = make_run(tmp_path / "acc", Backbone.load(str(base)), "sequence", ["bad", "good"], seed=3)
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"

@@ -8,8 +8,8 @@ import torch
 
 from adalayers.config import Config
 from adalayers.errors import DataError, ModelError
-from adalayers.serve.api import Head, SideTasks
-from adalayers.sidetask import SideTask
+from adalayers.infer.sidetasks import Head, SideTasks
+from adalayers.model.sidetask import SideTask
 from conftest import tiny_backbone, tiny_tokenizer
 from tinydecoders import decoder_backbone
 
@@ -112,7 +112,7 @@ def test_generate_refuses_bad_input():
 
 def test_top_p_keeps_the_nucleus_only():
     """top_p: the most likely tokens whose mass before them is below top_p, sampled in proportion."""
-    from adalayers.serve.generate import _sample
+    from adalayers.infer.generate import _sample
 
     probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
     g = torch.Generator().manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adalayers.config import ServeConfig
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 from runs_util import NER, make_run, serve_in_thread
 from tinydecoders import decoder_backbone

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from adalayers.config import HeadConfig
-from adalayers.heads import SequenceHead, self_attention
+from adalayers.model.heads import SequenceHead, self_attention
 
 
 def test_fused_attention_matches_multihead_attention():
@@ -21,7 +21,7 @@ def test_fused_attention_matches_multihead_attention():
 
 @pytest.mark.parametrize("kind", ["sequence", "token"])
 def test_attention_dropout_is_its_own_setting(kind):
-    from adalayers.heads import build_head
+    from adalayers.model.heads import build_head
 
     x, mask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
     follows = build_head(kind, 16, 3, HeadConfig(num_heads=4, dropout=0.25, encoder_layers=2))
@@ -36,7 +36,7 @@ def test_attention_dropout_is_its_own_setting(kind):
 
 def test_token_head_feed_forward_on_real_tokens_matches_the_padded_encoder():
     """Values and gradients at every real token equal nn.TransformerEncoder's over the padded batch."""
-    from adalayers.heads import TokenHead
+    from adalayers.model.heads import TokenHead
 
     torch.manual_seed(0)
     head = TokenHead(16, 5, HeadConfig(num_heads=4, encoder_layers=2, dim_feedforward=24, dropout=0.0))
@@ -59,7 +59,7 @@ def test_attention_in_length_groups_equals_one_padded_call(padding, attention_dr
     gradients equal the one padded call that eval mode makes, whatever the padding: right, left (a
     decoder's), a mask with holes, and a row without any real token. With attention dropout (its
     mask taken out) the groups take the written-out formula instead of the fused kernel: the same."""
-    from adalayers import heads
+    from adalayers.model import heads
 
     monkeypatch.setattr(heads, "ATTENTION_GROUP", 3)
     if attention_dropout:
@@ -88,7 +88,7 @@ def test_attention_in_length_groups_equals_one_padded_call(padding, attention_dr
 def test_written_out_attention_with_dropout_is_the_fused_formula(monkeypatch):
     """Training with attention dropout on a CPU, attend() writes the attention out (for the cheap mask);
     with the mask taken out it equals scaled_dot_product_attention, padding keys masked."""
-    from adalayers import heads
+    from adalayers.model import heads
 
     torch.manual_seed(0)
     attn = torch.nn.MultiheadAttention(16, 4, dropout=0.3, batch_first=True).train()

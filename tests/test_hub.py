@@ -8,11 +8,11 @@ import pytest
 import yaml
 from huggingface_hub import ModelCard
 
-from adalayers import hub
-from adalayers import run as runlib
+from adalayers.store import hub
+from adalayers.store import run as runlib
 from adalayers.cli import main
 from adalayers.errors import RunError
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 
 from conftest import tiny_backbone
 from runs_util import NER, make_run

@@ -8,8 +8,8 @@ import pytest
 
 from adalayers import config
 from adalayers.errors import DataError
-from adalayers.tasks import load_task
-from adalayers.tasks.imdb import read_imdb
+from adalayers.data.tasks import load_task
+from adalayers.data.tasks.imdb import read_imdb
 
 from conftest import DATA
 from tinymodels import imdb_tarball
@@ -57,7 +57,7 @@ def test_extracted_folder_reads_the_same(tmp_path):
 
 def test_extracted_folder_keys_the_cache(tmp_path):
     """The hidden-state cache keys on the data's sha256: an extracted folder hashes every file's path and bytes."""
-    from adalayers.cache.source import _FILE_HASHES, files_hash
+    from adalayers.store.cache.source import _FILE_HASHES, files_hash
 
     imdb_tarball(tmp_path, per_class=10, test_per_class=2, extracted=True)
     data = load_task(_cfg(tmp_path))

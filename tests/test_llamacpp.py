@@ -1,7 +1,7 @@
 """The llama.cpp runtime: states read through llama.cpp's eval callback equal the default runtime's layer hooks.
 
 A tiny Llama-architecture GGUF (F32 weights, tests/tinygguf.py) runs on both runtimes: transformers
-(adalayers.backbone, through the one GGUF conversion) and llama.cpp (adalayers.infer.llamacpp).
+(adalayers.model.backbone, through the one GGUF conversion) and llama.cpp (adalayers.infer.llamacpp).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
-from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.errors import ModelError  # noqa: E402
 from adalayers.infer import llamacpp  # noqa: E402
 from adalayers.infer.llamacpp import LlamaCpp, Row  # noqa: E402
@@ -133,7 +133,7 @@ def _heads(bb):
 
 
 def test_side_tasks_answer_the_same_on_both_runtimes(both):
-    from adalayers.serve.api import SideTasks
+    from adalayers.infer.sidetasks import SideTasks
 
     reference, ours = both
     heads = _heads(reference)
@@ -148,7 +148,7 @@ def test_side_tasks_answer_the_same_on_both_runtimes(both):
 
 
 def test_generation_reads_heads_as_one_pass_over_prompt_and_answer(both):
-    from adalayers.serve.api import SideTasks
+    from adalayers.infer.sidetasks import SideTasks
 
     from test_generate import _one_pass
 

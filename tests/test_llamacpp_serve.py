@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
-from adalayers.backbone import Backbone  # noqa: E402
+from adalayers.model.backbone import Backbone  # noqa: E402
 from runs_util import NER, assert_json_close, make_run  # noqa: E402
 from test_serve_hardening import Server  # noqa: E402
 from tinygguf import write_tiny_llama  # noqa: E402

@@ -7,9 +7,10 @@ import random
 
 import pytest
 
-from adalayers import config, recipes
-from adalayers.encoding import choose_max_length
-from adalayers.tasks import Example
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.data.encoding import choose_max_length
+from adalayers.data.tasks import Example
 
 from test_files_task import FILLER, tiny_base, write_csv  # noqa: F401  (tiny_base: a fixture)
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as nnf
 
 from adalayers.config import MixerConfig
-from adalayers.mixer import AdaLayersMixer, sinusoidal_positions
+from adalayers.model.mixer import AdaLayersMixer, sinusoidal_positions
 
 
 def reference(mixer: AdaLayersMixer, states: list[torch.Tensor]) -> torch.Tensor:
@@ -114,7 +114,7 @@ def test_positions_table_shape_and_values():
 def test_shared_tap_equals_each_heads_own_tap():
     """Several heads fed by one GELU and one fused GEMM per layer give the numbers of separate taps."""
     from adalayers.config import Config
-    from adalayers.sidetask import SideTask, shared_tap
+    from adalayers.model.sidetask import SideTask, shared_tap
 
     torch.manual_seed(0)
     heads = []
@@ -136,13 +136,13 @@ def test_shared_tap_equals_each_heads_own_tap():
 
 
 def test_fused_tap_one_gemm_per_layer_equals_per_head_path():
-    """Four heads (sequence, token, regression, one pinned to a single layer) through adalayers.fused:
+    """Four heads (sequence, token, regression, one pinned to a single layer) through adalayers.model.fused:
     one linear call per layer for all heads of one k, and logits equal to each head's own tap within
     1e-5 (only the float summation order of the batched GEMM differs). Padded and packed input."""
     from torch.overrides import TorchFunctionMode
 
     from adalayers.config import Config
-    from adalayers.sidetask import SideTask, shared_tap
+    from adalayers.model.sidetask import SideTask, shared_tap
 
     class CountLinear(TorchFunctionMode):
         calls = 0

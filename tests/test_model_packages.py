@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from adalayers import model_packages
-from adalayers.backbone import resolve
+from adalayers.model import model_packages
+from adalayers.model.backbone import resolve
 from adalayers.errors import ModelError
-from adalayers.model_packages import SPLIT_GGUF, SplitGGUF, split_gguf
+from adalayers.model.model_packages import SPLIT_GGUF, SplitGGUF, split_gguf
 
 
 def _fake_wheels(site: Path, name: str, chunks: list[bytes]) -> SplitGGUF:
@@ -87,7 +87,7 @@ def test_each_alias_has_its_own_extra_and_llm_holds_the_readers_alone():
     import tomllib
 
     from conftest import ROOT
-    from adalayers.model_packages import EXTRAS
+    from adalayers.model.model_packages import EXTRAS
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {k: {r.split("==")[0].split(">=")[0] for r in v} for k, v in extras.items()}

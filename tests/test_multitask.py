@@ -6,15 +6,15 @@ import pytest
 import torch
 import transformers
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 from adalayers.errors import ConfigError
-from adalayers.multitask import pcgrad, smart
-from adalayers.multitask.config import SmartConfig, from_dict
-from adalayers.multitask.data import collate, encode_rows
-from adalayers.multitask.model import MultitaskModel
-from adalayers.multitask.schedule import plan
-from adalayers.multitask.trainer import task_loss
-from adalayers.tasks import TASKS, Example, TaskData
+from adalayers.lab.multitask import pcgrad, smart
+from adalayers.lab.multitask.config import SmartConfig, from_dict
+from adalayers.lab.multitask.data import collate, encode_rows
+from adalayers.lab.multitask.model import MultitaskModel
+from adalayers.lab.multitask.schedule import plan
+from adalayers.lab.multitask.trainer import task_loss
+from adalayers.data.tasks import TASKS, Example, TaskData
 
 from conftest import WORDS, tiny_tokenizer
 
@@ -62,7 +62,7 @@ def mt_config(**kw) -> dict:
 
 
 def _model(cfg):
-    from adalayers.multitask.trainer import load_tasks
+    from adalayers.lab.multitask.trainer import load_tasks
     datas = load_tasks(cfg)
     return MultitaskModel(tiny_backbone(), cfg.tasks, datas, cfg.freeze, cfg.freeze_upstream), datas
 
@@ -222,12 +222,12 @@ def test_compare_multitask_tiny_run(tmp_path):
     assert "| smart |" in md and "t-sim dev pearson" in md
     assert (out / "compare_multitask.png").stat().st_size > 1000
     with pytest.raises(ConfigError, match="unknown"):
-        from adalayers.multitask.compare import compare
+        from adalayers.lab.multitask.compare import compare
         compare(from_dict(cfg), out, variants=["nope"])
 
 
 def test_linear_heads_read_the_cross_encoder_input_and_train(tmp_path):
-    from adalayers.multitask import trainer
+    from adalayers.lab.multitask import trainer
 
     cfg = from_dict({"tasks": [{"name": "t-sent", "head": "linear"},
                                {"name": "t-para", "head": "linear", "depends_on": ["t-sent"], "weight": 0.5},
@@ -253,7 +253,7 @@ def test_head_must_fit_the_task(task, head):
 
 def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
     """Finished variants are kept and skipped; a missing one is run; other settings are refused."""
-    from adalayers.multitask.compare import RESULTS, compare
+    from adalayers.lab.multitask.compare import RESULTS, compare
 
     cfg = from_dict(mt_config(max_train_examples=16, max_eval_examples=8, max_epochs=1))
     bb, out = tiny_backbone(), tmp_path / "cmp"
@@ -291,7 +291,7 @@ def test_compare_multitask_resumes_per_variant(tmp_path, caplog):
 
 
 def test_stored_settings_may_lack_settings_added_later():
-    from adalayers.multitask.adalayers import same_settings
+    from adalayers.lab.multitask.adalayers import same_settings
 
     want = {"config": {"lr": 1e-3, "precision": "fp32"}, "epochs": 3}
     assert same_settings({"config": {"lr": 1e-3}, "epochs": 3}, want)
@@ -301,8 +301,8 @@ def test_stored_settings_may_lack_settings_added_later():
 
 def test_progressive_adalayers_head_reads_frozen_upstream_outputs():
     from adalayers.config import Config
-    from adalayers.multitask.adalayers import ProgressiveTask
-    from adalayers.sidetask import SideTask
+    from adalayers.lab.multitask.adalayers import ProgressiveTask
+    from adalayers.model.sidetask import SideTask
 
     torch.manual_seed(0)
     cfg = Config()

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from adalayers.backbone import Backbone
-from adalayers.serve.api import SideTasks
-from adalayers.templates import chat_text
+from adalayers.model.backbone import Backbone
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.data.templates import chat_text
 from runs_util import NER, ServeProcess, make_run
 from tinydecoders import decoder_model, decoder_tokenizer
 from tinymodels import tiny_bert

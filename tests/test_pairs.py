@@ -8,10 +8,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from adalayers import cli, recipes
+from adalayers import cli
+from adalayers.cli import recipes
 from adalayers.config import ServeConfig
 from adalayers.errors import DataError
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 
 from conftest import tiny_backbone
@@ -86,7 +87,7 @@ def test_a_long_pair_is_truncated_as_in_training(side):
 
 
 def test_cli_predict_pair_and_pair_file(runs, base, tmp_path, capsys, monkeypatch):
-    import adalayers.backbone as backbone_mod
+    import adalayers.model.backbone as backbone_mod
 
     monkeypatch.setattr(backbone_mod.Backbone, "load", classmethod(lambda cls, *a, **k: base))
     assert cli.main(["predict", str(runs["para"]), "--pair", *PAIRS[0], "--pair", *PAIRS[1]]) == 0

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from adalayers import cli
 from adalayers.config import ServeConfig
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 
 from test_files_task import FILLER, sentence, tiny_base  # noqa: F401  (tiny_base: a fixture)

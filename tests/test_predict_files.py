@@ -19,7 +19,7 @@ from adalayers.bulk.local import MANIFEST, Job
 from adalayers.bulk.predictor import BatchPredictor
 from adalayers.cli import main
 from adalayers.errors import DataError
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 
 from bulk_util import pair_heads, saved_base_and_heads, sentences
 
@@ -348,7 +348,7 @@ def test_an_unterminated_quote_costs_one_row_not_the_rest_of_the_file(model, pre
 
 
 def test_bad_texts_deep_json_and_long_lines_are_bad_rows(model, predictor, tmp_path, monkeypatch):
-    from adalayers.tasks import tables
+    from adalayers.data.tasks import tables
 
     monkeypatch.setattr(tables, "MAX_LINE_BYTES", 4096)
     good = sentences(5, seed=12)
@@ -378,7 +378,7 @@ def test_bad_texts_deep_json_and_long_lines_are_bad_rows(model, predictor, tmp_p
 def test_a_long_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
     import tracemalloc
 
-    from adalayers.tasks import skipping_bad_rows, tables
+    from adalayers.data.tasks import skipping_bad_rows, tables
 
     monkeypatch.setattr(tables, "MAX_LINE_BYTES", 1 << 20)
     path = tmp_path / "in.jsonl"

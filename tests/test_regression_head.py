@@ -10,9 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from adalayers import config, recipes
-from adalayers.tasks import TASKS, Example, TaskData
-from adalayers.tasks.sst import read_trees
+from adalayers import config
+from adalayers.cli import recipes
+from adalayers.data.tasks import TASKS, Example, TaskData
+from adalayers.data.tasks.sst import read_trees
 
 from conftest import DATA
 

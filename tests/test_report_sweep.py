@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from adalayers import cli, recipes, report, sweep
+from adalayers import cli
+from adalayers.cli import recipes
+from adalayers.lab import report, sweep
 from adalayers.errors import RunError
 
 from tinymodels import conll_files, imdb_tarball, tiny_bert, tiny_config
@@ -131,7 +133,7 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
 
 def test_sweep_takes_a_folder_of_seeds_as_its_adalayers_run(world, tmp_path):
     """`sweep-layers --seeds 2 --adalayers DIR` where DIR is from `train --seeds 2`: medians with min-max."""
-    from adalayers import seeds
+    from adalayers.lab import seeds
 
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})

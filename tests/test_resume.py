@@ -97,10 +97,11 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
 
     import torch
 
-    from adalayers import config, recipes
-    from adalayers import run as runlib
-    from adalayers.sidetask import SideTask
-    from adalayers.train import TrainingError
+    from adalayers import config
+    from adalayers.cli import recipes
+    from adalayers.store import run as runlib
+    from adalayers.model.sidetask import SideTask
+    from adalayers.engine.train import TrainingError
 
     tmp, cfg_path, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])

@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
-from adalayers import run as runlib
+from adalayers.store import run as runlib
 from adalayers.config import Config
 from adalayers.errors import ModelError, RunError
-from adalayers.sidetask import SideTask
+from adalayers.model.sidetask import SideTask
 
 from conftest import tiny_backbone
 

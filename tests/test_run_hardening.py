@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adalayers import cli
-from adalayers import run as runlib
+from adalayers.store import run as runlib
 from adalayers.errors import DataError, RunError
 
 from conftest import tiny_backbone
@@ -95,7 +95,7 @@ def test_an_edited_config_json_is_refused(run, base, change, capsys, caplog):
 
 def test_a_run_written_before_the_config_checksum_loads_with_a_warning(run, base, caplog):
     _edit(run, lambda m: m["checksums"].pop(runlib.CONFIG), seal=False)
-    with caplog.at_level("WARNING", logger="adalayers.run"):
+    with caplog.at_level("WARNING", logger="adalayers.store.run"):
         runlib.load_head(run, base)
         runlib.load_head(run, base)
     said = [r.getMessage() for r in caplog.records if "no checksum of its own" in r.getMessage()]
@@ -163,7 +163,7 @@ def test_an_argument_that_is_not_utf8_is_one_line(run, capsys):
 # --- 12. data a classifier or a regression cannot learn from --------------------------------------------------
 def _task(tmp_path, header: str, rows: list[str], **task):
     from adalayers import config
-    from adalayers.tasks import load_task
+    from adalayers.data.tasks import load_task
 
     path = tmp_path / "train.csv"
     path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
@@ -218,7 +218,7 @@ def _cfg(base, train_file: str, test_file: str, **sections):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A finished run, trained with data paths relative to the folder training ran in."""
-    from adalayers import recipes
+    from adalayers.cli import recipes
     from tinymodels import tiny_bert
 
     root = tmp_path_factory.mktemp("trained")
@@ -243,7 +243,7 @@ def _files(folder) -> dict:
 def test_a_finished_run_is_refused_without_overwrite_and_swapped_whole_with_it(trained, tmp_path):
     import shutil
 
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     run = tmp_path / "acc"
     shutil.copytree(trained["run"], run)
@@ -289,7 +289,7 @@ def test_a_killed_overwrite_leaves_the_old_run_intact(trained, tmp_path):
     leftover = list(tmp_path.glob(".acc.new-*"))
     assert len(leftover) == 1
     # the next start removes it (its process is gone), then overwrites as usual
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     recipes.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["acc", "cfg.yaml"]
@@ -307,7 +307,7 @@ def test_leftovers_of_an_interrupted_swap_are_restored_or_removed(trained, tmp_p
     (tmp_path / ".acc.new-x1" / ".owner").write_text("elsewhere-but-not-really 1\n")
     (tmp_path / ".acc.new-x2").mkdir()  # one being built right now, by this very process
     (tmp_path / ".acc.new-x2" / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    with caplog.at_level("WARNING", logger="adalayers.run"):
+    with caplog.at_level("WARNING", logger="adalayers.store.run"):
         runlib.clean_leftovers(run)
     assert _files(run) == before and "restoring" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == [".acc.new-x1", ".acc.new-x2", "acc"]  # other host's: kept
@@ -355,7 +355,7 @@ def test_a_moved_run_evaluates_from_another_folder(trained, tmp_path, monkeypatc
 
 
 def test_a_cache_folder_that_is_a_file_is_one_line(trained, tmp_path, monkeypatch):
-    from adalayers import recipes
+    from adalayers.cli import recipes
     from adalayers.errors import AdaLayersError
 
     (tmp_path / "not-a-folder").write_text("x")
@@ -365,7 +365,7 @@ def test_a_cache_folder_that_is_a_file_is_one_line(trained, tmp_path, monkeypatc
 
 
 def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_live_base(trained, tmp_path, monkeypatch, caplog):
-    from adalayers import recipes
+    from adalayers.cli import recipes
 
     ro = Path("/sys/adalayers-cache")  # sysfs: no one may create a folder there, root included
     if not Path("/sys").is_dir():
@@ -380,9 +380,9 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_live_base(train
 def test_a_nan_loss_in_the_first_epoch_claims_no_checkpoint(trained, tmp_path, monkeypatch):
     import math
 
-    from adalayers import recipes
-    from adalayers.sidetask import SideTask
-    from adalayers.train import TrainingError
+    from adalayers.cli import recipes
+    from adalayers.model.sidetask import SideTask
+    from adalayers.engine.train import TrainingError
 
     real = SideTask.loss
     monkeypatch.setattr(SideTask, "loss", lambda self, logits, labels: real(self, logits, labels) * math.nan)

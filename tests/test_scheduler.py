@@ -9,8 +9,8 @@ import time
 import pytest
 
 from adalayers.errors import DataError
-from adalayers.serve.api import SideTasks
-from adalayers.serve.generate import generate
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.infer.generate import generate
 from adalayers.serve.scheduler import Scheduler
 from runs_util import NER, assert_json_close, make_run
 from tinydecoders import decoder_backbone

@@ -7,13 +7,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from adalayers import cli, run as runlib, seeds
-from adalayers.encoding import encode
-from adalayers.ensemble import EnsembleTask
-from adalayers.evaluate import row_outputs
-from adalayers.serve.api import SideTasks
-from adalayers.states import LiveStates
-from adalayers.tasks import Example
+from adalayers import cli
+from adalayers.store import run as runlib
+from adalayers.lab import seeds
+from adalayers.data.encoding import encode
+from adalayers.model.ensemble import EnsembleTask
+from adalayers.engine.evaluate import row_outputs
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.model.states import LiveStates
+from adalayers.data.tasks import Example
 
 from conftest import tiny_backbone
 from runs_util import NER, make_run
@@ -141,7 +143,7 @@ def test_two_seeds_keep_counts_whole_and_average_the_rest():
 
 
 def test_sweep_with_seeds_reports_medians_and_ranges(world, tmp_path):
-    from adalayers import sweep
+    from adalayers.lab import sweep
 
     from tinymodels import tiny_config
 

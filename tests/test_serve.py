@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adalayers.config import ServeConfig
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 
 from conftest import tiny_backbone, tiny_tokenizer

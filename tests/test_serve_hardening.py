@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from adalayers import cli
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 
 from runs_util import NER, ServeProcess, free_port, make_run
 from tinymodels import tiny_bert
@@ -478,7 +478,7 @@ def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server)
 def test_a_request_nobody_waits_for_is_skipped_inside_a_shared_pass(runs):
     """predict_group between micro-batches: the rows of the request whose client left are skipped, the other
     request in the same pass is answered as if it had run alone."""
-    from adalayers.serve.api import SideTasks
+    from adalayers.infer.sidetasks import SideTasks
     from adalayers.serve.app import predict_group
 
     side = SideTasks.load(str(runs["base"]), [str(runs["acc"]), str(runs["ner"])], primary=False, batch_size=4)

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from adalayers.encoding import encode
+from adalayers.data.encoding import encode
 from adalayers.errors import DataError, ModelError
-from adalayers.evaluate import example_predictions, row_outputs
-from adalayers.serve.api import SideTasks, _tag_words
-from adalayers.states import LiveStates
-from adalayers.tasks import Example
+from adalayers.engine.evaluate import example_predictions, row_outputs
+from adalayers.infer.sidetasks import SideTasks, _tag_words
+from adalayers.model.states import LiveStates
+from adalayers.data.tasks import Example
 
 from conftest import tiny_backbone, tiny_model
 from runs_util import NER, make_run
@@ -38,7 +38,7 @@ def side(base, runs):
 
 def alone(base, run_dir, texts):
     """The head by itself through the training code path (encode -> LiveStates -> row_outputs)."""
-    from adalayers import run as runlib
+    from adalayers.store import run as runlib
 
     task, cfg, _ = runlib.load_head(run_dir, base)
     if task.kind == "token":

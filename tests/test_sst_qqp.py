@@ -3,9 +3,9 @@ import pytest
 
 from adalayers.config import Config
 from adalayers.errors import DataError
-from adalayers.tasks import load_task
-from adalayers.tasks.qqp import read_pairs, split_80_10_10
-from adalayers.tasks.sst import parse_tree, read_trees
+from adalayers.data.tasks import load_task
+from adalayers.data.tasks.qqp import read_pairs, split_80_10_10
+from adalayers.data.tasks.sst import parse_tree, read_trees
 
 from conftest import DATA
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 import transformers
 
-from adalayers import strategies
-from adalayers.backbone import Backbone
+from adalayers.lab import strategies
+from adalayers.model.backbone import Backbone
 from adalayers.config import Config
 from adalayers.errors import ConfigError
-from adalayers.strategies.adapters import AdapterModel, AdaptersConfig
-from adalayers.strategies.harness import count_trainable, digest
-from adalayers.tasks import TASKS, Example, TaskData
+from adalayers.lab.strategies.adapters import AdapterModel, AdaptersConfig
+from adalayers.lab.strategies.harness import count_trainable, digest
+from adalayers.data.tasks import TASKS, Example, TaskData
 
 from conftest import WORDS, tiny_tokenizer
 
@@ -92,7 +92,7 @@ def build(spec, backbone, data, cfg=None):
 # --- parameter counts ------------------------------------------------------------------------------
 
 def test_adalayers_counts(tok, tmp_path):
-    from adalayers.sidetask import SideTask
+    from adalayers.model.sidetask import SideTask
     cfg, C, L, k = tiny_config(), 2, LAYERS + 1, 8
     task = SideTask(cfg, L, D, ["neg", "pos"])
     # per-layer projection d*k (no bias) + one p per layer; head: attention 4k^2 + 4k, output k*C + C
@@ -181,7 +181,7 @@ def test_bad_strategy_names_and_settings_are_config_errors():
 
 @pytest.mark.parametrize("task", ["tiny-seq", "tiny-tok"])
 def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok, tmp_path, task):
-    from adalayers.strategies.compare import compare
+    from adalayers.lab.strategies.compare import compare
 
     backbone = tiny_bert(tok)
     before = digest(backbone.model)
@@ -209,7 +209,7 @@ def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok
     assert again["strategies"][1]["config"]["lr"] == 1e-4            # changed settings: trained again
 
     if task == "tiny-seq":  # the span ablation re-reads the saved adapters and re-evaluates
-        from adalayers.strategies.ablation import ablate
+        from adalayers.lab.strategies.ablation import ablate
         result = ablate(tmp_path / "adapters", backbone=backbone)
         drops = result["relative_drop"]
         assert len(drops) == LAYERS and all(drops[i][j] is None for i in range(LAYERS) for j in range(i))
@@ -220,8 +220,8 @@ def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok
 def test_compare_with_seeds_shows_medians_and_ranges(tok, tmp_path):
     import statistics
 
-    from adalayers.seeds import cell
-    from adalayers.strategies.compare import compare
+    from adalayers.lab.seeds import cell
+    from adalayers.lab.strategies.compare import compare
 
     backbone = tiny_bert(tok)
     summary = compare(tiny_config(), ["adalayers", "last-layer"], tmp_path, inference_rows=8, isolate=False,

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from adalayers import recipes
-from adalayers.backbone import Backbone
+from adalayers.cli import recipes
+from adalayers.model.backbone import Backbone
 from adalayers.bulk.predictor import BatchPredictor
 from adalayers.config import from_dict
 from adalayers.errors import ConfigError, DataError, ModelError
-from adalayers.serve.api import SideTasks
-from adalayers.templates import Template
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.data.templates import Template
 from bulk_util import sentences
 from runs_util import make_run
 from tinydecoders import decoder_model, decoder_tokenizer

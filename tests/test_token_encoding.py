@@ -4,12 +4,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adalayers import model_packages
-from adalayers.encoding import encode, word_tokenizer
-from adalayers.evaluate import example_predictions
-from adalayers.sidetask import IGNORE
-from adalayers.tasks import Example
-from adalayers.tasks.conll import LABELS
+from adalayers.model import model_packages
+from adalayers.data.encoding import encode, word_tokenizer
+from adalayers.engine.evaluate import example_predictions
+from adalayers.model.sidetask import IGNORE
+from adalayers.data.tasks import Example
+from adalayers.data.tasks.conll import LABELS
 
 
 @pytest.fixture(scope="module")

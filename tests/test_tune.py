@@ -4,9 +4,10 @@ import json
 import pytest
 from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
-from adalayers import cli, config, recipes
+from adalayers import cli, config
+from adalayers.cli import recipes
 from adalayers.errors import AdaLayersError, ConfigError
-from adalayers.tune import search, space
+from adalayers.lab.tune import search, space
 
 
 @pytest.fixture(scope="module")

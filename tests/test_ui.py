@@ -19,9 +19,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 from adalayers.config import ServeConfig
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 from adalayers.serve.routers.ui import STATIC
 

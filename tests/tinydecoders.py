@@ -6,7 +6,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from adalayers.backbone import Backbone
+from adalayers.model.backbone import Backbone
 from conftest import WORDS
 
 DECODERS = ("gpt2", "llama", "gemma3", "qwen2", "opt", "gpt_neox")

@@ -19,7 +19,7 @@ def tiny_bert(folder: Path, layers: int = 2) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from adalayers import model_packages
+    from adalayers.model import model_packages
 
     if (folder / "config.json").is_file():
         return folder

@@ -28,10 +28,10 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class TaskConfig:
-    name: str = _f("cola", "Dataset reader: a name from adalayers.tasks.TASKS (cola, stsb, imdb, conll2003, ...), "
+    name: str = _f("cola", "Dataset reader: a name from adalayers.data.tasks.TASKS (cola, stsb, imdb, conll2003, ...), "
                            "or 'files' for your own files (the default when task.train is set).")
     data_dir: str = _f("../shared/data", "Folder holding the datasets; the ADALAYERS_DATA environment variable wins.")
-    # --- your own data (task 'files', see adalayers/tasks/files.py) -------------------------------
+    # --- your own data (task 'files', see adalayers/data/tasks/files.py) -------------------------------
     train: str | None = _f(None, "Your training data: a .csv, .tsv, .jsonl or CoNLL file, or a folder saved by a "
                                  "Hugging Face dataset's save_to_disk (or a hub name, with a network). Relative "
                                  "paths are read from the current folder.")
@@ -284,7 +284,7 @@ def one_line(e: ValidationError, where=lambda loc: ".".join(str(x) for x in loc)
 @dataclass
 class TuneConfig:
     """Settings of `adalayers tune` (read by it only; a trained run ignores them)."""
-    space: dict = _f({}, "Search space over config fields, merged over the defaults in adalayers.tune.space: "
+    space: dict = _f({}, "Search space over config fields, merged over the defaults in adalayers.lab.tune.space: "
                          "'section.field: [a, b, c]' (a choice), '{low: L, high: H, log: true}' (a float range; "
                          "int when low and high are whole numbers and log is not set, 'step' allowed), a single "
                          "value (fixed), or null (take it out of the search).")
@@ -565,7 +565,7 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
-    from adalayers.templates import spec_problem
+    from adalayers.data.templates import spec_problem
 
     if spec_problem(cfg.task.template):
         p.append(f"task.template: {spec_problem(cfg.task.template)}")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Iterator
 
 from adalayers.errors import DataError
-from adalayers.tasks import bad_row
-from adalayers.tasks.tables import iter_delimited, iter_jsonl
+from adalayers.data.tasks import bad_row
+from adalayers.data.tasks.tables import iter_delimited, iter_jsonl
 from adalayers.textcheck import text_problem
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
@@ -98,7 +98,7 @@ def _rows(path: Path, fmt: str, columns: tuple[str, ...]) -> Iterator[tuple[str,
 def check_columns(files: list[Path], columns: list[str]) -> None:
     """Each file's header (CSV/TSV first row, Parquet schema) has `columns`: a missing one is named before
     any model loads. JSON objects may differ line by line: their rows are checked as they are read."""
-    from adalayers.tasks import skipping_bad_rows
+    from adalayers.data.tasks import skipping_bad_rows
 
     with skipping_bad_rows(True):  # a malformed first row is the job's to report, not this check's
         for path in files:

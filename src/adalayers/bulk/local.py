@@ -29,8 +29,8 @@ import pyarrow as pa
 from adalayers.bulk.inputs import input_files, records
 from adalayers.bulk.predictor import BatchPredictor, check_heads
 from adalayers.errors import AdaLayersError, DataError
-from adalayers.run import atomic_write, write_json
-from adalayers.tasks import skipping_bad_rows
+from adalayers.store.run import atomic_write, write_json
+from adalayers.data.tasks import skipping_bad_rows
 
 log = logging.getLogger(__name__)
 MANIFEST = "_manifest.json"  # "_": pyarrow and Ray skip it when reading the folder as a dataset

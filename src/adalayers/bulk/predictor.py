@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 def check_heads(heads: list[str], pairs: bool) -> None:
     """Refuse, from the run folders' configs alone, heads that do not take this input: a mix of pair and
     single-text heads (one input per job), else tasks.check_pairs' own rule for each head."""
-    from adalayers.run import run_config
-    from adalayers.serve.api import parse_head_arg
-    from adalayers.tasks import check_pairs, takes_pairs
+    from adalayers.store.run import run_config
+    from adalayers.infer.sidetasks import parse_head_arg
+    from adalayers.data.tasks import check_pairs, takes_pairs
 
     takes = {}
     for arg in heads:
@@ -84,7 +84,7 @@ class BatchPredictor:
                  num_threads: int | None = None, skip_bad_rows: bool = False, text_pair_column: str | None = None):
         import torch
 
-        from adalayers.serve.api import SideTasks
+        from adalayers.infer.sidetasks import SideTasks
 
         if num_threads:
             torch.set_num_threads(num_threads)

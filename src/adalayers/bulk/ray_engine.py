@@ -22,7 +22,7 @@ from adalayers.bulk.local import MANIFEST, Job, read_manifest
 from adalayers.bulk.predictor import BatchPredictor
 from adalayers.errors import AdaLayersError, ConfigError, DataError
 from adalayers.raylocal import import_ray, init_ray
-from adalayers.run import write_json
+from adalayers.store.run import write_json
 
 log = logging.getLogger(__name__)
 

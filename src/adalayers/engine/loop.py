@@ -35,13 +35,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from adalayers import checkpoint
+from adalayers.store import checkpoint
 from adalayers import config as config_mod
-from adalayers import run as runlib
+from adalayers.store import run as runlib
 from adalayers.engine import distributed
 from adalayers.engine.progress import bar
 from adalayers.errors import ConfigError, TrainingError
-from adalayers.precision import autocast_for, precision_of
+from adalayers.model.precision import autocast_for, precision_of
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class FitSettings:
     weight_decay: float = 0.0
     early_stopping: int | None = None     # epochs without improvement before stopping (None: never)
     grad_clip: float = 0.0                # max gradient norm (0: off)
-    precision: str = "fp32"               # auto | fp32 | bf16 | fp16 (adalayers.precision)
+    precision: str = "fp32"               # auto | fp32 | bf16 | fp16 (adalayers.model.precision)
     seed: int = 0                         # seeds the batch order's generator
     schedule: str = "plateau"
     lr_patience: int = 3

@@ -9,7 +9,7 @@ Optional hooks, looked up by name (a strategy defines only what it needs):
     backward(loss)    -> replace loss.sum().backward() (PCGrad's per-task gradients)
     after_step()      -> after every optimiser step (an EMA copy of the weights)
     log_extra()       -> more fields for the epoch's JSON line (the layer weights)
-The AdaLayers side task (fed by a states source, adalayers.states.Fed), every strategy's model and
+The AdaLayers side task (fed by a states source, adalayers.model.states.Fed), every strategy's model and
 the multi-task model implement it; the engine knows nothing else about them.
 """
 from __future__ import annotations

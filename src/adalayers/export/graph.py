@@ -6,7 +6,7 @@
 
 The base runs with output_hidden_states (Z_0 = embedding output, Z_i = layer i's output, what
 Backbone's taps see). Each layer some head uses is projected for all its heads with one GEMM
-(adalayers.fused: the same plan and step the PyTorch serving path uses); the accumulated F of
+(adalayers.model.fused: the same plan and step the PyTorch serving path uses); the accumulated F of
 each head goes through that head's SideTask.end(). Layers whose weight is 0 in every head are
 never projected, so they are not in the graph; without the primary output the base itself is cut
 after the deepest layer any head uses (its later layers are not in the graph either).
@@ -18,8 +18,8 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from adalayers.errors import ModelError
-from adalayers.fused import LayerPlan, contribution, group_heads, layer_plan
-from adalayers.heads import masked_mean
+from adalayers.model.fused import LayerPlan, contribution, group_heads, layer_plan
+from adalayers.model.heads import masked_mean
 
 EMBEDDING = "sentence_embedding"
 

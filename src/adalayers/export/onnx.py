@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from adalayers import run as runlib
+from adalayers.store import run as runlib
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize

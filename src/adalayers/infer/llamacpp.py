@@ -211,7 +211,7 @@ class LlamaCpp:
         path = Path(path).expanduser()
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
-        from adalayers.gguf_models import check_header
+        from adalayers.model.gguf_models import check_header
 
         check_header(path)
         _quiet(lib)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adalayers.backbone import BaseOutput, Tap, _prepends_bos
+from adalayers.model.backbone import BaseOutput, Tap, _prepends_bos
 from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import LlamaCpp, Row
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def gguf_path(name: str) -> Path:
     """An alias of a GGUF base (gemma3-270m, qwen2.5-0.5b) or a .gguf path -> the GGUF file itself."""
-    from adalayers import model_packages
+    from adalayers.model import model_packages
 
     if name in model_packages.SPLIT_GGUF:
         return model_packages.joined_gguf(name)
@@ -79,7 +79,7 @@ class LlamaCppBackbone:
         """The default runtime's fingerprint of the same GGUF (config + its dequantized weights), so a head trained
         on either runtime loads on both. Computed once per file from its conversion and kept beside it."""
         if self._fingerprint is None:
-            from adalayers import gguf_models
+            from adalayers.model import gguf_models
 
             self._fingerprint = gguf_models.fingerprint(self.path)
         return self._fingerprint
@@ -141,7 +141,7 @@ class LlamaCppBackbone:
 
 
 class LlamaCppDecoder:
-    """Prefill and decode steps on llama.cpp (adalayers.serve.generate's runtime): the batch's rows are sequences
+    """Prefill and decode steps on llama.cpp (adalayers.infer.generate's runtime): the batch's rows are sequences
     of the context, held from the prefill until this object is dropped; each step appends one token per row."""
 
     def __init__(self, base: LlamaCppBackbone):

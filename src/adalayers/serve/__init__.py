@@ -1,9 +1,9 @@
 """Serving trained side tasks: SideTasks (one base pass, many heads) and the HTTP app."""
 
 
-def __getattr__(name):  # lazy: the CLI imports adalayers.serve.command without loading torch
+def __getattr__(name):  # lazy: the CLI imports adalayers.cli.serve without loading torch
     if name == "SideTasks":
-        from adalayers.serve.api import SideTasks
+        from adalayers.infer.sidetasks import SideTasks
         return SideTasks
     raise AttributeError(name)
 

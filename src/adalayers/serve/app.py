@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from adalayers.config import ServeConfig
 from adalayers.errors import AdaLayersError, Cancelled, DataError
 from adalayers.kinds import TaskKind
-from adalayers.serve.api import SideTasks
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.limits import BodyLimit, FiniteRequest, add_error_handlers, client_gone, max_body_bytes
 from adalayers.serve.memory import process_memory
@@ -380,7 +380,7 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                 r.pop("base", None)
         return {"results": results}
 
-    from adalayers.serve.generate_routes import add_generate_routes
+    from adalayers.serve.routers.generate import add_generate_routes
     add_generate_routes(app, side, cfg)  # POST /generate, /generate/stream (decoder LLM bases)
     if cfg.ui:
         add_ui_routes(app)  # GET /: the playground page (serve/routers/ui.py)

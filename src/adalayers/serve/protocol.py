@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adalayers.serve.generate_routes import MAX_NEW_TOKENS, GuardRule
+from adalayers.serve.routers.generate import MAX_NEW_TOKENS, GuardRule
 from adalayers.serve.limits import FiniteRequest
 
 

@@ -89,7 +89,7 @@ class SideTasksIngress:
     def __init__(self, base: str, heads: list[str], cfg: dict):
         import torch
 
-        from adalayers.serve.api import SideTasks
+        from adalayers.infer.sidetasks import SideTasks
 
         self.cfg = ServeConfig(**cfg)
         if self.cfg.num_threads:

@@ -25,8 +25,8 @@ from typing import Iterator
 import torch
 
 from adalayers.kinds import TaskKind
-from adalayers.serve.batching import Batch, Row
-from adalayers.serve.generate import (_answer, _cut, _offsets, _output, _sample, answer_text, cache_of,
+from adalayers.infer.batching import Batch, Row
+from adalayers.infer.generate import (_answer, _cut, _offsets, _output, _sample, answer_text, cache_of,
                                       check_request, forward_step, read_head)
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Scheduler:
     def supports(backbone) -> bool:
         """A transformers decoder (its DynamicCache is what serve/batching merges and splits); other runtimes
         (llama.cpp) generate per request through serve/generate.stream."""
-        from adalayers.backbone import Backbone
+        from adalayers.model.backbone import Backbone
 
         return isinstance(backbone, Backbone) and backbone.is_causal
 

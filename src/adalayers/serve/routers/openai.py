@@ -30,8 +30,8 @@ from adalayers.kinds import TaskKind
 from adalayers.serve.completions import Completion
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
-from adalayers.serve.generate_routes import decoder
-from adalayers.templates import chat_text, read_chat_template
+from adalayers.serve.routers.generate import decoder
+from adalayers.data.templates import chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -1,0 +1,269 @@
+"""What the CLI commands do, as plain functions: train, evaluate, predict."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from adalayers.store import checkpoint
+from adalayers.engine import health
+from adalayers.store import run as runlib
+from adalayers import textcheck
+from adalayers.model.backbone import Backbone
+from adalayers.data.encoding import choose_max_length, encode
+from adalayers.errors import AdaLayersError, DataError, RunError
+from adalayers.engine.evaluate import evaluate_split
+from adalayers.model.sidetask import SideTask
+from adalayers.model.states import LiveStates
+from adalayers.data.tasks import load_task
+from adalayers.data.templates import Template
+from adalayers.model.precision import autocast_for, precision_of, warn_if_slow
+from adalayers.engine.train import fit
+from adalayers.core import pick_device, seed_everything
+from adalayers.engine import distributed
+from adalayers.kinds import TaskKind
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 100_000
+
+
+def prepare(cfg, backbone: Backbone | None = None):
+    """Config -> (backbone, task data, encoded splits)."""
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = pick_device(cfg.train.device)
+    precision_of(cfg.train.precision, device)  # fp16 on a CPU fails here, before any loading
+    warn_if_slow(cfg.train, device)
+    distributed.start(device)  # under torchrun: join the process group
+    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
+    data = load_task(cfg)
+    resolve_head(cfg, data)
+    template = Template.of(cfg)
+    template.check(backbone.tokenizer, cfg.model.base, any(e.text_pair is not None for e in data.splits["train"]),
+                   data.kind)
+    if cfg.model.max_length is None:
+        choose_max_length_from_data(cfg, backbone, data)
+    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name, template)
+               for name, ex in data.splits.items()}
+    return backbone, data, encoded
+
+
+def resolve_head(cfg, data) -> None:
+    """Fill in what the head takes from the data: its kind and, for regression, the targets' scale."""
+    if cfg.head.kind is None:
+        cfg.head.kind = str(data.kind)  # the head follows the data unless the config names one
+    elif data.kind != cfg.head.kind:
+        raise AdaLayersError(f"task {data.name} is a {data.kind} task but head.kind is {cfg.head.kind!r}; "
+                             f"set head.kind: {data.kind}")
+    if cfg.head.kind == TaskKind.REGRESSION and cfg.head.target_mean is None:
+        cfg.head.target_mean, cfg.head.target_std = target_scale([e.label for e in data.splits["train"]])
+
+
+def target_scale(values) -> tuple[float, float]:
+    """Mean and standard deviation of regression targets (std 1 when they are all equal)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if v.size == 0 or not np.isfinite(v).all():
+        raise DataError("regression targets: the training split is empty or holds a value that is not a number")
+    return float(v.mean()), float(v.std()) or 1.0
+
+
+def base_token_limit(backbone: Backbone) -> int:
+    """The most tokens the base takes in one row (its position embeddings; the tokenizer's limit)."""
+    limits = [getattr(backbone.tokenizer, "model_max_length", None),
+              getattr(getattr(backbone.model, "config", None), "max_position_embeddings", None)]
+    limits = [int(x) for x in limits if isinstance(x, (int, float)) and 8 <= x < 1_000_000]
+    return min(limits) if limits else 512
+
+
+def choose_max_length_from_data(cfg, backbone: Backbone, data) -> None:
+    """model.max_length not set: the length that holds 99% of the training examples, capped by the base."""
+    choice = choose_max_length(data.splits["train"], backbone.tokenizer, data.kind, base_token_limit(backbone),
+                               template=Template.of(cfg))
+    cfg.model.max_length = choice.max_length
+    what = "split into windows" if data.kind == TaskKind.TOKENS else "truncated"
+    log.info("[%s] model.max_length not set: %d tokens, chosen from the data (holds 99%% of the %s training "
+             "examples whole, at most the base's %d; the longest has %d); %.1f%% of them are %s. Change it with "
+             "--set model.max_length=N", data.name, choice.max_length, f"{choice.examples:,}",
+             base_token_limit(backbone), choice.longest, 100 * choice.share_over, what)
+
+
+def make_source(cfg, backbone, data, encoded):
+    """Hidden states for training: from the on-disk cache when it is enabled and fits, else live."""
+    if cfg.cache.enabled:
+        try:
+            from adalayers.store.cache import cached_source
+        except ImportError:
+            return LiveStates(backbone)
+        return cached_source(cfg, backbone, data, encoded) or LiveStates(backbone)
+    return LiveStates(backbone)
+
+
+def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = None,
+          backbone: Backbone | None = None, on_epoch=None, build_task=None, overwrite: bool = False) -> dict:
+    """Train a head into run folder `out`.
+
+    resume=None resumes automatically when `out` holds an unfinished run; True insists on resuming.
+    A finished run in `out` (metrics.json) is refused unless overwrite=True; then the new run is built
+    in a temporary folder beside it and swapped in only once it has finished (replace_run).
+    prepared = prepare(cfg)'s result, to share a base and encoded data between runs that differ
+    only in the mixer or head (e.g. the single-layer sweep);
+    `backbone` shares one loaded base across runs (e.g. `compare`);
+    `on_epoch(epoch, validation_metric)` is called after every epoch (see train.fit). Every split in
+    the encoded data is scored at the end: leave "test" out of `prepared` to keep it unseen.
+    `build_task(cfg, backbone, data)` builds a SideTask subclass instead of a plain SideTask.
+    """
+    out = Path(out)
+    distributed.start(pick_device(cfg.train.device))  # under torchrun: rank 0 decides about `out` for all
+    created = distributed.is_main() and not out.exists()
+    try:
+        return _train(cfg, out, resume, prepared, backbone, on_epoch, build_task, overwrite)
+    except BaseException:
+        if created:  # a run that failed before writing anything leaves no empty folder behind
+            runlib.remove_if_empty(out)
+        raise
+
+
+def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, overwrite: bool) -> dict:
+    if distributed.is_main():
+        runlib.clean_leftovers(out)  # a killed --overwrite's folders beside `out`
+        out.mkdir(parents=True, exist_ok=True)
+    finished, unfinished = distributed.broadcast(
+        ((out / "metrics.json").is_file(), (out / checkpoint.NAME).is_file() and not (out / "metrics.json").is_file())
+        if distributed.is_main() else None)
+    if resume and not unfinished:
+        raise AdaLayersError(f"--resume: {out} holds no unfinished run")
+    if finished:
+        if not overwrite:
+            raise RunError(f"{out} holds a finished run (metrics.json); give --overwrite to replace it (it stays "
+                           f"intact until the new run has finished), or choose another --out")
+        return runlib.replace_run(out, lambda build: train(cfg, build, False, prepared, backbone, on_epoch, build_task))
+    resume = unfinished if resume is None else resume
+    if not resume and distributed.is_main():
+        for name in ("metrics.json", checkpoint.NAME):
+            (out / name).unlink(missing_ok=True)
+    distributed.barrier()  # `out` is ready before any rank reads it
+    seed_everything(cfg.train.seed)
+    backbone, data, encoded = prepared or prepare(cfg, backbone)
+    resolve_head(cfg, data)  # a shared `prepared` was resolved on another config
+    seed_everything(cfg.train.seed)
+    build = build_task or (lambda c, b, d: SideTask(c, b.num_layers, b.hidden_size, d.labels, bos=b.adds_bos))
+    task = build(cfg, backbone, data)
+    source = make_source(cfg, backbone, data, encoded)
+    pad_id = backbone.tokenizer.pad_token_id or 0
+    # what the data is (messages: logging shows them on rank 0 only)
+    for note in data.notes:
+        log.info("[%s] %s", data.name, note)
+    for name, split in encoded.items():
+        if split.num_truncated:
+            log.info("[%s] %s: %d of %d texts reach max_length=%s and are truncated", data.name, name,
+                     split.num_truncated, split.num_examples, cfg.model.max_length)
+    summary = fit(task, source, data, encoded, cfg, out, backbone, pad_id, resume=resume, on_epoch=on_epoch)
+    task, _, _ = runlib.load_head(out, backbone, build_task and build(cfg, backbone, data))
+    task.to(backbone.device)
+    autocast = autocast_for(cfg.train.precision, backbone.device)
+    results, preds = {}, {}
+    for split in ("validation", "test"):
+        if split in encoded:
+            results[split], preds[split] = evaluate_split(task, source, encoded[split], data.splits[split],
+                                                          cfg.train.eval_batch_size, pad_id, autocast)
+    metrics = {**results, "trainable_params": task.num_trainable(), "base_params": backbone.num_parameters(),
+               "train_seconds": summary["train_seconds"], "best_epoch": summary["best_epoch"],
+               "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
+               "truncated": {k: v.num_truncated for k, v in encoded.items()}, "notes": data.notes}
+    if distributed.is_main():  # rank 0 alone writes the run folder
+        runlib.write_json(out / "metrics.json", metrics)
+        (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume
+        for warning in health.head_warnings(task.kind, task.labels, preds.get("validation", []), cfg.train,
+                                            summary["epochs"]):
+            log.warning("[%s] %s", data.name, warning)
+    distributed.barrier()
+    return metrics
+
+
+def warn_if_unfinished(run_dir: Path) -> None:
+    note = checkpoint.unfinished_note(run_dir)
+    if note:
+        log.warning("%s", note)
+
+
+def evaluate(run_dir: Path, split: str = "test") -> dict:
+    cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    warn_if_unfinished(run_dir)
+    backbone, data, encoded = prepare(cfg)
+    task, _, _ = runlib.load_head(run_dir, backbone)
+    task.to(backbone.device)
+    if split not in encoded:
+        raise DataError(f"task {data.name} has no {split} split")
+    t0 = time.perf_counter()
+    result, _ = evaluate_split(task, make_source(cfg, backbone, data, encoded), encoded[split], data.splits[split],
+                               cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
+                               autocast_for(cfg.train.precision, backbone.device))
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    path = Path(run_dir) / f"eval_{split}.json"
+    try:
+        runlib.write_json(path, result)
+    except OSError as e:  # e.g. a read-only run folder: the numbers are still given, nothing half-written
+        raise ResultNotSaved(f"{path}: could not be written ({e.strerror or e}); the metrics above were not saved",
+                             result) from None
+    return result
+
+
+class ResultNotSaved(RunError):
+    """The result was computed but its file could not be written; `result` holds it."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
+
+
+def check_texts(texts: list[str], what: str = "text") -> None:
+    textcheck.check_texts(texts, MAX_TEXT_CHARS, what)
+
+
+def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
+            text_pairs: list[str] | None = None) -> list[dict]:
+    """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word).
+
+    A head trained on sentence pairs needs `text_pairs` (one second text per text); any other head
+    refuses them."""
+    from adalayers.data.tasks import check_pairs, takes_pairs
+
+    check_texts(texts)
+    cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    warn_if_unfinished(run_dir)
+    check_pairs(str(run_dir), takes_pairs(cfg), text_pairs, len(texts))
+    if text_pairs is not None:
+        check_texts(text_pairs, "second text")
+    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
+    task, _, _ = runlib.load_head(run_dir, backbone)
+    task.to(backbone.device)
+    from adalayers.data.tasks import Example
+    from adalayers.data.encoding import encode as enc
+    from adalayers.engine.evaluate import example_predictions, row_outputs
+
+    if task.kind == TaskKind.TOKENS:
+        examples = [Example(words=t.split()) for t in texts]
+    else:
+        examples = [Example(text=t, text_pair=text_pairs[i] if text_pairs else None) for i, t in enumerate(texts)]
+    template = Template.of(cfg)
+    template.check(backbone.tokenizer, cfg.model.base, takes_pairs(cfg), task.kind)
+    split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels, template=template)
+    outs = row_outputs(task, LiveStates(backbone), split, cfg.train.eval_batch_size,
+                       backbone.tokenizer.pad_token_id or 0)
+    preds = example_predictions(task, split, outs, examples)
+    results = []
+    for i, (text, p) in enumerate(zip(texts, preds)):
+        given = {"text": text, "text_pair": text_pairs[i]} if text_pairs else {"text": text}
+        if task.kind == TaskKind.CLASSIFICATION:
+            results.append({**given, "label": task.labels[p[0]],
+                            "probabilities": dict(zip(task.labels, [round(x, 6) for x in p[1]]))})
+        elif task.kind == TaskKind.REGRESSION:
+            results.append({**given, "value": p})
+        else:
+            results.append({**given, "tags": p})
+    return results

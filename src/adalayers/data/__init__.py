@@ -1,0 +1,1 @@
+"""Data: task readers, encoding (text -> rows -> batches) and input templates."""

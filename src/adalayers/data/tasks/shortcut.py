@@ -1,0 +1,93 @@
+"""`adalayers train --data FILE`: a whole config from a few flags.
+
+The task comes from the flags; every other setting from --config, or else from the built-in config
+closest to the data's kind (classification: cola.yaml, regression: stsb.yaml, tokens: conll.yaml).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from adalayers.data.tasks.files import KIND_WORDS, guess_kind
+from adalayers.data.tasks.tables import is_number, read_tables
+from adalayers.kinds import TaskKind
+
+
+CLOSEST_CONFIG = {TaskKind.CLASSIFICATION: "cola.yaml", TaskKind.REGRESSION: "stsb.yaml", TaskKind.TOKENS: "conll.yaml"}
+
+
+def _configs_dir() -> Path | None:
+    for folder in (Path(__file__).resolve().parents[3] / "configs", Path.cwd() / "configs"):
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
+    """The task from flags; every other setting from `config_path`, or else from the built-in config
+    closest to the data's kind (classification: cola.yaml, regression: stsb.yaml, tokens: conll.yaml)."""
+    from adalayers import config as config_mod
+
+    task = {"name": "files", **{k: v for k, v in task.items() if v is not None}}
+    for key in ("text", "text_pair", "label"):
+        if isinstance(task.get(key), str) and is_number(task[key]):
+            task[key] = int(task[key])  # --label 1: a column number in a file without header
+    for key in ("train", "validation", "test"):
+        if key in task and Path(task[key]).expanduser().exists():  # the run folder works from any folder
+            task[key] = str(Path(task[key]).expanduser().resolve())
+    if config_path:
+        base = config_mod.load(config_path).to_dict()
+        base["task"] = {**base["task"], **task}
+        print(f"settings from {config_path}; task from the command line")
+    else:
+        probe = config_mod.from_dict({"task": task})
+        fmt, tables = read_tables(probe.task)
+        kind, why = guess_kind(probe.task, fmt, tables["train"])
+        folder = _configs_dir()
+        path = folder / CLOSEST_CONFIG[kind] if folder else None
+        if path and path.is_file():
+            base = config_mod.load(path).to_dict()
+            print(f"a {KIND_WORDS[kind]} task ({why}): settings from {path}")
+        else:
+            base = config_mod.Config().to_dict()
+            print(f"a {KIND_WORDS[kind]} task ({why}): adalayers' default settings (no {CLOSEST_CONFIG[kind]} found)")
+        keep = ("data_dir", "validation_fraction", "split_seed", "max_train_examples", "max_eval_examples")
+        base["task"] = {**{k: base["task"][k] for k in keep}, **task}
+        base["head"]["kind"] = None  # follows the data
+        base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
+        _fit_to_small_data(base, len(tables["train"].rows or []), "validation" in tables, overrides)
+    return config_mod.from_dict(base, overrides)
+
+
+def _fit_to_small_data(base: dict, rows: int, own_validation: bool, overrides: list[str]) -> None:
+    """The closest config's lr and epochs are made for thousands of rows: a small file gets its own
+    (adalayers.engine.health.few_step_defaults), said in the log; not when --set chooses any of them."""
+    import logging
+
+    from adalayers.engine.health import few_step_defaults
+
+    chosen = {o.partition("=")[0].strip() for o in overrides or []}
+    if chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"}:
+        return
+    n_train = rows if own_validation else rows - round(rows * base["task"]["validation_fraction"])
+    note = None if n_train < 1 else few_step_defaults(base["train"], n_train)
+    if note:
+        logging.getLogger(__name__).info("%s", note)
+
+
+def add_data_args(p) -> None:
+    own = p.add_argument_group("your own data (task 'files'; other settings from the config, or the built-in "
+                               "one closest to the data: cola.yaml, stsb.yaml, conll.yaml)")
+    own.add_argument("--data", help="training file (.csv .tsv .jsonl .conll) or a saved Hugging Face dataset folder")
+    own.add_argument("--validation", help="validation file (default: a stratified 10%% of --data)")
+    own.add_argument("--test", help="test file (default: none; validation only is reported)")
+    own.add_argument("--text", help="text column: a name, or a number in a file without header (default: text)")
+    own.add_argument("--text-pair", help="second text column, for sentence-pair tasks")
+    own.add_argument("--label", help="label column (default: label)")
+    own.add_argument("--kind", choices=["classification", "regression", "tokens"], help="default: guessed")
+    own.add_argument("--format", choices=["csv", "tsv", "jsonl", "conll", "hf"], help="default: from the extension")
+
+
+def config_from_args(args):
+    task = {"train": args.data, "validation": args.validation, "test": args.test, "text": args.text,
+            "text_pair": args.text_pair, "label": args.label, "kind": args.kind, "format": args.format}
+    return shortcut_config(args.config, task, args.overrides)

@@ -1,0 +1,64 @@
+"""Ways to add a side task to a base model, each registered by name (one line per strategy).
+
+A spec is `name` or `name:N` (single-layer:3, finetune-top:3); N fills the strategy's `arg_field`.
+Per-strategy settings come from its config dataclass, overridable as `field=value`.
+"""
+from __future__ import annotations
+
+import re
+
+from adalayers.errors import ConfigError
+from adalayers.lab.strategies import adapters, concat, finetune, recipe, scalar_mix
+from adalayers.lab.strategies.base import Strategy
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "adalayers": recipe.AdaLayers,
+    "single-layer": recipe.SingleLayer,
+    "last-layer": recipe.LastLayer,
+    "scalar-mix": scalar_mix.ScalarMix,
+    "concat": concat.Concat,
+    "finetune": finetune.Finetune,
+    "finetune-top": finetune.FinetuneTop,
+    "adapters": adapters.Adapters,
+    "adapters-unshared": adapters.AdaptersUnshared,
+    "adapters-shared3": adapters.AdaptersShared3,
+}
+
+
+def _value(text: str):
+    from adalayers.config import _parse_scalar
+
+    value = _parse_scalar(text)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+    return value
+
+
+def make(spec: str, overrides: list[str] | None = None) -> Strategy:
+    """'finetune-top:3' + ['lr=5e-5'] -> a strategy with a validated config."""
+    from adalayers.config import _build
+
+    name, _, arg = spec.strip().partition(":")
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+    cls = STRATEGIES[name]
+    values, problems = {}, []
+    if arg:
+        if cls.arg_field is None:
+            problems.append(f"strategy {name} takes no ':N' argument, got {spec!r}")
+        else:
+            values[cls.arg_field] = _value(arg)
+    elif cls.arg_field is not None and cls.arg_field in getattr(cls, "required_args", ()):
+        problems.append(f"strategy {name} needs an argument: {name}:N ({cls.arg_field})")
+    for item in overrides or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            problems.append(f"{spec}: expected field=value, got {item!r}")
+        else:
+            values[key.strip()] = _value(value)
+    conf = _build(cls.Config, values, f"strategy {spec}: ", problems)
+    if not problems:
+        problems += getattr(conf, "check", lambda: [])()
+    if problems:
+        raise ConfigError("invalid strategy settings:\n  - " + "\n  - ".join(problems))
+    return cls(spec.strip(), conf)

@@ -1,0 +1,1 @@
+"""The model: bases and their layer taps, the mixer, heads and the side task."""

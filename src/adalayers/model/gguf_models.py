@@ -1,0 +1,121 @@
+"""GGUF files (llama.cpp / Ollama) as frozen bases: converted once to a Hugging Face folder.
+
+    folder = converted(Path("gemma-3-270m-q4_k_m.gguf"))   # $ADALAYERS_CACHE/models/gguf-<sha256[:16]>/
+
+transformers reads a GGUF file and dequantizes it to fp32 (about a minute for 270M parameters on
+two cores). The result is saved once as safetensors + tokenizer, keyed by the file's sha256, so
+every later load takes seconds and a changed file never reuses a stale conversion. The loaded
+model still carries the GGUF "quantizer" although its weights are plain fp32; transformers then
+refuses save_pretrained, so the quantizer and its quantization_config are dropped first (the
+reload matches bit for bit). The folder appears by one rename: a crash leaves no half model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from adalayers.errors import ModelError
+
+log = logging.getLogger(__name__)
+MAGIC = b"GGUF"
+
+
+def check_header(path: Path) -> None:
+    """A GGUF file starts with the 4 bytes 'GGUF' and a little-endian version number (2 or 3)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror}") from None
+    if len(head) < 8 or head[:4] != MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+
+
+def converted(path: Path, sha256: str | None = None) -> Path:
+    """The Hugging Face folder holding `path`'s weights (fp32 safetensors) and tokenizer; made once."""
+    from adalayers.model.model_packages import cache_root
+    from adalayers.store.run import sha256 as file_sha256
+
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise ModelError(f"GGUF file not found: {path}")
+    check_header(path)
+    digest = sha256 or file_sha256(path)
+    target = cache_root() / "models" / f"gguf-{digest[:16]}"
+    if (target / ".complete").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to safetensors in %s (once; about a minute per 300M parameters)", path.name, target)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".gguf-") as tmp:
+        _convert(path, Path(tmp) / "model")
+        out = Path(tmp) / "model"
+        (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
+        (out / ".complete").touch()
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def _convert(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with _own_bar():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except ImportError as e:
+        raise ModelError(f"reading GGUF files needs the gguf package: pip install 'adalayers[llm]' ({e})") from None
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ModelError(f"transformers cannot read {path}: {str(e).splitlines()[0]}") from None
+    model.hf_quantizer = None  # weights are dequantized fp32 already; see the module docstring
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def fingerprint(path: Path) -> str:
+    """The default runtime's base fingerprint (adalayers.model.backbone.Backbone.fingerprint) of a GGUF file: computed
+    once from its conversion and kept beside it, so a runtime that runs the file as it is (llama.cpp) loads
+    the same heads."""
+    from adalayers.model.backbone import Backbone
+
+    folder = converted(Path(path))
+    kept = folder / "fingerprint"
+    if kept.is_file():
+        return kept.read_text(encoding="utf-8").strip()
+    value = Backbone.load(str(folder), "decoder").fingerprint()
+    tmp = kept.with_suffix(".tmp")
+    tmp.write_text(value + "\n", encoding="utf-8")
+    os.replace(tmp, kept)
+    return value
+
+
+@contextmanager
+def _own_bar():
+    """transformers draws its own tqdm bar over the GGUF tensors ("Converting and de-quantizing GGUF
+    tensors...", left behind half drawn in a log) and no switch of its turns it off; while converting, its
+    module's tqdm is adalayers' bar (adalayers.engine.progress.bar: cleared when done, plain lines in a log)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    from adalayers.engine.progress import bar
+
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda items, *args, **kw: bar(items, len(items) if hasattr(items, "__len__") else None,
+                                                     "converting the GGUF tensors (once)")
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original

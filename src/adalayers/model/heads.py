@@ -1,0 +1,208 @@
+"""Task heads on the mixed features F (B, T, k).
+
+sequence / regression: self-attention (padding masked) -> GELU -> dropout -> pooling (masked mean, masked max
+                       the first or the last real token; head.pooling) -> linear
+token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token (the feed-forward
+                       and projections over the real tokens only; dropout: adalayers.model.dropout)
+Training with train.head_precision=bf16, the attention projections and the feed-forward multiply in
+bf16 (adalayers.model.bf16).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as nnf
+from torch import nn
+
+from adalayers.model import bf16
+from adalayers.config import HeadConfig
+from adalayers.model.dropout import Dropout, dropout
+from adalayers.kinds import TaskKind
+
+
+def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """attn(x, x, x, key_padding_mask=~mask), same weights, without nn.MultiheadAttention's slow path;
+    the projections' products in `dtype` (adalayers.model.bf16; None: fp32).
+
+    nn.MultiheadAttention expands the padding mask to (B*heads, T, T) and falls back to the slow
+    kernel: on CPU at T=512 that is ~4x slower and holds B*heads*T*T floats. Here a (B, 1, 1, T)
+    mask keeps the fused kernel.
+    """
+    qkv = bf16.linear(x, attn.in_proj_weight, attn.in_proj_bias, dtype)
+    return bf16.linear(attend(attn, qkv, mask), attn.out_proj.weight, attn.out_proj.bias, dtype)
+
+
+def attend(attn: nn.MultiheadAttention, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Projected (B, T, 3k) queries, keys and values -> (B, T, k) attention output before out_proj:
+    each head's attention (below), padding keys masked, the heads' outputs side by side."""
+    h, k = attn.num_heads, qkv.shape[-1] // 3  # B and T are never read as numbers: an exported graph keeps them dynamic
+    q, kk, v = (t.unflatten(-1, (h, k // h)).transpose(1, 2) for t in qkv.chunk(3, -1))
+    out = attention(q, kk, v, mask.bool()[:, None, None, :], attn.dropout if attn.training else 0.0)
+    return out.transpose(1, 2).flatten(-2)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), keys masked) v, dropout p on the weights; q, k, v (..., T, d), `keys` a
+    bool mask broadcastable to (..., T, T) (False: not a key).
+
+    Without dropout, or off the CPU, one scaled_dot_product_attention call. Training with attention
+    dropout on a CPU, the same formula written out, so the dropout mask is adalayers.model.dropout's cheap
+    one: torch's own attention dropout draws a Mersenne-twister number per weight, which cost more than
+    the attention.
+    """
+    if p and q.device.type == "cpu":
+        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        weights = scores.masked_fill(~keys, torch.finfo(scores.dtype).min).softmax(-1)
+        return dropout(weights, p) @ v
+    return nnf.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=p)
+
+
+def unpack(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The real tokens' rows (N, c), in the order of x[keep], back to (B, T, c) with zeros on padding.
+
+    index_copy, not masked_scatter: on a CPU masked_scatter's forward and backward take several times as long.
+    """
+    rows = keep.flatten().nonzero().squeeze(1)
+    return values.new_zeros(keep.numel(), values.shape[-1]).index_copy(0, rows, values).view(*keep.shape, -1)
+
+
+def length_groups(keep: torch.Tensor, group: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batch's rows sorted by length, `group` at a time: per group, (idx, real), both (G, T_g) with
+    T_g the group's longest row. idx holds each real token's row in the packed order (N for padding),
+    real says which are real. Any mask: right or left padding, holes, empty rows (skipped)."""
+    n = int(keep.sum())
+    rank = keep.flatten().cumsum(0).view(keep.shape) - 1   # each real token's row in the packed order
+    lengths = keep.sum(1)
+    cols = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # per row: its real tokens' columns first, in order
+    groups = []
+    for rows in lengths.argsort(descending=True).split(group):
+        t = int(lengths[rows].max())
+        if t == 0:
+            continue
+        c = cols[rows, :t]
+        real = keep[rows[:, None], c]
+        groups.append((torch.where(real, rank[rows[:, None], c], n), real))
+    return groups
+
+
+def attend_packed(attn: nn.MultiheadAttention, qkv: torch.Tensor, keep: torch.Tensor,
+                  groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+    """attend() on packed (N, 3k) q, k, v of the real tokens (keep: (B, T) mask) -> packed (N, k).
+
+    groups=None: one call on the batch spread to (B, T, 3k). groups = length_groups(keep, G): the rows
+    sorted by length and attended G at a time, each group padded only to its own longest row.
+    Attention never mixes rows, so the values are the same; the work on padding is not: the score
+    tensors are (heads, G, T_g, T_g) instead of (B, heads, T, T), and a shuffled batch's rows differ
+    widely in length. The tokens are laid out heads first, (3, heads, N + 1, d) with row N zeros for
+    a group's padding, so that one gather gives a group's q, k and v ready for the matrix products,
+    and one index_copy puts every group's outputs back (padding onto row N, which is dropped).
+    """
+    if groups is None:
+        return attend(attn, unpack(qkv, keep), keep)[keep]
+    n, h = qkv.shape[0], attn.num_heads
+    d = qkv.shape[1] // 3 // h
+    by_head = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])]).view(n + 1, 3, h, d).permute(1, 2, 0, 3).contiguous()
+    p = attn.dropout if attn.training else 0.0
+    outs, where = [], []
+    for idx, real in groups:
+        q, k, v = by_head[:, :, idx].unbind(0)  # (heads, G, T_g, d) each
+        outs.append(attention(q, k, v, real[None, :, None, :], p).flatten(1, 2))  # (heads, G * T_g, d)
+        where.append(idx.flatten())
+    if not outs:
+        return qkv.new_zeros(n, h * d)
+    out = qkv.new_zeros(h, n + 1, d).index_copy(1, torch.cat(where), torch.cat(outs, 1))
+    return out[:, :n].transpose(0, 1).flatten(1)
+
+
+def attention_dropout(cfg: HeadConfig) -> float:
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(x.dtype)
+    return (x * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+def pool(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, T, k) -> (B, k) over the real tokens: their mean, their elementwise max, the first token, or the last real one."""
+    if how == "max":
+        return x.masked_fill(~mask.bool().unsqueeze(-1), torch.finfo(x.dtype).min).amax(1)
+    if how == "first":  # the first real token (left padding alike)
+        return x[torch.arange(x.shape[0], device=x.device), mask.int().argmax(1)]
+    if how == "last":
+        return last_token(x, mask)
+    return masked_mean(x, mask)
+
+
+def last_token(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x at each row's last real position (left or right padding alike), (B, k)."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    last = (mask.bool() * (pos + 1)).argmax(1)
+    return x[torch.arange(x.shape[0], device=x.device), last]
+
+
+class SequenceHead(nn.Module):
+    train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision)
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(k, cfg.num_heads, dropout=attention_dropout(cfg), batch_first=True)
+        self.dropout = Dropout(cfg.dropout)
+        self.out = nn.Linear(k, num_outputs)
+        self.pooling = cfg.pooling
+
+    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask, bf16.training_dtype(self))))
+        return self.out(pool(x, mask, self.pooling))
+
+
+ATTENTION_GROUP = 8  # rows per attention call when a token head trains (length_groups)
+
+
+class TokenHead(nn.Module):
+    takes_packed = True  # forward() also takes F as the real tokens' rows (N, k) (SideTask.read_packed)
+    train_dtype: torch.dtype | None = None  # the projections' and feed-forward's dtype while training (train.head_precision)
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(k, cfg.num_heads, cfg.dim_feedforward, cfg.dropout,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        layer.self_attn.dropout = attention_dropout(cfg)  # the layer's one dropout also sets the attention's
+        for name in ("dropout", "dropout1", "dropout2"):  # no state: saved heads load as before
+            setattr(layer, name, Dropout(cfg.dropout))
+        self.encoder = nn.TransformerEncoder(layer, cfg.encoder_layers, enable_nested_tensor=False)
+        self.out = nn.Linear(k, num_outputs)
+
+    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each pre-LayerNorm layer, with the weights of nn.TransformerEncoderLayer (saved heads load as before):
+
+            x = x + dropout1(out_proj(attention(in_proj(LN1(x)))))     padding masked as keys
+            x = x + dropout2(linear2(dropout(GELU(linear1(LN2(x))))))
+
+        Everything but the attention itself is position-wise, so it runs on the real tokens only, packed
+        (N, k): on padding it would only produce values nothing reads (padding is never a key, its labels
+        are ignored). Only the projected q, k, v are spread out for the attention: in training, in groups
+        of rows of similar length (attend_packed), in eval to (B, T, 3k) in one call. Same values
+        at every real token as nn.TransformerEncoder(F, src_key_padding_mask=~mask); zeros on padding.
+        Training with train.head_precision=bf16, in_proj, out_proj, linear1 and linear2 multiply in bf16
+        (adalayers.model.bf16).
+        """
+        keep = mask.bool()
+        x = F[keep] if F.dim() == 3 else F  # (N, k) already: the real tokens' rows, in the order of F[keep]
+        # training: rows grouped by length once for every layer; eval: one call (an exported graph keeps B, T dynamic)
+        groups = length_groups(keep, ATTENTION_GROUP) if self.training else None
+        dt = bf16.training_dtype(self)  # train.head_precision: the products in bf16 while training
+        for layer in self.encoder.layers:
+            attn = layer.self_attn
+            qkv = bf16.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias, dt)
+            x = x + layer.dropout1(bf16.linear(attend_packed(attn, qkv, keep, groups), attn.out_proj.weight,
+                                               attn.out_proj.bias, dt))
+            h = layer.dropout(layer.activation(bf16.linear(layer.norm2(x), layer.linear1.weight, layer.linear1.bias, dt)))
+            x = x + layer.dropout2(bf16.linear(h, layer.linear2.weight, layer.linear2.bias, dt))
+        return unpack(self.out(x), keep)
+
+
+def build_head(kind: str, k: int, num_labels: int, cfg: HeadConfig) -> nn.Module:
+    if kind == TaskKind.TOKENS:
+        return TokenHead(k, num_labels, cfg)
+    return SequenceHead(k, 1 if kind == TaskKind.REGRESSION else num_labels, cfg)

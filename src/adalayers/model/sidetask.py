@@ -1,0 +1,146 @@
+"""One side task: the AdaLayers mixer plus a head, fed layer by layer during the base's pass.
+
+    task.begin()             # once per batch: fix the layer weights, empty the accumulator
+    task.tap(i, Z_i)         # called as layer i of the base is computed (or read from the cache:
+                             # there, only the real tokens, Z_i[mask], when packed_ok)
+    logits = task.end(mask)  # F -> head
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from adalayers.model import bf16
+from adalayers.config import Config
+from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
+from adalayers.engine.protocol import count, trainable
+from adalayers.model.heads import build_head, unpack
+from adalayers.kinds import TaskKind
+from adalayers.model.mixer import AdaLayersMixer
+
+
+class SideTask(nn.Module):
+    def __init__(self, cfg: Config, num_layers: int, hidden_size: int, labels: list[str], bos: bool = False):
+        """`bos`: the base's tokenizer puts a BOS token before every text (head.skip_bos=None follows it)."""
+        super().__init__()
+        self.skip_bos = bos if cfg.head.skip_bos is None else bool(cfg.head.skip_bos)
+        # head.kind None means "the task's kind"; recipes.prepare fills it in, a bare Config() means sequence
+        self.cfg, self.labels = cfg, list(labels)
+        self.kind = TaskKind.parse(cfg.head.kind or TaskKind.CLASSIFICATION, "head.kind")
+        self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
+        self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
+        self.mixer.train_dtype = self.head.train_dtype = bf16.parse(cfg.train.head_precision)
+        self._acc, self._w = None, None
+
+    # --- streaming interface ----------------------------------------------------------------
+    def begin(self) -> None:
+        self._w = self.mixer.layer_weights()
+        self._acc = None
+
+    def tap(self, i: int, z: torch.Tensor, projected: torch.Tensor | None = None) -> None:
+        with torch.set_grad_enabled(self.training):  # the base runs under no_grad; the mixer may train
+            self._acc = self.mixer.add(self._acc, i, z, self._w, projected)
+
+    def uses(self, i: int) -> bool:
+        """Does layer i count in this pass (call after begin())?"""
+        return self._w[i].item() != 0
+
+    @property
+    def packed_ok(self) -> bool:
+        """May tap() get only the real tokens, Z_i[mask] of shape (N, d), instead of (B, T, d)?
+
+        The projection and LayerNorm act per token and a padding position's f_i only ever meets the
+        mask, so skipping padding changes no result; a cache reads packed rows anyway. Not with
+        projection dropout: its random draws would fall differently than on the padded tensor.
+        """
+        return not self.cfg.mixer.projection_dropout
+
+    def end(self, mask: torch.Tensor) -> torch.Tensor:
+        acc, mask = self._acc, mask.to(self._acc.device).bool()
+        self._acc = None
+        if getattr(self.head, "takes_packed", False):  # the cache's packed rows, or the live base's gathered:
+            return self.read_packed(acc if acc.dim() == 2 else acc[mask], mask)  # one shape, one dropout draw
+        if acc.dim() == 2:  # packed tokens (N, k): back to (B, T, k), zeros on padding
+            acc = unpack(acc, mask)
+        return self.read(acc, mask)
+
+    def read_packed(self, acc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """read() for the real tokens' rows (N, k), in the order of mask, and a head that takes them
+        packed (the token head): the same values, without spreading F over the padding for the
+        positions, the dropout and the head to skip again. The live base's padded F comes here too,
+        gathered: its dropout then draws exactly what a cached run's does, so a run trains the same
+        head from the cache as live (benchmarks/cache_speedup.py compares their test metrics)."""
+        seen = self.seen(mask)
+        if self.skip_bos:
+            acc = acc[seen[mask]]
+        positions = (seen.long().cumsum(1) - 1)[seen] if self.cfg.mixer.positional else None
+        return self.head(self.mixer.finish(acc, positions), seen)
+
+    def seen(self, mask: torch.Tensor, skip_bos: bool | None = None) -> torch.Tensor:
+        """The tokens the head sees: the real ones, less each row's first with head.skip_bos."""
+        mask = mask.bool()
+        if self.skip_bos if skip_bos is None else skip_bos:
+            mask = mask & (mask.long().cumsum(1) > 1)  # drop each row's first real token
+        return mask
+
+    def take(self) -> torch.Tensor | None:
+        """The accumulator of the pass just tapped, (B, T, k), handed over and cleared (generation
+        appends each decode step's positions to the prompt's)."""
+        acc, self._acc = self._acc, None
+        return acc
+
+    def read(self, acc: torch.Tensor, mask: torch.Tensor, skip_bos: bool | None = None) -> torch.Tensor:
+        """Accumulated F (B, T, k) + attention mask -> head output.
+
+        The head sees the real tokens only, less the BOS token with head.skip_bos: padding and BOS
+        rows of F are zeroed (a decoder's left padding may hold any value) and masked. Positions
+        count the tokens the head sees, so a text's output does not depend on its batch's padding.
+        skip_bos=None follows the config (False: the mask holds no BOS, e.g. a generated answer alone).
+        """
+        mask = self.seen(mask.to(acc.device), skip_bos)
+        acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
+        out = self.head(self.mixer.finish(acc, positions), mask)
+        if self.kind != TaskKind.REGRESSION:
+            return out
+        mean, std = self.target_scale
+        return mean + std * out.squeeze(-1)
+
+    @property
+    def target_scale(self) -> tuple[float, float]:
+        """Regression: (mean, std) of the training targets; the head's own output is in those units."""
+        h = self.cfg.head
+        return (h.target_mean or 0.0, h.target_std or 1.0)
+
+    def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        self.begin()
+        for i, z in enumerate(hidden_states):
+            self.tap(i, z)
+        return self.end(mask)
+
+    # --- what the trainer and the server need --------------------------------------------------
+    def used_layers(self) -> list[int]:
+        return self.mixer.used_layers()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = task_loss(self.kind, logits, labels)
+        if self.kind == TaskKind.REGRESSION:  # MSE in standard units: (pred - y)^2 / std^2
+            loss = loss / self.target_scale[1] ** 2
+        if self.cfg.mixer.entropy_lambda:
+            loss = loss + self.cfg.mixer.entropy_lambda * self.mixer.entropy()
+        return loss
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable(self)
+
+    def num_trainable(self) -> int:
+        return count(self.trainable_parameters())
+
+
+def shared_tap(tasks: list[SideTask]):
+    """One tap for several heads (after each one's begin()): GELU(Z_i) once per layer and one GEMM
+    for every head's W_i (adalayers.model.fused); each head's end() then reads its own accumulator."""
+    from adalayers.model.fused import FusedTap
+
+    # an ensemble (adalayers.model.ensemble) taps through its members
+    return FusedTap([m for t in tasks for m in getattr(t, "members", [t])])
