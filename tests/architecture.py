@@ -4,7 +4,8 @@ prints the report.
 
 Floors, from the bottom (a module may import its own floor and the floors below it):
     0  the foundation: adalayers.{errors, kinds, config, core, jsoncheck, textcheck, progress, metrics, raylocal}
-    1  data      2  model      3  store      4  engine      5  infer, export      6  serve, bulk      7  cli
+    1  engine (the one fit loop and predict loop: knows nothing of data, models or run folders)
+    2  data      3  model      4  store      5  recipes, infer, export      6  serve, bulk      7  cli
 The lab (adalayers.lab) sits above them all: it imports the product, the product never imports it.
 """
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-FLOORS = {"data": 1, "model": 2, "store": 3, "engine": 4, "infer": 5, "export": 5, "serve": 6, "bulk": 6,
-          "cli": 7, "__main__": 7}
+FLOORS = {"engine": 1, "data": 2, "model": 3, "store": 4, "recipes": 5, "infer": 5, "export": 5, "serve": 6,
+          "bulk": 6, "cli": 7, "__main__": 7}
 LAB = "lab"
 
 
