@@ -1,0 +1,86 @@
+"""benchmarks/results/ holds the files that README.md and docs/ cite and nothing else: every file there is cited
+(a cited folder covers the files under it; `name.{json,md}` cites both; a benchmark's `--out` stem `name` cites
+name.json and name.md), every cited path exists, the scripts'
+inputs stay (benchmarks/llm_table.py and benchmarks/train_table.py read results files), and no results file stores
+a machine's absolute path."""
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CITED = re.compile(r"(--out[ =]+)?benchmarks/results/([A-Za-z0-9_.{},/-]*[A-Za-z0-9_}/-])")
+ABSOLUTE = re.compile(r"(?<![\w.])/(work|tmp|root|home)/")
+
+
+def expand(path: str) -> list[str]:
+    """`a_{x,y}.{json,md}` -> a_x.json, a_x.md, a_y.json, a_y.md."""
+    parts = re.split(r"\{([^{}]*)\}", path)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def citations() -> dict[str, tuple[str, bool]]:
+    """Each cited results path (relative to benchmarks/results/, no trailing slash) -> (the page and line citing
+    it first, whether it is a benchmark's `--out` stem: a script may add a suffix such as `_<base>_T128` to it)."""
+    found: dict[str, tuple[str, bool]] = {}
+    for page in PAGES:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            for m in CITED.finditer(line):
+                for path in expand(m.group(2).rstrip(".")):
+                    found.setdefault(path.rstrip("/"), (f"{page.relative_to(ROOT)}:{n}", bool(m.group(1))))
+    return found
+
+
+def results_files() -> list[str]:
+    """The tracked files under benchmarks/results/ (relative to it); untracked run output is not the docs' business."""
+    out = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:  # not a git checkout (an unpacked source tree): every file there
+        return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*") if p.is_file())
+    return sorted(str(Path(line).relative_to("benchmarks/results")) for line in out.stdout.splitlines())
+
+
+def covers(cited: str, f: str) -> bool:
+    """A citation covers the file itself, the files under a folder and the files of an `--out` stem."""
+    return f == cited or f.startswith(cited + "/") or (f.startswith(cited + ".") and "/" not in f[len(cited):])
+
+
+def test_every_cited_results_path_exists():
+    files = results_files()
+    missing = [f"{where}: benchmarks/results/{p}" for p, (where, stem) in citations().items()
+               if not any(covers(p, f) or (stem and f.startswith(p)) for f in files)]
+    assert not missing, "cited but not there:\n" + "\n".join(missing)
+
+
+def test_every_results_file_is_cited():
+    cited = citations()
+    uncited = [f for f in results_files() if not any(covers(c, f) for c in cited)]
+    assert not uncited, "in benchmarks/results/ but cited by no page of README.md or docs/:\n" + "\n".join(uncited)
+
+
+def test_no_results_file_holds_an_absolute_path():
+    bad = []
+    for f in results_files():
+        path = RESULTS / f
+        if path.suffix not in (".json", ".jsonl", ".md", ".txt", ".yaml", ".csv"):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if ABSOLUTE.search(line):
+                bad.append(f"benchmarks/results/{f}:{n}: {line.strip()[:120]}")
+                break
+    assert not bad, "absolute paths of the machine a result ran on:\n" + "\n".join(bad)
+
+
+def test_what_a_citation_covers():
+    assert covers("soak", "soak.json") and covers("soak", "soak.md") and not covers("soak", "soak_quiet.json")
+    assert covers("sweep_x", "sweep_x/sweep.json") and not covers("sweep_x", "sweep_x_seeds3/sweep.json")
+    assert not covers("multitask", "multitask.d/x.json")
+
+
+def test_the_expansion_of_cited_names():
+    assert expand("soak.{json,md}") == ["soak.json", "soak.md"]
+    assert expand("sweep_{cola,imdb}_x/") == ["sweep_cola_x/", "sweep_imdb_x/"]
