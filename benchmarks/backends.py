@@ -126,7 +126,7 @@ def add_run_args(ap: argparse.ArgumentParser, out_name: str) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
     ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out_name))
+    ap.add_argument("--out", default=f"benchmarks/results/{out_name}")
 
 
 def start(args, **extra) -> dict:

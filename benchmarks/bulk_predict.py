@@ -110,7 +110,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the one-process run")
     ap.add_argument("--concurrency", type=int, default=2, help="Ray actors (1 torch thread each)")
     ap.add_argument("--data", default=os.environ.get("ADALAYERS_DATA", str(ROOT.parent / "shared" / "data")))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bulk_predict"))
+    ap.add_argument("--out", default="benchmarks/results/bulk_predict")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     settings.update(cpus=os.cpu_count(), note="2 shared cores; other jobs ran at the same time")

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         common = [f"train.max_epochs={args.epochs}", f"train.early_stopping={args.epochs + 1}",
                   f"train.num_threads={args.threads}", *args.overrides]
         settings = {"config": args.config, "epochs": args.epochs, "threads": args.threads,
-                    "overrides": args.overrides, "torch": torch.__version__, "cache_dir": str(tmp / "cache")}
+                    "overrides": args.overrides, "torch": torch.__version__, "cache_dir": "a temporary folder, removed after the run"}
         print("settings:", json.dumps(settings))
         live = one_run(args.config, common + ["cache.enabled=false"], tmp / "live")
         cached = one_run(args.config, common + ["cache.enabled=true", f"cache.dir={tmp / 'cache'}"], tmp / "cached")

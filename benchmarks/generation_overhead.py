@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=24, help="new tokens per prompt")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generation_overhead.json"))
+    ap.add_argument("--out", default="benchmarks/results/generation_overhead.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "multitask" / "inference"),
+    ap.add_argument("--out", default="benchmarks/results/multitask/inference",
                     help="writes OUT.json and OUT.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

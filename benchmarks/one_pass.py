@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: base and heads under bf16 autocast (worth it on CPUs with AVX512-BF16 or AMX)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "one_pass"),
+    ap.add_argument("--out", default="benchmarks/results/one_pass",
                     help="writes OUT_<base>_T<length>.json and .md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

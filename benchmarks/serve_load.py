@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=400, help="request budget per (setting, clients)")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load"))
+    ap.add_argument("--out", default="benchmarks/results/serve_load")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k not in ("out",)}
     settings["python"], settings["machine"] = platform.python_version(), platform.machine()

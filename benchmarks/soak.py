@@ -341,7 +341,7 @@ def main() -> int:
     ap.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"], help="serve --engine")
     ap.add_argument("--replicas", type=int, default=1, help="serve --replicas (--engine ray)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak"))
+    ap.add_argument("--out", default="benchmarks/results/soak")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     settings["data"] = os.path.relpath(args.data, ROOT)  # results hold paths relative to the repository
