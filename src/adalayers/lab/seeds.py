@@ -15,6 +15,7 @@ from pathlib import Path
 from adalayers import config as config_mod
 from adalayers.store import run as runlib
 from adalayers.errors import ConfigError
+from adalayers.lab.runs import finished
 
 SUMMED = ("train_seconds",)  # reported as the total over the seeds, besides the spread
 SCALARS = ("train_seconds", "epochs", "best_epoch", "trainable_params", "base_params")
@@ -65,7 +66,6 @@ def aggregate(metrics: list[dict], seeds: list[int]) -> dict:
 
 def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
     from adalayers.cli import recipes
-    from adalayers.lab.sweep import _finished
 
     if n < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {n}")
@@ -78,7 +78,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
     dirs, metrics = [], []
     for s in seeds:
         cfg_s, run_dir = seed_config(cfg, s), out / f"seed_{s}"
-        done = _finished(run_dir, cfg_s)
+        done = finished(run_dir, cfg_s)
         if done is not None:
             print(f"[seeds] seed {s}: {run_dir} is finished, reusing it")
             m = done["metrics"]
