@@ -71,6 +71,24 @@ def _entry(name: str, run_dir: Path, done: dict, main: str) -> dict:
                        if split in m.get("spread", {})}}
 
 
+def _given_adalayers(ada_dir: Path, ada_cfg) -> dict:
+    """An AdaLayers run given with --adalayers (a run folder or a `train --seeds` folder), checked against the
+    sweep's config: another dataset or base is refused, other settings are warned about."""
+    ada_metrics = read_metrics(ada_dir)
+    if not ada_metrics:
+        raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
+    # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
+    seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
+    meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
+    diffs = differences(meta["config"], ada_cfg.to_dict())
+    data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
+    if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
+        raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
+    for d in diffs:
+        print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
+    return {"metrics": ada_metrics, "meta": meta, "differences": diffs}
+
+
 def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None, seeds: int = 1,
               table: bool = True) -> dict:
     """Every layer (and AdaLayers) trained `seeds` times: the table shows medians with min-max.
@@ -109,19 +127,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
     if adalayers_run is not None:
         ada_dir = Path(adalayers_run)
-        ada_metrics = read_metrics(ada_dir)
-        if not ada_metrics:
-            raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
-        # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
-        seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
-        meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
-        diffs = differences(meta["config"], ada_cfg.to_dict())
-        data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
-        if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
-            raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
-        for d in diffs:
-            print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
-        ada = {"metrics": ada_metrics, "meta": meta, "differences": diffs}
+        ada = _given_adalayers(ada_dir, ada_cfg)
     else:
         ada_dir = out / "adalayers"
         ada = _train_seeds(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data, seeds)
