@@ -52,7 +52,8 @@ def make(spec: str, overrides: list[str] | None = None) -> Strategy:
             values[cls.arg_field] = _value(arg)
     elif cls.arg_field is not None and cls.arg_field in getattr(cls, "required_args", ()):
         problems.append(f"strategy {name} needs an argument: {name}:N ({cls.arg_field})")
-    apply_overrides(values, overrides, problems, need_section=False, example=f"a setting of strategy {name}: --strategy-set {name}.FIELD=VALUE")
+    apply_overrides(values, overrides, problems, need_section=False,
+                    example=f"a setting of strategy {name}: --strategy-set {name}.FIELD=VALUE")
     conf = _build(cls.Config, values, f"strategy {spec}: ", problems)
     if not problems:
         problems += getattr(conf, "check", lambda: [])()
