@@ -8,9 +8,9 @@
 
 Each measurement is a fresh process that imports adalayers from <tree>/src. It opens the config's
 hidden-state cache (building an entry that is missing, untimed), initialises a head (seed 0), and
-trains it on --steps batches of a seeded epoch after --warmup untimed ones, each step as the training
-engine takes it: the forward pass from the cache under train.precision, the loss, backward,
-gradient-norm clipping, the AdamW step. Then it scores the validation split twice and keeps the
+trains it with the training engine itself (adalayers.engine.fit, one epoch that stops after --warmup
+untimed and --steps timed batches of a seeded epoch): each timed step is the engine's forward pass from
+the cache under train.precision, the loss, backward, gradient-norm clipping and the AdamW step. Then it scores the validation split twice and keeps the
 second pass (the first maps and checksums the split's cache files). --variant SETTINGS adds the first
 tree once more with those settings (comma-separated SECTION.FIELD=VALUE), to time a setting side by
 side. Only a cached step is timed here: the live base's pass is what
@@ -36,20 +36,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class TimedFeed:
+    """The training split's batches for adalayers.engine.fit, stopping after warmup + steps of them, and the
+    time of each engine step after the warm-up: from handing a batch to fit until fit asks for the next one
+    (the forward pass from the cache, the loss, backward, clipping, the AdamW step; not the batch's collation)."""
+
+    def __init__(self, feed, warmup: int, steps: int):
+        self.feed, self.warmup = feed, warmup
+        self.steps = min(warmup + steps, feed.steps)  # the batches of fit's one epoch
+        self.times: list[float] = []
+
+    def epoch(self, epoch: int, generator):
+        batches = self.feed.epoch(epoch, generator)
+        for i in range(self.steps):
+            batch = next(batches)
+            t0 = time.perf_counter()
+            yield batch
+            if i >= self.warmup:
+                self.times.append(time.perf_counter() - t0)
+
+    def validate(self, epoch: int) -> tuple[float, dict]:
+        return 0.0, {}  # the validation pass is timed on its own, after fit
+
+
 def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
     """One tree, in this process: median and mean ms per cached training step, seconds per validation pass."""
-    import contextlib
-
     import torch
 
     from adalayers import config
     from adalayers.cli import recipes
-    from adalayers.engine.loop import FitSettings, adamw
+    from adalayers.data.encoding import SplitFeed
+    from adalayers.engine import FitSettings, fit
     from adalayers.engine.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
     from adalayers.model.sidetask import SideTask
     from adalayers.model.states import Fed
-    from adalayers.engine.train import SplitFeed
 
     cfg = config.load(cfg_path, ["cache.enabled=true", *overrides])
     backbone, data, encoded = recipes.prepare(cfg)
@@ -61,26 +82,13 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     for split in ("train", "validation"):
         source.entry(split)  # built here when missing, outside the timing
     pad_id = backbone.tokenizer.pad_token_id or 0
-    feed = SplitFeed(encoded["train"], cfg.train.batch_size, pad_id, None)
-    fed = Fed(task, source)
-    params = list(fed.trainable_parameters())
-    opt = adamw([{"params": params}], FitSettings.of(cfg.train), backbone.device)
-    autocast = autocast_for(cfg.train.precision, backbone.device)  # as the engine: train.precision's autocast, if any
-    fed.train()
-    times = []
-    for i, batch in enumerate(feed.epoch(1, torch.Generator().manual_seed(cfg.train.seed))):
-        if i == warmup + steps:
-            break
-        t0 = time.perf_counter()
-        with autocast() if autocast else contextlib.nullcontext():
-            loss = fed.loss(fed(batch), batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
-        opt.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    split_feed = SplitFeed(encoded["train"], cfg.train.batch_size, pad_id, None)
+    feed = TimedFeed(split_feed, warmup, steps)
+    # the engine's own loop, one epoch of warmup + steps batches: train.precision's autocast, clipping, AdamW
+    fit(Fed(task, source), feed, FitSettings.of(cfg.train, max_epochs=1, early_stopping=None, max_minutes=None,
+                                                tensorboard=False, desc="cached step"), backbone.device)
+    times = feed.times
+    autocast = autocast_for(cfg.train.precision, backbone.device)
     passes = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -88,7 +96,7 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
                        pad_id, autocast)
         passes.append(time.perf_counter() - t0)
     return {"step_ms_median": round(statistics.median(times) * 1e3, 2), "step_ms_mean": round(statistics.mean(times) * 1e3, 2),
-            "steps": len(times), "steps_per_epoch": feed.steps, "validation_s": round(passes[1], 3),
+            "steps": len(times), "steps_per_epoch": split_feed.steps, "validation_s": round(passes[1], 3),
             "torch": torch.__version__}
 
 

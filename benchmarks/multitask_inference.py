@@ -37,12 +37,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from adalayers.store import run as runlib  # noqa: E402
 from adalayers.model.backbone import Backbone, resolve  # noqa: E402
+from adalayers import config  # noqa: E402
 from adalayers.config import Config  # noqa: E402
+from adalayers.kinds import TaskKind  # noqa: E402
 from adalayers.model.sidetask import SideTask  # noqa: E402
 from one_pass import one_pass  # noqa: E402
 
-TASKS = {"sst5": ("sequence", ["very negative", "negative", "neutral", "positive", "very positive"]),
-         "qqp": ("sequence", ["not_duplicate", "duplicate"]), "stsb": ("regression", [])}
+TASKS = {"sst5": (TaskKind.CLASSIFICATION, ["very negative", "negative", "neutral", "positive", "very positive"]),
+         "qqp": (TaskKind.CLASSIFICATION, ["not_duplicate", "duplicate"]), "stsb": (TaskKind.REGRESSION, [])}
 ORDER = ("a", "s", "f", "m")
 LABELS = {"a": "(a) frozen base alone, 1 pass (reference)",
           "s": "(s) AdaLayers: 1 shared pass, 3 heads",
@@ -51,13 +53,13 @@ LABELS = {"a": "(a) frozen base alone, 1 pass (reference)",
 
 
 def stsb_pairs(data: Path, n: int) -> list[tuple[str, str]]:
-    lines = (data / "glue" / "STS-B" / "dev.tsv").read_text(encoding="utf-8").splitlines()
-    head = lines[0].split("\t")
-    i1, i2 = head.index("sentence1"), head.index("sentence2")
-    pairs = [(c[i1], c[i2]) for c in (line.split("\t") for line in lines[1:] if line.strip())]
-    if len(pairs) < n:
-        sys.exit(f"--pairs {n}: {data}/glue/STS-B/dev.tsv has {len(pairs)}")
-    return pairs[:n]
+    """The first n pairs of the STS-B GLUE dev set (the task's test split), read by the library's stsb task."""
+    from adalayers.data.tasks import load_task
+
+    test = load_task(config.from_dict({"task": {"name": "stsb", "data_dir": str(data)}})).splits["test"]
+    if len(test) < n:
+        sys.exit(f"--pairs {n}: the STS-B dev set has {len(test)}")
+    return [(e.text, e.text_pair) for e in test[:n]]
 
 
 def batches(tokenizer, texts_a, texts_b, batch: int, max_length: int) -> list[dict]:

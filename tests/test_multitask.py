@@ -11,6 +11,7 @@ from adalayers.errors import ConfigError
 from adalayers.lab.multitask import pcgrad, smart
 from adalayers.lab.multitask.config import SmartConfig, from_dict
 from adalayers.lab.multitask.data import collate, encode_rows
+from adalayers.lab.multitask.heads import CLASSES, ONE_LOGIT, VALUE
 from adalayers.lab.multitask.model import MultitaskModel
 from adalayers.lab.multitask.schedule import plan
 from adalayers.lab.multitask.trainer import task_loss
@@ -148,16 +149,31 @@ def test_smart_perturbation_within_eps():
     fn = lambda es: lin(es[0]).sum(1) + lin(es[1]).sum(1)  # noqa: E731  two sides, classes
     embeds = [torch.randn(2, 5, 4), torch.randn(2, 6, 4)]
     clean = fn(embeds)
-    deltas = smart.perturb(fn, embeds, clean, "classes", eps=0.01, sigma=0.05, steps=3, step_size=0.5)
+    deltas = smart.perturb(fn, embeds, clean, CLASSES, eps=0.01, sigma=0.05, steps=3, step_size=0.5)
     assert [d.shape for d in deltas] == [e.shape for e in embeds]
     assert all(d.abs().max() <= 0.01 + 1e-7 for d in deltas)
     assert all(d.abs().max() > 0.009 for d in deltas)  # the ascent reached the ball's edge
-    assert smart.smoothness(fn, embeds, clean, "classes", SmartConfig(eps=0.01, steps=2, step_size=0.5)) > 0
+    assert smart.smoothness(fn, embeds, clean, CLASSES, SmartConfig(eps=0.01, steps=2, step_size=0.5)) > 0
 
 
-@pytest.mark.parametrize("kind", ["classes", "binary", "value"])
+def test_head_outputs_use_the_engine_loss():
+    """One logit s is the two-class logits [0, s]: the engine's cross-entropy on them is BCE of s."""
+    import torch.nn.functional as nnf
+
+    torch.manual_seed(0)
+    s, y = torch.randn(6), torch.tensor([0, 1, 1, 0, 1, 0])
+    assert torch.allclose(ONE_LOGIT.loss(s, y), nnf.binary_cross_entropy_with_logits(s, y.float()), atol=1e-6)
+    assert ONE_LOGIT.predictions(s) == (s > 0).long().tolist() and ONE_LOGIT.width(2) == 1
+    assert torch.allclose(ONE_LOGIT.feature(s), torch.softmax(ONE_LOGIT.logits(s), -1)[:, 1:])
+    logits = torch.randn(6, 3)
+    assert torch.allclose(CLASSES.loss(logits, y), nnf.cross_entropy(logits, y)) and CLASSES.width(3) == 3
+    v, t = torch.randn(6), torch.randn(6)
+    assert torch.allclose(VALUE.loss(v, t), ((v - t) ** 2).mean()) and VALUE.feature(v).shape == (6, 1)
+
+
+@pytest.mark.parametrize("kind", [CLASSES, ONE_LOGIT, VALUE])
 def test_smart_loss_zero_for_a_constant_model(kind):
-    const = torch.tensor([0.3, -1.2, 2.0]) if kind == "classes" else torch.tensor(0.7)
+    const = torch.tensor([0.3, -1.2, 2.0]) if kind == CLASSES else torch.tensor(0.7)
     fn = lambda es: const.expand(es[0].shape[0], *const.shape) + 0 * es[0].sum()  # noqa: E731
     embeds = [torch.randn(4, 5, 8, requires_grad=True)]
     loss = smart.smoothness(fn, embeds, fn(embeds), kind, SmartConfig(eps=0.1, steps=2, step_size=0.1))
@@ -168,10 +184,10 @@ def test_smart_bregman_zero_right_after_the_copy_and_positive_after_a_change():
     lin = torch.nn.Linear(4, 2)
     ema = smart.EMA(lin, beta=0.5)
     x = torch.randn(3, 4)
-    assert smart.bregman(ema, lin, "classes", lin(x), x).item() == pytest.approx(0.0, abs=1e-7)
+    assert smart.bregman(ema, lin, CLASSES, lin(x), x).item() == pytest.approx(0.0, abs=1e-7)
     with torch.no_grad():
         lin.weight.add_(1.0)
-    assert smart.bregman(ema, lin, "classes", lin(x), x).item() > 0
+    assert smart.bregman(ema, lin, CLASSES, lin(x), x).item() > 0
     ema.update(lin)
     assert torch.allclose(ema.params["weight"], lin.weight - 0.5)
 

@@ -173,3 +173,25 @@ def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys
     assert len(log) == 1 and metrics["epochs"] == 1 and "accuracy" in metrics["test"]
     out = capsys.readouterr()
     assert "another epoch would end past train.max_minutes" in out.out + out.err + caplog.text
+
+
+def test_report_on_a_regression_run(world, tmp_path):
+    model, _ = world
+    words = ["good", "bad", "fine", "awful", "great", "poor", "nice", "grim"]
+    for split, n in (("train", 40), ("validation", 12), ("test", 12)):
+        rows = [f"{' '.join(words[(i + j) % 8] for j in range(1 + i % 5))},{(i % 5) / 2}" for i in range(n)]
+        (tmp_path / f"{split}.csv").write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    from adalayers import config
+
+    cfg = config.from_dict(tiny_config(model, tmp_path, "cola").to_dict(),
+                           ["task.name=files", "task.kind=regression", "head.kind=regression",
+                            *[f"task.{split}={tmp_path / split}.csv" for split in ("train", "validation", "test")]])
+    run = tmp_path / "run"
+    metrics = recipes.train(cfg, run)
+    rep = report.build(run, "test", top=4)
+    md = (run / "report.md").read_text(encoding="utf-8")
+    assert rep["scores"]["pearson"] == pytest.approx(metrics["test"]["pearson"])
+    assert _is_png(run / rep["figures"]["predictions"]) and "## The 4 largest errors" in md
+    errors = [w["error"] for w in rep["most_confident_wrong"]]
+    assert len(errors) == 4 and errors == sorted(errors, reverse=True)
+    assert f"| test pearson | {rep['scores']['pearson']:.4f} |" in md

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from adalayers.cli.common import add_config_args, print_help
 from adalayers.store.cache.source import cache_dir, cached_source
 from adalayers.store.cache.store import CacheDamaged, CacheError, list_entries, remove, remove_unfinished
 
@@ -116,15 +117,11 @@ def cmd_rm(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from adalayers.cli import _add_config_args
-
     p = sub.add_parser("cache", help="build, list and remove cached hidden states")
     csub = p.add_subparsers(dest="cache_command", metavar="COMMAND")
-    from adalayers.cli import _print_help
-
-    p.set_defaults(fn=lambda args: _print_help(p))
+    p.set_defaults(fn=lambda args: print_help(p))
     b = csub.add_parser("build", help="compute and store the base's hidden states for a config's dataset")
-    _add_config_args(b)
+    add_config_args(b)
     b.add_argument("--shard", metavar="I/N",
                    help="build only part I of N (0-based) of every split, e.g. one task of a job array; the last "
                         "part to finish writes the entry's manifest (under torchrun the ranks split the work "

@@ -7,57 +7,17 @@ predictions, so the report can list the most confident wrong ones with their tex
 """
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from adalayers.store import run as runlib
-from adalayers.lab.figures import (plot_confusion, plot_layer_history, plot_layer_weights, plot_per_class,
-                                plot_regression, plot_training_curves)
-from adalayers.errors import DataError, RunError
+from adalayers.lab import report_sections as sections
+from adalayers.errors import DataError
 from adalayers.kinds import TaskKind
-
-
-# --- reading the run folder -----------------------------------------------------------------
-
-def read_log(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
-        return []
-    entries = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise RunError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return entries
-
-
-def read_metrics(run_dir: Path) -> dict:
-    path = Path(run_dir) / "metrics.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RunError(f"{path}: not valid JSON ({e.msg})") from None
-
-
-def parameters_used(metrics: dict, meta: dict) -> int | None:
-    """Trainable parameters the run really uses: the projections of layers with weight 0 never run."""
-    weights, total = metrics.get("layer_weights"), metrics.get("trainable_params")
-    if weights is None or total is None:
-        return None
-    k, d = meta["config"]["mixer"]["k"], meta["base"]["hidden_size"]
-    return total - sum(1 for w in weights if w == 0) * k * d
+from adalayers.lab.runs import parameters_used, read_log, read_metrics
 
 
 # --- predictions ------------------------------------------------------------------------------
-
-def _clip(text: str, n: int = 400) -> str:
-    text = " ".join(text.split()).replace("|", "\\|")
-    return text if len(text) <= n else text[: n - 1] + "…"
-
 
 def wrong_sequence(examples, preds, labels, top: int) -> list[dict]:
     wrong = []
@@ -96,19 +56,40 @@ def wrong_values(examples, preds, top: int) -> list[dict]:
 
 # --- the report -------------------------------------------------------------------------------
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
+@dataclass
+class Scored:
+    """A saved head run again on one split: what every section of the report reads."""
+    run_dir: Path
+    split: str
+    cfg: object
+    meta: dict
+    backbone: object
+    data: object
+    encoded: dict
+    task: object
+    outs: list
+    preds: list
+    scores: dict
+    metrics: dict
+    log: list[dict]
+
+    @property
+    def examples(self) -> list:
+        return self.data.splits[self.split]
+
+    @property
+    def main(self) -> str:
+        return self.meta.get("main_metric") or self.data.main_metric
+
+    @property
+    def title(self) -> str:
+        return f"{self.data.name} on {self.meta['base']['name']}"
 
 
-def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
-    """Write report.md, the figures and report.json into run_dir; returns report.json's content."""
+def score_split(run_dir: Path, split: str) -> Scored:
+    """Load the run's head and base, predict the split and score it."""
     from adalayers.cli import recipes
     from adalayers.engine.evaluate import example_predictions, row_outputs, score
-    from adalayers.model.mixer import AdaLayersMixer
     from adalayers.model.precision import autocast_for
 
     run_dir = Path(run_dir)
@@ -118,169 +99,42 @@ def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
     task.to(backbone.device)
     if split not in encoded:
         raise DataError(f"task {data.name} has no {split} split")
-    metrics, log = read_metrics(run_dir), read_log(run_dir)
-    kind, labels, main = task.kind, task.labels, meta.get("main_metric") or data.main_metric
-    base = meta["base"]
-    title = f"{data.name} on {base['name']}"
-
-    # predictions on the split, from the saved head
     source = recipes.make_source(cfg, backbone, data, encoded)
-    pad_id = backbone.tokenizer.pad_token_id or 0
-    outs = row_outputs(task, source, encoded[split], cfg.train.eval_batch_size, pad_id,
+    outs = row_outputs(task, source, encoded[split], cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
                        autocast_for(cfg.train.precision, backbone.device))
     examples = data.splits[split]
     preds = example_predictions(task, encoded[split], outs, examples)
-    scores = score(task, examples, preds)
+    return Scored(run_dir, split, cfg, meta, backbone, data, encoded, task, outs, preds,
+                  score(task, examples, preds), read_metrics(run_dir), read_log(run_dir))
 
-    figures, md = {}, []
-    weights = [float(w) for w in task.mixer.layer_weights().tolist()]
+
+def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
+    """Write report.md, the figures and report.json into run_dir; returns report.json's content."""
+    r = score_split(run_dir, split)
+    run_dir = r.run_dir
+    figures, weights = sections.layer_figures(r)
     used = [i for i, w in enumerate(weights) if w > 0]
-    figures["layer_weights"] = "layer_weights.png"
-    plot_layer_weights(weights, f"{title}: learned layer weights", run_dir / figures["layer_weights"])
-    if log and all("layer_weights" in e for e in log):
-        init = AdaLayersMixer(base["num_layers"], base["hidden_size"], cfg.mixer).layer_weights().tolist()
-        history = [(0, init)] + [(e["epoch"], e["layer_weights"]) for e in log]
-        figures["layer_history"] = "layer_history.png"
-        plot_layer_history(history, f"{title}: layer weights during training", run_dir / figures["layer_history"])
-    if log:
-        figures["training_curves"] = "training_curves.png"
-        plot_training_curves(log, main, f"{title}: training", run_dir / figures["training_curves"])
-
-    # --- header and summary
-    n_params, base_params = metrics.get("trainable_params", task.num_trainable()), backbone.num_parameters()
-    p_used = parameters_used({"layer_weights": weights, "trainable_params": n_params}, meta)
-    md += [f"# Report: {title}", "",
-           f"Run folder `{run_dir}`. A frozen `{base['name']}` ({base['num_layers'] - 1} transformer layers + "
-           f"embedding output, hidden size {base['hidden_size']}) feeds an AdaLayers mixer (k = {cfg.mixer.k}) "
-           f"and a {kind} head. All numbers below are on the **{split}** split unless marked.", "",
-           "## Summary", "", "| quantity | value |", "|---|---|"]
-    for key in _main_keys(kind, main):
-        if key in scores:
-            md.append(f"| {split} {key} | {_fmt(scores[key])} |")
-    if metrics.get("validation", {}).get(main) is not None:
-        md.append(f"| validation {main} (best epoch) | {_fmt(metrics['validation'][main])} |")
-    if metrics.get("best_epoch") is not None:
-        md.append(f"| best epoch / epochs trained | {metrics['best_epoch']} / {metrics.get('epochs', '?')} |")
-    if metrics.get("train_seconds") is not None:
-        md.append(f"| training time | {duration(metrics['train_seconds'])} |")
-    md.append(f"| trainable parameters | {n_params:,} ({100 * n_params / base_params:.2f}% of the base's "
-              f"{base_params:,}) |")
-    if p_used is not None and p_used != n_params:
-        md.append(f"| of these used at inference | {p_used:,} ({100 * p_used / base_params:.2f}% of the base; "
-                  f"projections of layers with weight 0 never run) |")
-    md.append(f"| layers used (weight > 0) | {', '.join(map(str, used))} |")
-    if cfg.mixer.pin_layer is not None:
-        md.append(f"| single-layer baseline | pinned to layer {cfg.mixer.pin_layer} |")
-
-    # --- data
-    md += ["", "## Data", ""]
-    md += [f"- {note}" for note in data.notes]
-    md.append("- examples: " + ", ".join(f"{name} {len(ex):,}" for name, ex in data.splits.items()))
-    if cfg.task.max_train_examples or cfg.task.max_eval_examples:
-        md.append(f"- **subsets**: only the first {cfg.task.max_train_examples or 'all'} training and "
-                  f"{cfg.task.max_eval_examples or 'all'} validation/test examples were used "
-                  f"(task.max_train_examples / max_eval_examples)")
-    truncation = {}
-    for name, enc in encoded.items():
-        if kind == TaskKind.TOKENS:
-            truncation[name] = {"examples": enc.num_examples, "split_into_windows": enc.extra.get("split_examples", 0),
-                                "windows": enc.extra.get("windows", len(enc.rows))}
-        else:
-            truncation[name] = {"examples": enc.num_examples, "truncated": enc.num_truncated,
-                                "fraction": enc.num_truncated / max(1, enc.num_examples)}
-    if kind == TaskKind.TOKENS:
-        md.append(f"- sentences longer than max_length = {cfg.model.max_length} sub-tokens are split into "
-                  f"windows (never cut): " + ", ".join(
-                      f"{k} {v['split_into_windows']:,} of {v['examples']:,}" for k, v in truncation.items()))
+    n_params, base_params = r.metrics.get("trainable_params", r.task.num_trainable()), r.backbone.num_parameters()
+    p_used = parameters_used({"layer_weights": weights, "trainable_params": n_params}, r.meta)
+    md = sections.summary(r, used, n_params, p_used, base_params)
+    data_md, truncation = sections.data(r)
+    md += data_md + sections.layers(r, figures, weights)
+    if r.task.kind == TaskKind.CLASSIFICATION:
+        kind_md, wrong = sections.confusion(r, figures, wrong_sequence(r.examples, r.preds, r.task.labels, top))
+    elif r.task.kind == TaskKind.TOKENS:
+        kind_md, wrong = sections.per_class(r, figures, wrong_words(r.examples, r.encoded[split], r.outs,
+                                                                     r.task.labels, top))
     else:
-        md.append(f"- texts truncated at max_length = {cfg.model.max_length} tokens: " + ", ".join(
-            f"{k} {v['truncated']:,} of {v['examples']:,} ({100 * v['fraction']:.1f}%)" for k, v in truncation.items()))
-
-    # --- layers
-    md += ["", "## Layer weights", "",
-           "Each layer's hidden state is projected to k dimensions and normalised; the mixer adds them with "
-           f"these weights (softmax(alpha·p) with alpha = {cfg.mixer.alpha:g}; weights at or below the cutoff "
-           f"{cfg.mixer.cutoff:g} are set to 0). Layer 0 is the embedding output.", "",
-           f"![learned layer weights]({figures['layer_weights']})", "",
-           "| layer | " + " | ".join(str(i) for i in range(len(weights))) + " |",
-           "|---" * (len(weights) + 1) + "|",
-           "| weight | " + " | ".join(f"{w:.3f}" for w in weights) + " |"]
-    if "layer_history" in figures:
-        md += ["", "How the weights moved during training (epoch 0 is the initialisation):", "",
-               f"![layer weights per epoch]({figures['layer_history']})"]
-    if "training_curves" in figures:
-        md += ["", "## Training", "", f"Mean training loss and validation {main} per epoch; the saved head "
-               f"is the one of the best validation epoch.", "", f"![training curves]({figures['training_curves']})"]
-
-    # --- per kind
-    wrong: list[dict] = []
-    if kind == TaskKind.CLASSIFICATION:
-        from sklearn.metrics import confusion_matrix
-
-        label_id = {name: i for i, name in enumerate(labels)}
-        cm = confusion_matrix([label_id[e.label] for e in examples], [p[0] for p in preds],
-                              labels=list(range(len(labels))))
-        figures["confusion_matrix"] = "confusion_matrix.png"
-        plot_confusion(cm, labels, f"{title}: confusion matrix ({split})", run_dir / figures["confusion_matrix"])
-        md += ["", "## Confusion matrix", "", "Rows: true label; columns: predicted label.", "",
-               "| true \\ predicted | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-        md += [f"| {labels[i]} | " + " | ".join(f"{cm[i, j]:,}" for j in range(len(labels))) + " |"
-               for i in range(len(labels))]
-        md += ["", f"![confusion matrix]({figures['confusion_matrix']})"]
-        scores["confusion_matrix"] = cm.tolist()
-        wrong = wrong_sequence(examples, preds, labels, top)
-        md += ["", f"## The {len(wrong)} most confident wrong predictions", ""]
-        md += [f"{n}. predicted **{r['predicted']}** with probability {r['confidence']:.3f}, true "
-               f"**{r['true']}**: “{_clip(r['text'])}”" for n, r in enumerate(wrong, 1)]
-    elif kind == TaskKind.TOKENS:
-        pc = scores["per_class"]
-        figures["per_class"] = "per_class.png"
-        plot_per_class(pc, f"{title}: entity scores per class ({split})", run_dir / figures["per_class"])
-        md += ["", "## Per-class scores", "", "Entity level (an entity counts only with its exact span and class); "
-               "count = entities of that class in the gold annotation.", "",
-               "| class | precision | recall | F1 | count |", "|---|---|---|---|---|"]
-        md += [f"| {n} | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']:,} |"
-               for n, v in sorted(pc.items())]
-        md.append(f"| **micro average** | {scores['precision']:.4f} | {scores['recall']:.4f} | "
-                  f"{scores['f1']:.4f} | {sum(v['support'] for v in pc.values()):,} |")
-        md += ["", f"![per-class scores]({figures['per_class']})"]
-        wrong = wrong_words(examples, encoded[split], outs, labels, top)
-        md += ["", f"## The {len(wrong)} most confident wrong word tags", "",
-               "The word in [brackets] got the predicted tag; a few words of context on each side.", "",
-               "| # | word in context | predicted | true | probability |", "|---|---|---|---|---|"]
-        md += [f"| {n} | {_clip(r['sentence'])} | {r['predicted']} | {r['true']} | {r['confidence']:.3f} |"
-               for n, r in enumerate(wrong, 1)]
-    else:
-        figures["predictions"] = "predictions.png"
-        plot_regression([e.label for e in examples], preds, f"{title}: predicted vs true ({split})",
-                        run_dir / figures["predictions"])
-        md += ["", "## Predictions", "", f"![predicted vs true]({figures['predictions']})"]
-        wrong = wrong_values(examples, preds, top)
-        md += ["", f"## The {len(wrong)} largest errors", ""]
-        md += [f"{n}. predicted {r['predicted']:.2f}, true {r['true']:.2f}: “{_clip(r['text'])}”"
-               for n, r in enumerate(wrong, 1)]
-
-    # --- settings
-    md += ["", "## Settings", "", "```json", json.dumps({k: cfg.to_dict()[k] for k in ("task", "model", "mixer", "head",
-                                                                                       "train")}, indent=1), "```", ""]
-    report = {"run": str(run_dir), "task": data.name, "base": base["name"], "split": split, "scores": scores,
-              "layer_weights": weights, "used_layers": used, "trainable_params": n_params,
+        kind_md, wrong = sections.values(r, figures, wrong_values(r.examples, r.preds, top))
+    md += kind_md + sections.settings(r)
+    report = {"run": str(run_dir), "task": r.data.name, "base": r.meta["base"]["name"], "split": split,
+              "scores": r.scores, "layer_weights": weights, "used_layers": used, "trainable_params": n_params,
               "params_used": p_used, "base_params": base_params, "truncation": truncation,
-              "train_seconds": metrics.get("train_seconds"), "best_epoch": metrics.get("best_epoch"),
+              "train_seconds": r.metrics.get("train_seconds"), "best_epoch": r.metrics.get("best_epoch"),
               "figures": figures, "most_confident_wrong": wrong}
     runlib.atomic_write(run_dir / "report.md", "\n".join(md))
     runlib.write_json(run_dir / "report.json", report)
     return report
-
-
-def duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _main_keys(kind: str, main: str) -> list[str]:
-    keys = {TaskKind.CLASSIFICATION: ["accuracy", "mcc", "macro_f1"], TaskKind.TOKENS: ["f1", "precision", "recall"],
-            TaskKind.REGRESSION: ["pearson", "spearman", "mse"]}[kind]
-    return [main] + [k for k in keys if k != main]
 
 
 def add_commands(sub) -> None:

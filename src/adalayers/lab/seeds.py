@@ -8,12 +8,14 @@ DIR/ensemble/ is a run folder of the seeds' ensemble (adalayers.model.ensemble),
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 
 from adalayers import config as config_mod
 from adalayers.store import run as runlib
 from adalayers.errors import ConfigError
+from adalayers.lab.runs import finished
 
 SUMMED = ("train_seconds",)  # reported as the total over the seeds, besides the spread
 SCALARS = ("train_seconds", "epochs", "best_epoch", "trainable_params", "base_params")
@@ -64,7 +66,6 @@ def aggregate(metrics: list[dict], seeds: list[int]) -> dict:
 
 def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
     from adalayers.cli import recipes
-    from adalayers.lab.sweep import _finished
 
     if n < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {n}")
@@ -77,7 +78,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
     dirs, metrics = [], []
     for s in seeds:
         cfg_s, run_dir = seed_config(cfg, s), out / f"seed_{s}"
-        done = _finished(run_dir, cfg_s)
+        done = finished(run_dir, cfg_s)
         if done is not None:
             print(f"[seeds] seed {s}: {run_dir} is finished, reusing it")
             m = done["metrics"]
@@ -151,3 +152,33 @@ def cell(spread_entry: dict | None, fmt: str = "{:.4f}") -> str:
         return ""
     m, lo, hi = (fmt.format(spread_entry[k]) for k in ("median", "min", "max"))
     return m if len(spread_entry["values"]) < 2 else f"{m} ({lo}–{hi})"
+
+
+def add_commands(sub) -> None:
+    """`adalayers train --seeds N [--ensemble]`: the lab's extension of the product's train command."""
+    p = sub.choices["train"]
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="train N seeds (train.seed, train.seed+1, ...) into OUT/seed_<s>/ and report every metric "
+                        "as median and min-max in OUT/metrics.json and OUT/seeds.md")
+    p.add_argument("--ensemble", action="store_true",
+                   help="with --seeds: also write OUT/ensemble/, a run folder averaging the seeds' probabilities "
+                        "(values for regression) from one base pass, and score it")
+    p.set_defaults(fn=functools.partial(cmd_train, p.get_default("fn")))
+
+
+def cmd_train(train, args) -> int:
+    """`train` with --seeds or --ensemble: the seeds' folders and their table; else the product's `train`."""
+    if args.seeds is None and not args.ensemble:
+        return train(args)
+    from adalayers.cli.train import load_config
+
+    if args.ensemble and (args.seeds or 1) < 2:
+        raise ConfigError("--ensemble: needs --seeds N with N >= 2")
+    if args.resume:
+        raise ConfigError("--resume: with --seeds, run the same command again (finished seeds are reused)")
+    out = Path(args.out)
+    summary = train_seeds(load_config(args), out, args.seeds or 1, ensemble=args.ensemble)
+    print((out / "seeds.md").read_text(encoding="utf-8"))
+    print(f"run folders: {', '.join(str(out / r) for r in summary['runs'])}"
+          + (f"; ensemble: {out / 'ensemble'}" if args.ensemble else ""))
+    return 0

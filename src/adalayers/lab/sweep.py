@@ -15,20 +15,12 @@ from adalayers import config as config_mod
 from adalayers.store import run as runlib
 from adalayers.errors import ConfigError, RunError
 from adalayers.lab.figures import layer_names, pyplot, save_figure
-from adalayers.lab.report import duration, parameters_used, read_metrics
+from adalayers.lab.runs import differences, duration, finished, parameters_used, read_metrics
 from adalayers.lab.seeds import cell
-
-# settings that do not change what a run learns: a finished run is reused even if they differ
-_IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
-
-
-def _differences(old: dict, new: dict) -> list[str]:
-    return config_mod.differences(old, new, _IGNORED)
-
 
 def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
     """A finished run with these settings is reused (an interrupted sweep resumes); else train it."""
-    done = _finished(run_dir, cfg)
+    done = finished(run_dir, cfg)
     if done is not None:
         print(f"[sweep] {label}: {run_dir} is finished, reusing it")
         return done
@@ -36,7 +28,7 @@ def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
     from adalayers.cli import recipes
 
     recipes.train(cfg, run_dir, prepared=prepared_data(), overwrite=True)  # other settings: replaced
-    return _finished(run_dir, cfg)
+    return finished(run_dir, cfg)
 
 
 def _train_seeds(cfg, run_dir: Path, label: str, prepared_data, n: int) -> dict:
@@ -49,19 +41,6 @@ def _train_seeds(cfg, run_dir: Path, label: str, prepared_data, n: int) -> dict:
             for s in range(cfg.train.seed, cfg.train.seed + n)]
     metrics = seeds.aggregate([d["metrics"] for d in done], list(range(cfg.train.seed, cfg.train.seed + n)))
     return {"metrics": metrics, "meta": done[0]["meta"]}
-
-
-def _finished(run_dir: Path, cfg) -> dict | None:
-    """metrics.json of a finished run made with the same settings; None when there is none yet."""
-    metrics = read_metrics(run_dir)
-    if not metrics:
-        return None
-    meta = runlib.read_config(run_dir)
-    diffs = _differences(meta["config"], cfg.to_dict())
-    if diffs:
-        raise RunError(f"{run_dir} was trained with other settings ({'; '.join(diffs)}); "
-                       f"give the sweep a new --out folder or remove that run")
-    return {"metrics": metrics, "meta": meta}
 
 
 def parse_layers(text: str | None, num_layers: int) -> list[int]:
@@ -90,6 +69,24 @@ def _entry(name: str, run_dir: Path, done: dict, main: str) -> dict:
             "used_layers": [i for i, w in enumerate(m.get("layer_weights") or []) if w > 0],
             "spread": {split: m["spread"][split].get(main) for split in ("validation", "test")
                        if split in m.get("spread", {})}}
+
+
+def _given_adalayers(ada_dir: Path, ada_cfg) -> dict:
+    """An AdaLayers run given with --adalayers (a run folder or a `train --seeds` folder), checked against the
+    sweep's config: another dataset or base is refused, other settings are warned about."""
+    ada_metrics = read_metrics(ada_dir)
+    if not ada_metrics:
+        raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
+    # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
+    seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
+    meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
+    diffs = differences(meta["config"], ada_cfg.to_dict())
+    data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
+    if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
+        raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
+    for d in diffs:
+        print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
+    return {"metrics": ada_metrics, "meta": meta, "differences": diffs}
 
 
 def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | None = None, seeds: int = 1,
@@ -130,19 +127,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     ada_cfg = config_mod.from_dict(cfg.to_dict(), ["mixer.pin_layer=null"])
     if adalayers_run is not None:
         ada_dir = Path(adalayers_run)
-        ada_metrics = read_metrics(ada_dir)
-        if not ada_metrics:
-            raise RunError(f"--adalayers {ada_dir}: no metrics.json (is the run finished?)")
-        # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
-        seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
-        meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
-        diffs = _differences(meta["config"], ada_cfg.to_dict())
-        data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
-        if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
-            raise RunError(f"--adalayers {ada_dir}: not comparable with the sweep ({'; '.join(data_diffs)})")
-        for d in diffs:
-            print(f"[sweep] warning: the AdaLayers run {ada_dir} differs from the sweep's config: {d}")
-        ada = {"metrics": ada_metrics, "meta": meta, "differences": diffs}
+        ada = _given_adalayers(ada_dir, ada_cfg)
     else:
         ada_dir = out / "adalayers"
         ada = _train_seeds(ada_cfg, ada_dir, "AdaLayers (all layers)", prepared_data, seeds)

@@ -25,11 +25,10 @@ from torch import nn
 
 from adalayers.config import Config
 from adalayers.lab.multitask.graph import order
-from adalayers.lab.multitask.heads import feature
+from adalayers.lab.multitask.heads import Output
 from adalayers.model.sidetask import SideTask
 from adalayers.kinds import TaskKind
 
-OUT_OF_KIND = {TaskKind.CLASSIFICATION: "classes", TaskKind.REGRESSION: "value"}
 HEAD_LR = 1e-3
 
 
@@ -99,7 +98,7 @@ class ProgressiveTask(SideTask):
 
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            feats = torch.cat([feature(OUT_OF_KIND[u.kind], u.end(mask).float()) for u in self.upstream.values()], -1)
+            feats = torch.cat([Output(u.kind).feature(u.end(mask).float()) for u in self.upstream.values()], -1)
         out = super().end(mask)
         extra = self.extra(feats.to(self.extra.weight.dtype))
         if self.kind == TaskKind.REGRESSION:

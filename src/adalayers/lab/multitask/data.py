@@ -6,11 +6,11 @@ bi      a pair as two sequences, one pass each                                  
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from adalayers.data.encoding import collate as encoding_collate
+from adalayers.data.encoding import collate as encoding_collate, encode
 from adalayers.errors import ConfigError
 from adalayers.kinds import TaskKind
 
@@ -18,7 +18,7 @@ from adalayers.kinds import TaskKind
 @dataclass
 class TaskRows:
     form: str                 # single | cross | bi
-    sides: list[list[dict]]   # per side: one {input_ids, token_type_ids?} per example
+    sides: list[list[dict]]   # per side: one encoded row {input_ids, token_type_ids?, ...} per example
     labels: list              # class index or float per example
 
     def __len__(self):
@@ -33,23 +33,17 @@ def input_form(head_sides: int, is_pair: bool, task: str) -> str:
     return "cross" if is_pair else "single"
 
 
-def encode_rows(examples, tokenizer, max_length: int, form: str, kind: str, labels: list[str]) -> TaskRows:
-    def enc(a, b=None):
-        out = tokenizer(a, b, truncation=True, max_length=max_length)
-        keys = [k for k in ("input_ids", "token_type_ids") if k in out]
-        return [{k: out[k][i] for k in keys} for i in range(len(a))]
-
-    first = [e.text for e in examples]
-    second = [e.text_pair for e in examples]
-    if form == "single":
-        sides = [enc(first)]
-    elif form == "cross":
-        sides = [enc(first, second)]
-    else:
-        sides = [enc(first), enc(second)]
-    label_id = {n: i for i, n in enumerate(labels)}
-    ys = [float(e.label) if kind == TaskKind.REGRESSION else label_id[e.label] for e in examples]
-    return TaskRows(form, sides, ys)
+def encode_rows(examples, tokenizer, max_length: int, form: str, kind: TaskKind, labels: list[str]) -> TaskRows:
+    """The examples through the one encoding (adalayers.data.encoding.encode): a bi-encoded pair is two
+    single-text encodings, one per side."""
+    if form == "bi":
+        firsts = [replace(e, text_pair=None) for e in examples]
+        seconds = [replace(e, text=e.text_pair, text_pair=None) for e in examples]
+        splits = [encode(firsts, tokenizer, max_length, kind, labels), encode(seconds, tokenizer, max_length, kind,
+                                                                             labels)]
+    else:  # single, or cross: the tokenizer's pair encoding
+        splits = [encode(examples, tokenizer, max_length, kind, labels)]
+    return TaskRows(form, [s.rows for s in splits], [r["label"] for r in splits[0].rows])
 
 
 def _pad(rows: list[dict], pad_id: int) -> dict:

@@ -1,18 +1,60 @@
 """The seed reports' task heads. Each reads a list of sides: [y] (one text, or a cross-encoded
 pair) or [y1, y2] (a bi-encoded pair), every y already extended with upstream heads' outputs.
 
-out = "classes" (logits, cross-entropy), "binary" (one logit, BCE) or "value" (MSE).
+Each head's `output` says what it predicts (an Output): a TaskKind, and for the bilinear head one logit s
+for two classes, read as the logits [0, s] (softmax([0, s]) = (1 - sigmoid(s), sigmoid(s)), so the engine's
+cross-entropy on them is the binary cross-entropy of s).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from adalayers.engine.loss import task_loss
+from adalayers.kinds import TaskKind
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a head's output y is: class logits (B, n), one logit for two classes (B,), or a value (B,)."""
+    kind: TaskKind
+    one_logit: bool = False
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, n) of a classification output: one logit s reads as [0, s]."""
+        return torch.stack([torch.zeros_like(y), y], -1) if self.one_logit else y
+
+    def loss(self, y: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The engine's task loss (adalayers.engine.loss): cross-entropy on the logits, or MSE on the value."""
+        if self.kind == TaskKind.REGRESSION:
+            return task_loss(self.kind, y, labels)
+        return task_loss(self.kind, self.logits(y), labels.long())
+
+    def width(self, n: int) -> int:
+        """Width of this output as an extra input downstream."""
+        return n if self.kind == TaskKind.CLASSIFICATION and not self.one_logit else 1
+
+    def feature(self, y: torch.Tensor) -> torch.Tensor:
+        """The output as a downstream input: class probabilities (B, n), a probability or the value (B, 1)."""
+        if self.kind == TaskKind.REGRESSION:
+            return y.unsqueeze(-1)
+        return torch.sigmoid(y).unsqueeze(-1) if self.one_logit else torch.softmax(y, -1)
+
+    def predictions(self, y: torch.Tensor) -> list:
+        """Class indices, or values."""
+        return self.logits(y).argmax(-1).tolist() if self.kind == TaskKind.CLASSIFICATION else y.tolist()
+
+
+CLASSES, ONE_LOGIT, VALUE = Output(TaskKind.CLASSIFICATION), Output(TaskKind.CLASSIFICATION, True), \
+    Output(TaskKind.REGRESSION)
+
 
 class SentimentHead(nn.Module):
     """linear -> GELU -> dropout -> linear."""
-    sides, out = 1, "classes"
+    sides, output = 1, CLASSES
 
     def __init__(self, d_in: int, n: int, hidden: int, dropout: float):
         super().__init__()
@@ -28,12 +70,12 @@ class LinearHead(nn.Module):
 
     def __init__(self, d_in: int, n: int, hidden: int, dropout: float, regression: bool = False):
         super().__init__()
-        self.out = "value" if regression else "classes"
+        self.output = VALUE if regression else CLASSES
         self.dropout, self.linear = nn.Dropout(dropout), nn.Linear(d_in, 1 if regression else n)
 
     def forward(self, sides):
         y = self.linear(self.dropout(sides[0]))
-        return y.squeeze(-1) if self.out == "value" else y
+        return y.squeeze(-1) if self.output == VALUE else y
 
 
 class _PairHead(nn.Module):
@@ -50,8 +92,8 @@ class _PairHead(nn.Module):
 
 
 class BilinearHead(_PairHead):
-    """Paraphrase: (W1 y1 + b1)^T (W2 y2 + b2), a logit for binary cross-entropy."""
-    out = "binary"
+    """Paraphrase: (W1 y1 + b1)^T (W2 y2 + b2), one logit for two classes."""
+    output = ONE_LOGIT
 
     def forward(self, sides):
         u, v = self.project(sides)
@@ -60,7 +102,7 @@ class BilinearHead(_PairHead):
 
 class CosineHead(_PairHead):
     """Similarity: 5 * relu(cos(W1 y1 + b1, W2 y2 + b2)), for MSE against a 0-5 score."""
-    out = "value"
+    output = VALUE
 
     def forward(self, sides):
         return 5 * torch.relu(nnf.cosine_similarity(*self.project(sides), -1))
@@ -70,28 +112,3 @@ def make_head(kind: str, d_in: int, n: int, hidden: int, dropout: float, regress
     if kind == "linear":
         return LinearHead(d_in, n, hidden, dropout, regression)
     return {"sentiment": SentimentHead, "bilinear": BilinearHead, "cosine": CosineHead}[kind](d_in, n, hidden, dropout)
-
-
-def out_dim(head: nn.Module, n: int) -> int:
-    """Width of this head's output as an extra input downstream."""
-    return n if head.out == "classes" else 1
-
-
-def as_feature(head: nn.Module, y: torch.Tensor) -> torch.Tensor:
-    """A head's output as a downstream input: class probabilities, a probability, or the value."""
-    return feature(head.out, y)
-
-
-def feature(out: str, y: torch.Tensor) -> torch.Tensor:
-    """An output of kind `out` (classes, binary, value) as a downstream input: (B, n) or (B, 1)."""
-    if out == "classes":
-        return torch.softmax(y, -1)
-    return torch.sigmoid(y).unsqueeze(-1) if out == "binary" else y.unsqueeze(-1)
-
-
-def loss(head: nn.Module, y: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    if head.out == "classes":
-        return nnf.cross_entropy(y.float(), labels.long())
-    if head.out == "binary":
-        return nnf.binary_cross_entropy_with_logits(y.float(), labels.float())
-    return nnf.mse_loss(y.float(), labels.float())

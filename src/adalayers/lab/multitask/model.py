@@ -22,7 +22,7 @@ from adalayers.errors import ConfigError
 from adalayers.model.heads import masked_mean
 from adalayers.lab.multitask import graph
 from adalayers.lab.multitask.data import input_form
-from adalayers.lab.multitask.heads import as_feature, make_head, out_dim
+from adalayers.lab.multitask.heads import make_head
 from adalayers.kinds import TaskKind
 
 
@@ -38,7 +38,7 @@ class MultitaskModel(nn.Module):
         self._unfreeze(freeze)
         d = backbone.hidden_size
         self.deps = {s.name: list(s.depends_on) for s in specs}
-        self.heads, self.forms, self.kinds = nn.ModuleDict(), {}, {}
+        self.heads, self.forms = nn.ModuleDict(), {}
         widths = {}
         for name in graph.order(specs):
             s, data = next(s for s in specs if s.name == name), datas[name]
@@ -55,9 +55,8 @@ class MultitaskModel(nn.Module):
                     raise ConfigError(f"task {name}: its {s.head} head reads one input and cannot take the "
                                       f"output of {u}'s two-input {type(self.heads[u]).__name__}")
             self.heads[name] = head
-            widths[name] = out_dim(head, n)
+            widths[name] = head.output.width(n)
             self.forms[name] = input_form(head.sides, data.splits["train"][0].text_pair is not None, name)
-            self.kinds[name] = head.out
 
     def _unfreeze(self, freeze: str) -> None:
         core = self.model.base_model
@@ -99,9 +98,9 @@ class MultitaskModel(nn.Module):
             up, up_frozen = self.heads[u], frozen or self.freeze_upstream
             if up.sides == 1:
                 for i, y in enumerate(ys):
-                    extras[i].append(as_feature(up, self.head_output(u, [y], up_frozen)))
+                    extras[i].append(up.output.feature(self.head_output(u, [y], up_frozen)))
             else:
-                f = as_feature(up, self.head_output(u, ys, up_frozen))
+                f = up.output.feature(self.head_output(u, ys, up_frozen))
                 for e in extras:
                     e.append(f)
         inputs = [torch.cat([y, *e], -1) for y, e in zip(ys, extras)]

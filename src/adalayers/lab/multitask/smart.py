@@ -13,37 +13,39 @@ import torch
 import torch.nn.functional as nnf
 from torch.func import functional_call
 
+from adalayers.kinds import TaskKind
+from adalayers.lab.multitask.heads import Output
+
 
 def _sym_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     lp, lq = nnf.log_softmax(p_logits.float(), -1), nnf.log_softmax(q_logits.float(), -1)
     return ((lp.exp() - lq.exp()) * (lp - lq)).sum(-1).mean()  # KL(p||q) + KL(q||p)
 
 
-def divergence(kind: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if kind == "classes":
-        return _sym_kl(a, b)
-    if kind == "binary":  # a logit: the two-class distribution (1 - sigmoid, sigmoid)
-        return _sym_kl(torch.stack([torch.zeros_like(a), a], -1), torch.stack([torch.zeros_like(b), b], -1))
+def divergence(output: Output, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Symmetric KL of two class outputs (one logit s: the classes (1 - sigmoid(s), sigmoid(s))), MSE of values."""
+    if output.kind == TaskKind.CLASSIFICATION:
+        return _sym_kl(output.logits(a), output.logits(b))
     return nnf.mse_loss(a.float(), b.float())
 
 
-def perturb(fn, embeds: list[torch.Tensor], clean: torch.Tensor, kind: str, eps: float, sigma: float,
+def perturb(fn, embeds: list[torch.Tensor], clean: torch.Tensor, output: Output, eps: float, sigma: float,
             steps: int, step_size: float) -> list[torch.Tensor]:
     """The adversarial deltas (detached), one per side, each within the infinity-norm ball of radius eps."""
     base = [e.detach() for e in embeds]
     deltas = [(torch.randn_like(e) * sigma).clamp(-eps, eps) for e in base]
     for _ in range(steps):
         deltas = [d.requires_grad_(True) for d in deltas]
-        div = divergence(kind, fn([e + d for e, d in zip(base, deltas)]), clean.detach())
+        div = divergence(output, fn([e + d for e, d in zip(base, deltas)]), clean.detach())
         grads = torch.autograd.grad(div, deltas, allow_unused=True)
         deltas = [(d.detach() + step_size * (g.sign() if g is not None else 0)).clamp(-eps, eps)
                   for d, g in zip(deltas, grads)]
     return [d.detach() for d in deltas]
 
 
-def smoothness(fn, embeds: list[torch.Tensor], clean: torch.Tensor, kind: str, cfg) -> torch.Tensor:
-    deltas = perturb(fn, embeds, clean, kind, cfg.eps, cfg.sigma, cfg.steps, cfg.step_size)
-    return divergence(kind, fn([e + d for e, d in zip(embeds, deltas)]), clean)
+def smoothness(fn, embeds: list[torch.Tensor], clean: torch.Tensor, output: Output, cfg) -> torch.Tensor:
+    deltas = perturb(fn, embeds, clean, output, cfg.eps, cfg.sigma, cfg.steps, cfg.step_size)
+    return divergence(output, fn([e + d for e, d in zip(embeds, deltas)]), clean)
 
 
 class EMA:
@@ -64,5 +66,5 @@ class EMA:
         return functional_call(module, self.params, args)
 
 
-def bregman(ema: EMA, module, kind: str, out: torch.Tensor, *args) -> torch.Tensor:
-    return divergence(kind, out, ema.outputs(module, *args))
+def bregman(ema: EMA, module, output: Output, out: torch.Tensor, *args) -> torch.Tensor:
+    return divergence(output, out, ema.outputs(module, *args))

@@ -18,7 +18,6 @@ from adalayers.config import Config
 from adalayers.engine import FitSettings, count, fit
 from adalayers.engine import predict as engine_predict
 from adalayers.model.precision import autocast_for
-from adalayers.lab.multitask import heads as H
 from adalayers.lab.multitask import pcgrad, smart
 from adalayers.engine.predict import in_order
 from adalayers.lab.multitask.data import collate, encode_rows
@@ -43,17 +42,17 @@ def load_tasks(mcfg) -> dict:
 
 def task_loss(model, name: str, batch: dict, mcfg, weight: float, ema) -> torch.Tensor:
     sc = mcfg.smart
-    kind = model.kinds[name]
+    output = model.heads[name].output
     if not sc.enabled:
         out = model(name, batch)
-        return weight * H.loss(model.heads[name], out, batch["labels"].to(model.device))
+        return weight * output.loss(out, batch["labels"].to(model.device))
     embeds = [model.embed(s) for s in batch["sides"]]
     out = model(name, batch, embeds)
-    loss = H.loss(model.heads[name], out, batch["labels"].to(model.device))
+    loss = output.loss(out, batch["labels"].to(model.device))
     fn = lambda es: model(name, batch, es)  # noqa: E731
-    loss = loss + sc.lambda_s * smart.smoothness(fn, embeds, out, kind, sc)
+    loss = loss + sc.lambda_s * smart.smoothness(fn, embeds, out, output, sc)
     if sc.mu:
-        loss = loss + sc.mu * smart.bregman(ema, model, kind, out, name, batch)
+        loss = loss + sc.mu * smart.bregman(ema, model, output, out, name, batch)
     return weight * loss
 
 
@@ -127,11 +126,9 @@ class OneTask(nn.Module):
 
 
 def predict(model, name: str, rows, batch_size: int, autocast=None) -> list:
-    kind = model.kinds[name]
-    transform = (lambda out: out.argmax(-1).tolist()) if kind == "classes" else \
-        (lambda out: (out > 0).long().tolist()) if kind == "binary" else (lambda out: out.tolist())
+    output = model.heads[name].output
     return engine_predict(OneTask(model, name), in_order(len(rows), batch_size),
-                          lambda idx: collate(rows, idx, model.pad_id), len(rows), lambda out: transform(out.cpu()),
+                          lambda idx: collate(rows, idx, model.pad_id), len(rows), lambda out: output.predictions(out.cpu()),
                           autocast)
 
 

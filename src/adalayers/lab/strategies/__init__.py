@@ -1,12 +1,14 @@
 """Ways to add a side task to a base model, each registered by name (one line per strategy).
 
 A spec is `name` or `name:N` (single-layer:3, finetune-top:3); N fills the strategy's `arg_field`.
-Per-strategy settings come from its config dataclass, overridable as `field=value`.
+Per-strategy settings come from its config dataclass, overridable as `field=value` (read as the run
+config's --set is: adalayers.config.apply_overrides).
 """
 from __future__ import annotations
 
 import re
 
+from adalayers.config import apply_overrides
 from adalayers.errors import ConfigError
 from adalayers.lab.strategies import adapters, concat, finetune, recipe, scalar_mix
 from adalayers.lab.strategies.base import Strategy
@@ -50,12 +52,8 @@ def make(spec: str, overrides: list[str] | None = None) -> Strategy:
             values[cls.arg_field] = _value(arg)
     elif cls.arg_field is not None and cls.arg_field in getattr(cls, "required_args", ()):
         problems.append(f"strategy {name} needs an argument: {name}:N ({cls.arg_field})")
-    for item in overrides or []:
-        key, eq, value = item.partition("=")
-        if not eq:
-            problems.append(f"{spec}: expected field=value, got {item!r}")
-        else:
-            values[key.strip()] = _value(value)
+    apply_overrides(values, overrides, problems, need_section=False,
+                    example=f"a setting of strategy {name}: --strategy-set {name}.FIELD=VALUE")
     conf = _build(cls.Config, values, f"strategy {spec}: ", problems)
     if not problems:
         problems += getattr(conf, "check", lambda: [])()

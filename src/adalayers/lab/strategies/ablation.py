@@ -16,7 +16,7 @@ from adalayers.errors import DataError, RunError
 def ablate(run_dir: Path, split: str = "validation", metric: str | None = None, backbone=None) -> dict:
     from adalayers.cli import recipes
     from adalayers.lab.strategies.adapters import AdapterModel
-    from adalayers.lab.strategies.base import load_run
+    from adalayers.lab.strategies.saved import load_run
     from adalayers.lab.strategies.harness import evaluate
     from adalayers.model.precision import autocast_for
 

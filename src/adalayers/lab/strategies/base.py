@@ -2,17 +2,17 @@
 
 Strategies trained by the generic harness (everything but the AdaLayers recipe) only write
 `build(cfg, backbone, data) -> model`; HarnessStrategy trains it, saves its trained tensors and
-config to the run folder, and `load_run` rebuilds it from there (the adapter ablation needs that).
+config to the run folder, and `adalayers.lab.strategies.saved.load_run` rebuilds it from there (the
+adapter ablation needs that).
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from adalayers.store import run as runlib
-from adalayers.errors import ModelError, RunError
 from adalayers.lab.strategies.harness import OptimConfig, SharedPassModel, Trained, count_trainable, train_and_score
 
 TRAINED = "trainable.safetensors"
@@ -72,39 +72,3 @@ def save_run(out: Path, strategy: Strategy, model, cfg, data, backbone) -> None:
                                    "task": data.name, "kind": data.kind, "main_metric": data.main_metric,
                                    "base": {"name": backbone.name, "fingerprint": backbone.fingerprint()},
                                    "checksums": {TRAINED: runlib.sha256(out / TRAINED)}})
-
-
-def load_run(run_dir: Path, backbone=None):
-    """A harness-trained run folder -> (strategy, model with its trained tensors, run config, meta)."""
-    import json
-    from adalayers import config as config_mod
-    from adalayers.lab.strategies import make
-
-    run_dir = Path(run_dir)
-    path = run_dir / META
-    if not path.is_file():
-        raise RunError(f"{run_dir}: no {META} (is this a strategy folder written by 'adalayers compare'?)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        cfg = config_mod.from_dict(meta["run_config"])
-        strategy = make(meta["spec"], [f"{k}={json.dumps(v)}" for k, v in meta["config"].items()])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise RunError(f"{path}: not a valid strategy file ({e})") from None
-    if backbone is None:
-        from adalayers.model.backbone import Backbone
-        from adalayers.core import pick_device
-        backbone = Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
-    if backbone.fingerprint() != meta["base"]["fingerprint"]:
-        raise ModelError(f"{run_dir} was trained on base {meta['base']['name']!r}, not on {backbone.name!r}")
-    if runlib.sha256(run_dir / TRAINED) != meta["checksums"][TRAINED]:
-        raise RunError(f"{run_dir / TRAINED}: checksum does not match {META}")
-    from adalayers.data.tasks import TaskData
-    data = TaskData(meta["task"], meta["kind"], meta["labels"], {}, meta["main_metric"])
-    model = strategy.build(cfg, backbone, data)
-    missing, unexpected = model.load_state_dict(load_file(str(run_dir / TRAINED)), strict=False)
-    wanted = {k for k, v in model.named_parameters() if v.requires_grad}
-    if unexpected or wanted & set(missing):
-        raise RunError(f"{run_dir / TRAINED}: does not fit the strategy (missing {sorted(wanted & set(missing))[:3]}, "
-                       f"unexpected {unexpected[:3]})")
-    model.to(backbone.device).eval()
-    return strategy, model, cfg, backbone, meta

@@ -1,0 +1,26 @@
+"""`adalayers evaluate`: score a trained run on a split of its task."""
+from __future__ import annotations
+
+from adalayers.cli.common import dump
+
+
+def cmd_evaluate(args) -> int:
+    from adalayers.cli import recipes
+
+    from adalayers.store.hub import resolve_run
+
+    try:
+        result = recipes.evaluate(resolve_run(args.run), args.split)
+    except recipes.ResultNotSaved as e:
+        print(dump(e.result))  # the metrics, then the one-line error, exit code 2
+        raise
+    print(dump(result))
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("evaluate", help="score a trained run on its test split (writes eval_<split>.json)")
+    p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
+    p.add_argument("--split", default="test", choices=["validation", "test"],
+                   help="which split of the run's task to score (default: test)")
+    p.set_defaults(fn=cmd_evaluate)

@@ -1,0 +1,53 @@
+"""`adalayers train`: train a side-task head on a frozen base into a run folder."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from adalayers.cli.common import add_config_args, dump
+from adalayers.errors import AdaLayersError
+
+
+def load_config(args):
+    """The run config of a train command line: a YAML file with --set overrides, or --data FILE ... without one."""
+    from adalayers import config
+
+    if args.data:
+        from adalayers.data.tasks.shortcut import config_from_args
+
+        return config_from_args(args)
+    if not args.config:
+        raise AdaLayersError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
+    return config.load(args.config, args.overrides)
+
+
+def cmd_train(args) -> int:
+    from adalayers.cli import recipes
+
+    cfg = load_config(args)
+    metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None, overwrite=args.overwrite)
+    from adalayers.engine import distributed
+
+    if not distributed.is_main():  # under torchrun, rank 0 reports for all
+        return 0
+    shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
+    print(dump({**shown, "trainable_params": metrics["trainable_params"],
+                "train_seconds": metrics["train_seconds"]}))
+    if "test" not in metrics:
+        print("no test split: the numbers above are validation only")
+    print(f"run folder: {args.out}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("train", help="train a side-task head on a frozen base")
+    add_config_args(p, optional=True)
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last completed epoch (automatic when --out "
+                        "holds an unfinished run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished run in --out; the old run stays intact until the new one has finished")
+    from adalayers.data.tasks.shortcut import add_data_args
+
+    add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config
+    p.set_defaults(fn=cmd_train, torchrun=True)
