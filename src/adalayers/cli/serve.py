@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 
 
 log = logging.getLogger(__name__)

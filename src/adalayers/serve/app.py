@@ -31,7 +31,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.errors import AdaLayersError, Cancelled, DataError
 from adalayers.kinds import TaskKind
 from adalayers.infer.sidetasks import SideTasks

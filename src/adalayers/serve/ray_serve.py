@@ -18,7 +18,7 @@ import time
 
 from ray import serve
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
 
