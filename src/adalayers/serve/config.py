@@ -7,7 +7,8 @@ all come from the field:
              --request-timeout); a bool that is on by default: --no-field-name turns it off; or the
              field's json_schema_extra "flag" (num_threads -> --threads)
     metavar  SECONDS for a field ending in _s, else the json_schema_extra "metavar", else argparse's
-    help     the field's description and its default
+    help     the field's description and its default; for a --no-NAME flag, the json_schema_extra "off":
+             what turning the setting off does
 
 A bad value is a ConfigError naming its flag, e.g. '--max-batch: must be at least 1, got 0'.
 """
@@ -54,7 +55,10 @@ class ServeConfig(BaseModel):
                                                            "largest of the heads' model.max_length); longer texts "
                                                            "are truncated (token tasks: windows).")
     primary: bool = Field(True, description="Run the base to its end and return its own output; off: stop after "
-                                            "the deepest layer any head uses (early exit).")
+                                            "the deepest layer any head uses (early exit).",
+                          json_schema_extra={"off": "stop the base after the deepest layer any head uses (early "
+                                                    "exit); answers then carry no base output (default: off, the "
+                                                    "base runs to its end)"})
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).",
                                     json_schema_extra={"flag": "--threads"})
@@ -75,10 +79,15 @@ class ServeConfig(BaseModel):
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.",
                                      json_schema_extra={"metavar": "FILE"})
     ui: bool = Field(True, description="Serve the playground page at GET / (heads, a text box, streamed "
-                                       "generation); off: the API alone.")
+                                       "generation); off: the API alone.",
+                     json_schema_extra={"off": "leave out the playground page at GET / (default: served; see "
+                                               "docs/serving.md)"})
     continuous_batching: bool = Field(True, description="Generations on the /v1 routes share decode steps: a new "
                                                         "request's rows join the running batch between two steps "
-                                                        "(off: each request decodes alone, taking turns).")
+                                                        "(off: each request decodes alone, taking turns).",
+                                      json_schema_extra={"off": "each generation on the /v1 routes decodes alone, "
+                                                                "taking turns between steps (default: they share "
+                                                                "decode steps, a new request joining between two)"})
     chat_template: str | None = Field(None, description="File holding a Jinja chat template for "
                                                         "/v1/chat/completions, in place of the base tokenizer's own "
                                                         "(for bases that have none, e.g. GGUF files).",
@@ -98,5 +107,9 @@ class ServeConfig(BaseModel):
 
     @classmethod
     def help(cls, name: str) -> str:
+        """The help of the field's flag: its description and default; for a --no-NAME flag, what turning
+        the setting off does (json_schema_extra "off")."""
         f = cls.model_fields[name]
+        if serve_flag(name).startswith("--no-"):
+            return (f.json_schema_extra or {}).get("off") or f"turn off: {f.description}"
         return f"{f.description} (default: {f.default})"
