@@ -70,6 +70,8 @@ def test_a_bad_value_names_its_flag():
     with pytest.raises(ConfigError, match=r"^--keep-alive: must be at least 1, got 0$"):
         ServeConfig(keep_alive_s=0)
     assert cli.main(["serve", "--heads", "nowhere", "--threads", "0"]) == 2
+    with pytest.raises(ConfigError, match=r"^--max-bach: Extra inputs are not permitted, got 4$"):
+        ServeConfig(max_bach=4)  # a settings dict with a typo (Ray Serve replicas are built from one)
 
 
 def test_every_router_module_is_registered_the_one_way():

@@ -23,13 +23,13 @@ from adalayers.errors import ConfigError
 
 
 def serve_flag(name: str) -> str:
-    """The `adalayers serve` flag of ServeConfig's field `name`."""
-    field = ServeConfig.model_fields[name]
-    flag = (field.json_schema_extra or {}).get("flag")
+    """The `adalayers serve` flag of ServeConfig's field `name` (of an unknown name: --name, for its error)."""
+    field = ServeConfig.model_fields.get(name)
+    flag = (field and field.json_schema_extra or {}).get("flag")
     if flag:
         return flag
     plain = name.removesuffix("_s").replace("_", "-")
-    return f"--no-{plain}" if field.annotation is bool and field.default is True else f"--{plain}"
+    return f"--no-{plain}" if field and field.annotation is bool and field.default is True else f"--{plain}"
 
 
 def serve_metavar(name: str) -> str | None:
