@@ -103,7 +103,7 @@ def test_differences_compare_data_paths_as_places(tmp_path, monkeypatch):
     ({"device": "tpu"}, "--device: Input should be 'auto', 'cpu' or 'cuda', got 'tpu'"),
 ])
 def test_serve_config_is_validated_by_its_declaration(values, message):
-    from adalayers.config import ServeConfig
+    from adalayers.serve.config import ServeConfig
 
     with pytest.raises(ConfigError) as e:
         ServeConfig(**values)

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 from runs_util import NER, make_run, serve_in_thread

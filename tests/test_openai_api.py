@@ -284,7 +284,7 @@ def test_embeddings_equal_predicts_base_output(servers):
 def test_chat_template_file_for_a_base_without_one(tmp_path):
     """--chat-template: a base whose tokenizer has no chat template (as gemma3-270m's GGUF) chats with the
     given one; an unreadable file is refused at start in one line."""
-    from adalayers.config import ServeConfig
+    from adalayers.serve.config import ServeConfig
     from adalayers.errors import ConfigError
     from adalayers.serve.app import create_app
     from runs_util import serve_in_thread
@@ -308,7 +308,7 @@ def test_chat_template_file_for_a_base_without_one(tmp_path):
 def test_generations_are_bounded_and_a_client_that_leaves_frees_its_slot(tmp_path):
     """--max-queue generations at once (one more: 503 in OpenAI's shape); a stream whose client leaves
     gives its slot back, so the next request runs."""
-    from adalayers.config import ServeConfig
+    from adalayers.serve.config import ServeConfig
     from adalayers.serve.app import create_app
     from adalayers.serve.protocol import OpenAIError
     from adalayers.serve.routers.openai import Slots

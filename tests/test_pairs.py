@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from adalayers import cli
 from adalayers.cli import recipes
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.errors import DataError
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app

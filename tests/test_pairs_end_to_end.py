@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 
 from adalayers import cli
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 

@@ -8,7 +8,7 @@ import torch
 import pytest
 from fastapi.testclient import TestClient
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 

@@ -479,7 +479,7 @@ def test_a_request_nobody_waits_for_is_skipped_inside_a_shared_pass(runs):
     """predict_group between micro-batches: the rows of the request whose client left are skipped, the other
     request in the same pass is answered as if it had run alone."""
     from adalayers.infer.sidetasks import SideTasks
-    from adalayers.serve.app import predict_group
+    from adalayers.serve.batcher import predict_group
 
     side = SideTasks.load(str(runs["base"]), [str(runs["acc"]), str(runs["ner"])], primary=False, batch_size=4)
     heavy = ([(SENT * 90)[:3600]] * 4, ["ner"], None)  # many windows: many micro-batches of 4 rows

@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adalayers.model.backbone import Backbone
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.app import create_app
 from adalayers.serve.routers.ui import STATIC

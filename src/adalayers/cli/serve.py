@@ -1,20 +1,36 @@
-"""`adalayers serve`: load a base and its heads, then run the HTTP app under uvicorn."""
+"""`adalayers serve`: load a base and its heads, then run the HTTP app under uvicorn (or Ray Serve).
+
+The service's settings are ServeConfig's fields (serve/config.py); each is one flag here, built from
+the field (name, type, default, help): a new setting is one new field.
+"""
 from __future__ import annotations
 
 import logging
+import typing
 
-from adalayers.config import ServeConfig
-
+from adalayers.serve.config import ServeConfig, serve_flag, serve_metavar
 
 log = logging.getLogger(__name__)
 
 
-def _help(name: str) -> str:
-    return ServeConfig.help(name)
+def _flag_type(annotation):
+    """What argparse converts a flag's text to: int | None -> int, Literal['auto', 'cpu'] -> str."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return type(args[0])
+    return _flag_type(args[0]) if args else annotation
 
 
-def _default(name: str):
-    return ServeConfig.model_fields[name].default
+def add_setting_flags(p) -> None:
+    """One flag per ServeConfig field, its value stored under the field's name: a bool is a switch
+    (--no-NAME turns off one that is on by default), anything else takes a value of the field's type."""
+    for name, field in ServeConfig.model_fields.items():
+        if field.annotation is bool:
+            p.add_argument(serve_flag(name), dest=name, action="store_false" if field.default else "store_true",
+                           help=ServeConfig.help(name))
+        else:
+            p.add_argument(serve_flag(name), dest=name, type=_flag_type(field.annotation), default=field.default,
+                           metavar=serve_metavar(name), help=ServeConfig.help(name))
 
 
 def cmd_serve(args) -> int:
@@ -26,14 +42,7 @@ def cmd_serve(args) -> int:
     from adalayers.serve.auth import read_api_key
     from adalayers.serve.limits import timed_h11
 
-    cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                      max_texts=args.max_texts, max_chars=args.max_chars, max_length=args.max_length,
-                      primary=not args.no_primary, device=args.device, num_threads=args.threads,
-                      max_tokens=args.max_tokens, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
-                      request_timeout_s=args.request_timeout, read_timeout_s=args.read_timeout,
-                      keep_alive_s=args.keep_alive, api_key_file=args.api_key_file,
-                      chat_template=args.chat_template, continuous_batching=not args.no_continuous_batching,
-                      ui=not args.no_ui)
+    cfg = ServeConfig(**{name: getattr(args, name) for name in ServeConfig.model_fields})
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
     api_key = read_api_key(cfg.api_key_file)
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
@@ -86,38 +95,11 @@ def add_commands(sub) -> None:
                         "(default: the base the heads' run folders name, when they all name the same one)")
     p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
                    help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
-    p.add_argument("--host", default=_default("host"), help=_help("host"))
-    p.add_argument("--port", type=int, default=_default("port"), help=_help("port"))
-    p.add_argument("--max-batch", type=int, default=_default("max_batch"), help=_help("max_batch"))
-    p.add_argument("--max-wait-ms", type=float, default=_default("max_wait_ms"), help=_help("max_wait_ms"))
-    p.add_argument("--max-texts", type=int, default=_default("max_texts"), help=_help("max_texts"))
-    p.add_argument("--max-chars", type=int, default=_default("max_chars"), help=_help("max_chars"))
-    p.add_argument("--max-length", type=int, default=None, help=_help("max_length"))
-    p.add_argument("--no-primary", action="store_true",
-                   help="stop the base after the deepest layer any head uses (early exit); answers then carry "
-                        "no base output (default: off, the base runs to its end)")
-    p.add_argument("--device", default=_default("device"), help=_help("device"))
-    p.add_argument("--threads", type=int, default=None, help=_help("num_threads"))
+    add_setting_flags(p)  # --host, --port, --max-batch, ... --no-ui: ServeConfig's fields
     p.add_argument("--backend", "--runtime", default="torch", choices=["torch", "onnx", "onnx-int8", "llama.cpp"],
                    help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
                         "then be a folder from 'adalayers export'; see docs/export.md); llama.cpp: a GGUF base run "
                         "quantized by llama.cpp (docs/llm.md)")
-    p.add_argument("--max-tokens", type=int, default=_default("max_tokens"), help=_help("max_tokens"))
-    p.add_argument("--max-batch-tokens", type=int, default=_default("max_batch_tokens"), help=_help("max_batch_tokens"))
-    p.add_argument("--max-queue", type=int, default=_default("max_queue"), help=_help("max_queue"))
-    p.add_argument("--request-timeout", type=float, default=_default("request_timeout_s"), metavar="SECONDS",
-                   help=_help("request_timeout_s"))
-    p.add_argument("--read-timeout", type=float, default=_default("read_timeout_s"), metavar="SECONDS",
-                   help=_help("read_timeout_s"))
-    p.add_argument("--keep-alive", type=int, default=_default("keep_alive_s"), metavar="SECONDS",
-                   help=_help("keep_alive_s"))
-    p.add_argument("--api-key-file", default=None, metavar="FILE", help=_help("api_key_file"))
-    p.add_argument("--no-ui", action="store_true",
-                   help="leave out the playground page at GET / (default: served; see docs/serving.md)")
-    p.add_argument("--no-continuous-batching", action="store_true",
-                   help="each generation on the /v1 routes decodes alone, taking turns between steps (default: "
-                        "they share decode steps, a new request joining between two)")
-    p.add_argument("--chat-template", default=None, metavar="FILE", help=_help("chat_template"))
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")

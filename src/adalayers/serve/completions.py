@@ -1,4 +1,4 @@
-"""One OpenAI-style request's generation (serve/generate.stream's events) as OpenAI objects and chunks.
+"""One OpenAI-style request's generation (infer/generate.stream's events) as OpenAI objects and chunks.
 
     non-stream: {"id", "object": "chat.completion" | "text_completion", "created", "model",
                  "system_fingerprint", "choices": [...], "usage": {...}}  (+ "adalayers" when asked)

@@ -1,6 +1,8 @@
-"""Request and response models of the OpenAI-compatible routes (/v1/*), and OpenAI's error shape.
+"""Request and response models of every route: /predict and /generate (adalayers' own), then the
+OpenAI-compatible routes (/v1/*) and OpenAI's error shape. Every request model is a FiniteRequest
+(serve/limits.py): NaN, Infinity and over-deep JSON are refused before a route sees them.
 
-The requests follow OpenAI's chat completions, completions and embeddings APIs and vLLM's classify
+The OpenAI requests follow OpenAI's chat completions, completions and embeddings APIs and vLLM's classify
 API. What adalayers does not do is named, never ignored: a field it does not know, or a known one
 set to what it does not support (n > 1, tools, logprobs, ...), is a 400 in OpenAI's error shape
 
@@ -17,8 +19,48 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adalayers.serve.routers.generate import MAX_NEW_TOKENS, GuardRule
 from adalayers.serve.limits import FiniteRequest
+
+MAX_NEW_TOKENS = 256  # tokens one generation request may ask for (/generate, /v1/*completions)
+
+
+# --- /predict ---------------------------------------------------------------------------------------
+class PredictRequest(FiniteRequest):
+    texts: list[str | list[str]] = Field(description="Texts to run; each is split into words on whitespace for token "
+                                                     "tasks. For heads trained on sentence pairs: [text, second] "
+                                                     "lists, or texts plus text_pairs.")
+    text_pairs: list[str] | None = Field(None, description="The second text of each text, for heads trained on "
+                                                           "sentence pairs (or give [text, second] lists in texts).")
+    tasks: list[str] | None = Field(None, description="Names of the side tasks to answer (default: all).")
+    base: bool = Field(True, description="Include the base model's own output (e.g. its sentence embedding).")
+
+
+class PredictResponse(BaseModel):
+    results: list[dict] = Field(description="Per text: truncated, base (its own output) and tasks {name: prediction}.")
+
+
+# --- /generate ---------------------------------------------------------------------------------------
+class GuardRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str = Field(description="Stop a prompt's generation once its head gives this label ...")
+    threshold: float = Field(ge=0.0, le=1.0, description="... at least this probability.")
+
+
+class GenerateRequest(FiniteRequest):
+    prompts: list[str] = Field(description="Prompts, generated as one left-padded batch.")
+    max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Tokens to generate per prompt at most.")
+    tasks: list[str] | None = Field(None, description="Side tasks to answer (default: all).")
+    do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = all).")
+    seed: int | None = Field(None, ge=0, le=2 ** 64 - 1,
+                             description="Seed of the sampling (same seed, same text); 0 to 2^64-1.")
+    steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
+    answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
+    guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
+
+
+# --- /v1/* (OpenAI, vLLM) -----------------------------------------------------------------------------
 
 
 class OpenAIError(Exception):
@@ -77,7 +119,7 @@ class OpenAIRequest(FiniteRequest):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self) -> dict:
-        """serve/generate.stream's sampling arguments: greedy at temperature 0, else a draw (OpenAI's
+        """infer/generate.stream's sampling arguments: greedy at temperature 0, else a draw (OpenAI's
         defaults: temperature 1, top_p 1)."""
         temperature = 1.0 if self.temperature is None else self.temperature
         return {"do_sample": temperature > 0, "temperature": temperature or 1.0,

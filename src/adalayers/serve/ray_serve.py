@@ -18,7 +18,7 @@ import time
 
 from ray import serve
 
-from adalayers.config import ServeConfig
+from adalayers.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class _Pending:
 
 
 class ServeBatcher:
-    """What create_app needs from a batcher (submit -> a job with a future, the counters /health reads),
+    """What create_app needs from a batcher (submit -> a Job with a future, the counters /health reads),
     backed by a @serve.batch method instead of an asyncio queue. The hardening of the uvicorn Batcher
     applies here too: at most max_queue requests pending (Busy -> 503 with Retry-After), a request
     cancelled at its deadline or on a disconnect no longer counts, and a failing batch is rerun one
@@ -49,7 +49,7 @@ class ServeBatcher:
         self.busy, self.pass_s = False, 0.0
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None):
-        from adalayers.serve.app import Busy, _Job
+        from adalayers.serve.batcher import Busy, Job
 
         if self.pending >= self.max_queue:
             self.refused += 1
@@ -59,7 +59,7 @@ class ServeBatcher:
         self.pending += 1
         self.queue.n += 1
         future.add_done_callback(self._settled)
-        return _Job(texts, tasks, tokens, future, text_pairs)
+        return Job(texts, tasks, tokens, future, text_pairs)
 
     def _settled(self, future) -> None:
         self.pending -= 1
@@ -122,7 +122,7 @@ class SideTasksIngress:
     def _predict_part(self, part: list[tuple]) -> list[tuple[bool, object]]:
         """predict_group over `part`; when it fails, every request alone (only the faulty one gets the error)."""
         from adalayers.errors import DataError
-        from adalayers.serve.app import predict_group
+        from adalayers.serve.batcher import predict_group
 
         b = self.batcher
         t0, b.busy = time.perf_counter(), True

@@ -12,47 +12,23 @@ most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the prob
 token is generated. A client that leaves a stream stops its generation at the next token. POST /generate
 counts under --max-queue as a /predict request does (503 when full), is bounded by --request-timeout
 (503), and a client that leaves it stops it at the next decode step. Concurrent requests share decode
-steps (serve/scheduler.py) unless --no-continuous-batching.
+steps (serve/scheduler.py; ServeState.decode) unless --no-continuous-batching.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 import time
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from adalayers.errors import AdaLayersError, Cancelled, ModelError
-from adalayers.infer.generate import stream
-from adalayers.serve.limits import FiniteRequest, client_gone
-from adalayers.serve.scheduler import Scheduler
+from adalayers.serve.limits import client_gone
+from adalayers.serve.protocol import GenerateRequest
+from adalayers.serve.state import ServeState
 from adalayers.textcheck import text_problem
-
-MAX_NEW_TOKENS = 256
-
-
-class GuardRule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    label: str = Field(description="Stop a prompt's generation once its head gives this label ...")
-    threshold: float = Field(ge=0.0, le=1.0, description="... at least this probability.")
-
-
-class GenerateRequest(FiniteRequest):
-    prompts: list[str] = Field(description="Prompts, generated as one left-padded batch.")
-    max_new_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Tokens to generate per prompt at most.")
-    tasks: list[str] | None = Field(None, description="Side tasks to answer (default: all).")
-    do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
-    temperature: float = Field(1.0, gt=0.0, le=10.0)
-    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = all).")
-    seed: int | None = Field(None, ge=0, le=2 ** 64 - 1,
-                             description="Seed of the sampling (same seed, same text); 0 to 2^64-1.")
-    steps: bool = Field(False, description="Per generated token, the value of every sequence head.")
-    answer_only: list[str] = Field([], description="Heads that read the generated answer alone, not the prompt.")
-    guard: dict[str, GuardRule] | None = Field(None, description="{task: {label, threshold}}: a streaming guard.")
 
 
 def _check(req: GenerateRequest, side, cfg) -> None:
@@ -92,23 +68,16 @@ def _until_done(events, stop: threading.Event) -> list[dict]:
     finally:
         events.close()
     raise AdaLayersError("generation ended without a result")
-def decoder(side, cfg):
-    """How the service generates: the continuous-batching scheduler (serve/scheduler.py), or with
-    cfg.continuous_batching off, serve/generate.stream per request (each alone, taking turns between steps).
-    Either takes (prompts, **stream's options) and gives stream's events."""
-    if cfg.continuous_batching and Scheduler.supports(side.backbone):
-        return Scheduler(side, cfg.max_batch).stream
-    return functools.partial(stream, side)
 
 
-def add_generate_routes(app: FastAPI, side, cfg) -> None:
-    app.state.decode = decode = decoder(side, cfg)  # the /v1 routes generate through the same one
+def add_routes(app: FastAPI, state: ServeState) -> None:
+    side, cfg, decode = state.side, state.cfg, state.decode  # the /v1 routes generate through the same decode
 
     @app.post("/generate")
     async def generate(req: GenerateRequest, request: Request):
         """Counted under --max-queue and bounded by --request-timeout as /predict is; a client that leaves
         (or a deadline that passes) stops the generation at its next decode step."""
-        arrived, batcher = time.perf_counter(), app.state.batcher
+        arrived, batcher = time.perf_counter(), state.batcher
         _check(req, side, cfg)
         try:  # the scheduler checks a request as it takes it: a bad one is a 400 before it counts or runs
             events = decode(req.prompts, **_kwargs(req))
@@ -117,8 +86,7 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
         release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)
         if release is None:
             events.close()
-            raise HTTPException(503, f"the queue is full ({batcher.max_queue} requests pending, --max-queue); "
-                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+            raise state.busy()
         stop = threading.Event()
         work = asyncio.ensure_future(asyncio.to_thread(_until_done, events, stop))
         work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it stops
@@ -133,8 +101,7 @@ def add_generate_routes(app: FastAPI, side, cfg) -> None:
             batcher.generations_stopped = getattr(batcher, "generations_stopped", 0) + 1
             if gone.done() and not gone.cancelled():
                 return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
-            raise HTTPException(503, f"not answered within {cfg.request_timeout_s:g} s (--request-timeout); "
-                                     "retry later", headers={"Retry-After": str(batcher.retry_after_s())})
+            raise state.expired()
         try:
             return {"results": work.result()}
         except (ModelError, AdaLayersError) as e:

@@ -6,8 +6,8 @@
     POST /v1/classify          every sequence head, vLLM's shape (routers/pooling.py)
     POST /v1/embeddings        encoder bases: the sentence embedding /predict gives as "base" (routers/pooling.py)
 
-Generation goes through the service's decoder, the one /generate uses (generate_routes.decoder: the
-continuous-batching scheduler of serve/scheduler.py, or serve/generate.stream per request with
+Generation goes through the service's decoder, the one /generate uses (ServeState.decode: the
+continuous-batching scheduler of serve/scheduler.py, or infer/generate.stream per request with
 --no-continuous-batching); its events are shaped by serve/completions.py. Side tasks are opt-in per request through the extra body field
 "adalayers" (serve/protocol.py); without it the answer is what an OpenAI client expects, nothing more.
 Every error on /v1/* (401 and 413 from the middlewares, 422 from validation, 503 when busy) is in
@@ -30,7 +30,7 @@ from adalayers.kinds import TaskKind
 from adalayers.serve.completions import Completion
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
-from adalayers.serve.routers.generate import decoder
+from adalayers.serve.state import ServeState
 from adalayers.data.templates import chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
@@ -38,15 +38,12 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_STOPS = 4
 
 
-def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
-    """Register the /v1 routes; `name` is the base's public name, `answer_texts` the /predict queue path."""
-    from adalayers.serve.routers.pooling import add_pooling_routes
-
-    app.add_middleware(OpenAIErrors)  # added after the others: outermost, sees their 401 and 413 too
-    app.add_exception_handler(OpenAIError, _error_response)
+def add_routes(app: FastAPI, state: ServeState) -> None:
+    """GET /v1/models and the two generation routes (the pooling ones are routers/pooling.py)."""
+    side, cfg, name, generate = state.side, state.cfg, state.name, state.decode  # /generate's decoder, shared
+    install_errors(app)
     slots, started = Slots(cfg.max_queue), int(time.time())
     template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
-    generate = getattr(app.state, "decode", None) or decoder(side, cfg)  # /generate's scheduler, shared
 
     @app.get("/v1/models")
     async def models():
@@ -71,7 +68,15 @@ def add_openai_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
         return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
                                                                           side.backbone.tokenizer))
 
-    add_pooling_routes(app, side, cfg, name, answer_texts)
+
+def install_errors(app: FastAPI) -> None:
+    """Every error on /v1/* in OpenAI's shape (once per app, whichever /v1 router comes first): the
+    middleware is added after the app's others, so it is outermost and sees their 401 and 413 too."""
+    if getattr(app.state, "openai_errors", False):
+        return
+    app.state.openai_errors = True
+    app.add_middleware(OpenAIErrors)
+    app.add_exception_handler(OpenAIError, _error_response)
 
 
 class Slots:
@@ -192,7 +197,7 @@ def _fits(side, text: str, what: str, param: str) -> None:
 
 
 async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion):
-    """Run `generate` (Scheduler.stream, or serve/generate.stream) for the prompts; a bad request is a 400
+    """Run `generate` (Scheduler.stream, or infer/generate.stream) for the prompts; a bad request is a 400
     before any token is generated."""
     opts = req.adalayers
     shape.side_tasks, shape.stops = opts is not None, req.stops()

@@ -7,7 +7,7 @@
     /v1/embeddings {"model": BASE, "input": "text" or ["text", ...], "encoding_format": "float" | "base64"}
                    -> {"object": "list", "data": [{"object": "embedding", "embedding", "index"}], "model", "usage"}
 
-Both are /predict underneath (serve/app.answer_texts): the same limits, batching with every other
+Both are /predict underneath (ServeState.answer_texts): the same limits, batching with every other
 request, deadline and text rules, so a classify answer equals /predict's for that head and an
 embedding equals /predict's "base" output.
 """
@@ -22,9 +22,14 @@ from fastapi import FastAPI, Request
 
 from adalayers.kinds import TaskKind
 from adalayers.serve.protocol import ClassifyRequest, EmbeddingRequest, OpenAIError, unsupported
+from adalayers.serve.routers.openai import install_errors
+from adalayers.serve.state import ServeState
 
 
-def add_pooling_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None:
+def add_routes(app: FastAPI, state: ServeState) -> None:
+    side, cfg, name = state.side, state.cfg, state.name
+    install_errors(app)
+
     @app.post("/v1/classify")
     async def classify(req: ClassifyRequest, request: Request):
         arrived = time.perf_counter()
@@ -35,8 +40,7 @@ def add_pooling_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None
             raise OpenAIError(404, f"the model {req.model!r} is not a sequence head of this server; classify takes "
                                    f"one of: {', '.join(heads) or '(none loaded)'}", "model", "model_not_found")
         texts, pairs = _inputs(req.input, cfg, pairs=head.pairs)
-        results, tokens = await answer_texts(side, request.app.state.batcher, cfg, request, arrived, texts, pairs,
-                                             [req.model])
+        results, tokens = await state.answer_texts(request, arrived, texts, pairs, [req.model])
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": req.model, "data": [_classification(i, head, r["tasks"][req.model])
                                              for i, r in enumerate(results)],
@@ -55,7 +59,7 @@ def add_pooling_routes(app: FastAPI, side, cfg, name: str, answer_texts) -> None
             raise OpenAIError(400, f"the base {name} {why}: /v1/embeddings needs an encoder base's sentence "
                                    "embedding", "model", "unsupported_model")
         texts, _ = _inputs(req.input, cfg)
-        results, tokens = await answer_texts(side, request.app.state.batcher, cfg, request, arrived, texts, None, [])
+        results, tokens = await state.answer_texts(request, arrived, texts, None, [])
         vectors = [(r.get("base") or {}).get("embedding") for r in results]
         if any(v is None for v in vectors):
             raise OpenAIError(400, f"the base {name} has a task head of its own: it gives no sentence embedding",

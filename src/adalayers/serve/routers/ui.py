@@ -18,6 +18,8 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from adalayers.serve.state import ServeState
+
 STATIC = Path(str(files("adalayers.serve") / "static"))
 # everything from this origin only; no inline script or style (the page sets styles through the CSSOM)
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -34,8 +36,10 @@ class _Static(StaticFiles):
         return response
 
 
-def add_ui_routes(app: FastAPI) -> None:
-    """GET / (the page) and /ui/* (its files)."""
+def add_routes(app: FastAPI, state: ServeState) -> None:
+    """GET / (the page) and /ui/* (its files), unless ServeConfig.ui is off (--no-ui)."""
+    if not state.cfg.ui:
+        return
     index = STATIC / "index.html"
 
     @app.get("/", include_in_schema=False)

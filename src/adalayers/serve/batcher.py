@@ -1,0 +1,221 @@
+"""The queue of /predict-like work: concurrent requests gathered into batches, one base pass each.
+
+Requests wait in a bounded asyncio queue (full: Busy, answered 503 with Retry-After); one worker takes
+the first, gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_batch_tokens
+tokens), and runs them as one base pass in a thread (predict_group), so the event loop keeps accepting
+requests while the model runs. One request never fails another: each is validated alone before it is
+queued (serve/state.py), and when a batch still fails its requests are rerun one by one, so only the
+faulty one gets the error. A request whose client has disconnected (before it is queued, or while it
+waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
+
+Ray Serve (serve/ray_serve.py) has a batcher of its own with the same interface (submit -> Job, run,
+queue, the counters /health reads) and answers through the same predict_group.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from adalayers.errors import Cancelled, DataError
+from adalayers.infer.sidetasks import SideTasks
+from adalayers.kinds import TaskKind
+
+log = logging.getLogger(__name__)
+
+
+class Busy(Exception):
+    """The queue is full."""
+
+
+@dataclass
+class Job:
+    """One queued request: its texts (and second texts), the heads it asks for, the tokens it was
+    charged, and the future its answer (one result per text) is set on."""
+    texts: list[str]
+    tasks: list[str]
+    tokens: int
+    future: asyncio.Future
+    text_pairs: list[str] | None = None
+
+
+@dataclass
+class Batcher:
+    """Gathers concurrent requests into batches of at most max_batch texts and max_batch_tokens tokens
+    and runs them in a thread; at most max_queue requests wait."""
+    side: SideTasks
+    max_batch: int
+    max_wait_s: float
+    max_batch_tokens: int = 16_384
+    max_queue: int = 64
+    queue: asyncio.Queue = None
+    passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
+    requests: int = 0
+    dropped: int = 0     # requests dropped unrun: their client left or their deadline passed
+    gone: int = 0        # requests whose client disconnected before the answer
+    expired: int = 0     # requests answered 503 at their deadline
+    busy: bool = False   # a group is running
+    largest_tokens: int = 0  # the most tokens one group has held
+    refused: int = 0     # requests answered 503 because the queue was full
+    pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
+    pending: int = 0     # requests queued or running whose answer is still awaited
+    generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
+
+    def __post_init__(self):
+        self.queue = asyncio.Queue()
+
+    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None) -> Job:
+        """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending.
+        A request whose client left or whose deadline passed stops counting at once (its future is
+        cancelled), though the worker only discards it when it reaches it."""
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            raise Busy()
+        job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs)
+        self.pending += 1
+        job.future.add_done_callback(self._settled)
+        self.queue.put_nowait(job)
+        return job
+
+    def _settled(self, _future) -> None:
+        self.pending -= 1
+
+    def admit(self):
+        """Count work that does not go through the queue (a generation) as pending, under the same
+        --max-queue: returns the function that ends its count, or None when max_queue requests are pending."""
+        if self.pending >= self.max_queue:
+            self.refused += 1
+            return None
+        self.pending += 1
+        ended = []
+
+        def release() -> None:
+            if not ended:
+                ended.append(True)
+                self.pending -= 1
+        return release
+
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(self.pass_s * (self.pending + 1)))
+
+    async def _next(self) -> Job:
+        while True:  # skip jobs nobody waits for any more
+            job = await self.queue.get()
+            if not job.future.done():
+                return job
+            self.dropped += 1
+
+    async def run(self) -> None:
+        loop, carry = asyncio.get_running_loop(), None
+        while True:
+            group = [carry or await self._next()]
+            carry, n, tokens = None, len(group[0].texts), group[0].tokens
+            deadline = loop.time() + self.max_wait_s
+            while n < self.max_batch and tokens < self.max_batch_tokens:
+                try:
+                    left = deadline - loop.time()
+                    job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                if job.future.done():
+                    self.dropped += 1
+                    continue
+                if n + len(job.texts) > self.max_batch or tokens + job.tokens > self.max_batch_tokens:
+                    carry = job  # starts the next group
+                    break
+                group.append(job)
+                n, tokens = n + len(job.texts), tokens + job.tokens
+            await self._run_group(group)
+
+    async def _predict(self, jobs: list[Job]) -> list[list[dict]]:
+        """One predict_group call for `jobs` (one answer per job)."""
+        self.largest_tokens = max(self.largest_tokens, sum(job.tokens for job in jobs))
+        t0, self.busy = time.perf_counter(), True
+        try:
+            answers = await asyncio.to_thread(predict_group, self.side,
+                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs],
+                                              lambda: [job.future.done() for job in jobs])
+        finally:
+            self.busy = False
+        self.passes += 1
+        self.pass_s = 0.8 * self.pass_s + 0.2 * (time.perf_counter() - t0) if self.pass_s else time.perf_counter() - t0
+        return answers
+
+    async def _run_group(self, group: list[Job]) -> None:
+        """Single texts and sentence pairs of one group go to the base as two predict calls."""
+        for pairs in (False, True):
+            part = [job for job in group if (job.text_pairs is not None) == pairs]
+            if part:
+                await self._run_part(part)
+
+    async def _run_part(self, group: list[Job]) -> None:
+        live = [job for job in group if not job.future.done()]
+        self.dropped += len(group) - len(live)
+        if not live:
+            return
+        try:
+            self._deliver(live, await self._predict(live))
+        except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
+            self.dropped += len(live)
+        except Exception as e:  # noqa: BLE001
+            if len(live) == 1:
+                return self._fail(live[0], e)
+            log.warning("a batch of %d requests failed (%s); running them one at a time", len(live), e)
+            for job in live:  # only the request that fails alone gets the error
+                if job.future.done():
+                    self.dropped += 1
+                    continue
+                try:
+                    self._deliver([job], await self._predict([job]))
+                except Cancelled:
+                    self.dropped += 1
+                except Exception as e1:  # noqa: BLE001
+                    self._fail(job, e1)
+
+    def _deliver(self, jobs: list[Job], answers: list[list[dict]]) -> None:
+        for job, mine in zip(jobs, answers):
+            if not job.future.done():
+                job.future.set_result(mine)
+                self.requests += 1
+
+    @staticmethod
+    def _fail(job: Job, e: Exception) -> None:
+        if not isinstance(e, DataError):
+            log.error("a request failed on the server side: %s", e, exc_info=e)
+        if not job.future.done():
+            job.future.set_exception(e)
+
+
+def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
+                  gone=None) -> list[list[dict]]:
+    """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
+    SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
+    A request's long texts are split into token-head windows only when that request asks for a token
+    head (what it was charged for), never for another request's. `gone()`: per request, whether nobody
+    waits for it any more; its texts' remaining rows are skipped (SideTasks.predict's `abandoned`) and its
+    answer is left empty.
+    The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
+    texts = [t for texts, _, _ in group for t in texts]
+    second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
+    windows = [any(side.heads[n].kind == TaskKind.TOKENS for n in tasks) for texts, tasks, _ in group
+               for _ in texts]
+    starts = [0]
+    for texts_, _, _ in group:
+        starts.append(starts[-1] + len(texts_))
+
+    def abandoned() -> set[int]:
+        return {t for k, done in enumerate(gone()) if done for t in range(starts[k], starts[k + 1])}
+
+    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second,
+                           windows=windows, abandoned=abandoned if gone is not None else None)
+    answers = []
+    for k, (_, tasks, _) in enumerate(group):
+        mine = results[starts[k]: starts[k + 1]]
+        if any(r is None for r in mine):
+            mine = []  # skipped: nobody waits for this request
+        for r in mine:
+            r["tasks"] = {name: r["tasks"][name] for name in tasks}
+        answers.append(mine)
+    return answers
