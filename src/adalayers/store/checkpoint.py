@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from adalayers.errors import RunError
-from adalayers.store.run import atomic_write
+from adalayers.files import atomic_write
 
 NAME = "resume.pt"
 
