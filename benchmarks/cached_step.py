@@ -45,11 +45,11 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     from adalayers import config
     from adalayers.cli import recipes
     from adalayers.engine.loop import FitSettings, adamw
-    from adalayers.engine.evaluate import evaluate_split
+    from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
     from adalayers.model.sidetask import SideTask
     from adalayers.model.states import Fed
-    from adalayers.engine.train import SplitFeed
+    from adalayers.recipes.train import SplitFeed
 
     cfg = config.load(cfg_path, ["cache.enabled=true", *overrides])
     backbone, data, encoded = recipes.prepare(cfg)

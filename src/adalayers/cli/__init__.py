@@ -23,9 +23,9 @@ COMMAND_MODULES: list[str] = [
     "adalayers.lab.strategies.ablation",
     "adalayers.lab.multitask.compare",
     "adalayers.lab.tune.cli",
-    "adalayers.data.tasks.fetch",
+    "adalayers.cli.data",
     "adalayers.cli.export",
-    "adalayers.store.hub",
+    "adalayers.cli.push",
 ]
 
 

@@ -69,7 +69,7 @@ def wrong_sequence(examples, preds, labels, top: int) -> list[dict]:
 
 
 def wrong_words(examples, split, outs, labels, top: int, context: int = 8) -> list[dict]:
-    from adalayers.engine.evaluate import word_outputs
+    from adalayers.recipes.evaluate import word_outputs
 
     wrong = []
     for i, w, probs in word_outputs(split, outs):
@@ -107,7 +107,7 @@ def _fmt(v) -> str:
 def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:
     """Write report.md, the figures and report.json into run_dir; returns report.json's content."""
     from adalayers.cli import recipes
-    from adalayers.engine.evaluate import example_predictions, row_outputs, score
+    from adalayers.recipes.evaluate import example_predictions, row_outputs, score
     from adalayers.model.mixer import AdaLayersMixer
     from adalayers.model.precision import autocast_for
 
