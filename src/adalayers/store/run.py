@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from adalayers import config as config_mod
+from adalayers.engine import distributed
 from adalayers.errors import ConfigError, ModelError, RunError
 from adalayers.files import (append_jsonl, atomic_write, file_mode, remove_if_empty,  # noqa: F401  (re-exported)
                              sha256, umask, write_json)
@@ -93,8 +94,6 @@ def replace_run(out: Path, build) -> dict:
     old run is deleted. If the second rename fails the old run is renamed back.
     Under torchrun (a started process group) rank 0 alone makes the new folder, whose name every rank
     is given to build into, and rank 0 alone swaps and deletes; the others wait at barriers."""
-    from adalayers.engine import distributed  # imported here: the engine imports this module
-
     out = Path(out)
     new = None
     if distributed.is_main():
