@@ -219,7 +219,10 @@ class _Fit:
                                 f"(epoch {epoch}); stopped.{where}")
         opt.zero_grad(set_to_none=True)
         scaled = scaler.scale(loss)
-        model.backward(scaled) if hasattr(model, "backward") else scaled.backward()
+        if hasattr(model, "backward"):
+            model.backward(scaled)
+        else:
+            scaled.backward()
         if self.s.grad_clip:
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(self.params, self.s.grad_clip)
