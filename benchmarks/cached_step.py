@@ -67,7 +67,7 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     from adalayers.cli import recipes
     from adalayers.data.encoding import SplitFeed
     from adalayers.engine import FitSettings, fit
-    from adalayers.engine.evaluate import evaluate_split
+    from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
     from adalayers.model.sidetask import SideTask
     from adalayers.model.states import Fed

@@ -23,7 +23,7 @@ import torch
 from adalayers import config
 from adalayers.cli import recipes
 from adalayers.store import run as runlib
-from adalayers.engine.evaluate import evaluate_split
+from adalayers.recipes.evaluate import evaluate_split
 from adalayers.model.precision import autocast_for, cpu_bf16_flags
 from adalayers.model.states import LiveStates
 

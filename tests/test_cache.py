@@ -262,7 +262,7 @@ def test_pinned_layer_reads_only_that_layer(setup):
 
 
 def test_training_from_the_cache_matches_training_live(setup, tmp_path):
-    from adalayers.engine.train import fit, seed_everything
+    from adalayers.recipes.train import fit, seed_everything
 
     results = {}
     for name in ("live", "cached"):

@@ -144,15 +144,16 @@ def test_fit_stops_early_and_keeps_the_best_epoch():
 def test_resume_reads_the_stored_config_with_this_versions_defaults(tmp_path):
     """A resume state saved before a config field existed (or with another tune section) resumes;
     a setting that changes what is learned is still refused, by name."""
-    from adalayers.store import checkpoint
+    from adalayers.engine import checkpoint
     from adalayers import config
     from adalayers.engine import FitSettings, fit
     from adalayers.errors import TrainingError
+    from adalayers.recipes.train import resume_differences
 
     torch.manual_seed(0)
     cfg = config.from_dict({"train": {"max_epochs": 2}}).to_dict()
     fit(Line(), LineFeed(Line()), FitSettings(lr=0.1, max_epochs=2), torch.device("cpu"), run_dir=tmp_path,
-        config=cfg)
+        resume_key=cfg, differences=resume_differences)
     state = torch.load(tmp_path / checkpoint.NAME, weights_only=True)
     del state["config"]["head"]["pooling"], state["config"]["train"]["tensorboard"]  # as an older version wrote it
     state["config"]["tune"] = {"max_epochs": 3, "seed": 7}
@@ -161,9 +162,9 @@ def test_resume_reads_the_stored_config_with_this_versions_defaults(tmp_path):
     changed = config.from_dict(cfg, ["train.lr=0.5"]).to_dict()
     with pytest.raises(TrainingError, match=r"train\.lr: 0\.0001 there, 0\.5 now"):
         fit(Line(), LineFeed(Line()), FitSettings(lr=0.1, max_epochs=3), torch.device("cpu"), run_dir=tmp_path,
-            config=changed, resume=True)
+            resume_key=changed, differences=resume_differences, resume=True)
     model = Line()
     summary = fit(model, LineFeed(model), FitSettings(lr=0.1, max_epochs=3), torch.device("cpu"), run_dir=tmp_path,
-                  config=cfg, resume=True)
+                  resume_key=cfg, differences=resume_differences, resume=True)
     assert [h["epoch"] for h in summary["history"]] == [3]
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 3

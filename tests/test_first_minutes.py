@@ -12,7 +12,8 @@ import pytest
 
 from adalayers import cli
 from adalayers import config
-from adalayers.engine import health
+from adalayers.recipes import health
+from adalayers.data.tasks import shortcut
 from adalayers.errors import DataError, ModelError
 
 from conftest import tiny_backbone
@@ -91,9 +92,9 @@ def test_a_tiny_file_gets_small_data_defaults_and_a_tiny_validation_warning(base
 
 def test_few_step_defaults_leave_enough_steps_alone():
     train = {"lr": 1e-4, "max_epochs": 40, "early_stopping": 10, "batch_size": 32}
-    assert health.few_step_defaults(dict(train), 7_695) is None  # CoLA: 241 steps an epoch
+    assert shortcut.few_step_defaults(dict(train), 7_695) is None  # CoLA: 241 steps an epoch
     small = dict(train)
-    assert "train.max_epochs 118" in health.few_step_defaults(small, 540)  # 17 steps an epoch
+    assert "train.max_epochs 118" in shortcut.few_step_defaults(small, 540)  # 17 steps an epoch
     assert small == {"lr": 1e-3, "max_epochs": 118, "early_stopping": 29, "batch_size": 32}
 
 

@@ -101,7 +101,7 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
     from adalayers.cli import recipes
     from adalayers.store import run as runlib
     from adalayers.model.sidetask import SideTask
-    from adalayers.engine.train import TrainingError
+    from adalayers.recipes.train import TrainingError
 
     tmp, cfg_path, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
@@ -133,7 +133,7 @@ def test_resume_may_change_only_when_to_stop(setup):
     assert not (tmp / "run" / "metrics.json").exists()
     other = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", "train.lr=0.01")
     assert other.wait(timeout=300) == 2
-    assert "different config" in other.output()
+    assert "different settings" in other.output()
     done = len(log.read_text().splitlines())
     finish = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", f"train.max_epochs={done}")
     assert finish.wait(timeout=300) == 0, finish.output()

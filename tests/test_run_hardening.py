@@ -382,7 +382,7 @@ def test_a_nan_loss_in_the_first_epoch_claims_no_checkpoint(trained, tmp_path, m
 
     from adalayers.cli import recipes
     from adalayers.model.sidetask import SideTask
-    from adalayers.engine.train import TrainingError
+    from adalayers.recipes.train import TrainingError
 
     real = SideTask.loss
     monkeypatch.setattr(SideTask, "loss", lambda self, logits, labels: real(self, logits, labels) * math.nan)

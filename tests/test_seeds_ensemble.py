@@ -12,7 +12,7 @@ from adalayers.store import run as runlib
 from adalayers.lab import seeds
 from adalayers.data.encoding import encode
 from adalayers.model.ensemble import EnsembleTask
-from adalayers.engine.evaluate import row_outputs
+from adalayers.recipes.evaluate import row_outputs
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.model.states import LiveStates
 from adalayers.data.tasks import Example

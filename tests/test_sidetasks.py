@@ -4,7 +4,7 @@ import torch
 
 from adalayers.data.encoding import encode
 from adalayers.errors import DataError, ModelError
-from adalayers.engine.evaluate import example_predictions, row_outputs
+from adalayers.recipes.evaluate import example_predictions, row_outputs
 from adalayers.infer.sidetasks import SideTasks, _tag_words
 from adalayers.model.states import LiveStates
 from adalayers.data.tasks import Example

@@ -6,7 +6,7 @@ import torch
 
 from adalayers.model import model_packages
 from adalayers.data.encoding import encode, word_tokenizer
-from adalayers.engine.evaluate import example_predictions
+from adalayers.recipes.evaluate import example_predictions
 from adalayers.model.sidetask import IGNORE
 from adalayers.data.tasks import Example
 from adalayers.data.tasks.conll import LABELS

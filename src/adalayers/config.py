@@ -494,7 +494,7 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"train.max_minutes: must be positive (or null for no limit), got {cfg.train.max_minutes}")
     if cfg.cache.max_gb < 0 or cfg.cache.shard_mb <= 0:
         p.append(f"cache.max_gb / cache.shard_mb: must be >= 0 / > 0, got {cfg.cache.max_gb} / {cfg.cache.shard_mb}")
-    from adalayers.data.templates import spec_problem
+    from adalayers.template_spec import spec_problem
 
     if spec_problem(cfg.task.template):
         p.append(f"task.template: {spec_problem(cfg.task.template)}")

@@ -1,7 +1,9 @@
-"""Small helpers every command needs: the device, the seeds, a digest of a module's weights."""
+"""Small helpers every command needs: the device, the seeds, a digest of a module's weights, and the
+launch environment torchrun sets (adalayers.engine.distributed joins its process group)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 
 import numpy as np
@@ -11,19 +13,27 @@ from torch import nn
 from adalayers.errors import TrainingError
 
 
+def launched() -> bool:
+    """Started by torchrun (or anything else that sets WORLD_SIZE > 1)?"""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def local_rank() -> int:
+    """This process's GPU number on its machine under torchrun (0 otherwise)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def pick_device(name: str) -> torch.device:
     """auto -> CUDA when present, else CPU; cuda without a CUDA device is an error.
 
     Under torchrun each process takes the GPU of its LOCAL_RANK (see adalayers.engine.distributed).
     """
-    from adalayers.engine import distributed
-
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainingError("train.device=cuda but no CUDA device is available")
-    if name == "cuda" and distributed.world_size() > 1:
-        return torch.device("cuda", distributed.local_rank())
+    if name == "cuda" and launched():
+        return torch.device("cuda", local_rank())
     return torch.device(name)
 
 

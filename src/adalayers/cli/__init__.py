@@ -29,9 +29,9 @@ COMMAND_MODULES: list[str] = [
     "adalayers.cli.cache",
     "adalayers.cli.serve",
     "adalayers.cli.predict_files",
-    "adalayers.data.tasks.fetch",
+    "adalayers.cli.data",
     "adalayers.cli.export",
-    "adalayers.store.hub",
+    "adalayers.cli.push",
 ]
 ENTRY_POINT_GROUP = "adalayers.commands"
 

@@ -8,19 +8,19 @@ from pathlib import Path
 import torch
 
 from adalayers.store import checkpoint
-from adalayers.engine import health
+from adalayers.recipes import health
 from adalayers.store import run as runlib
 from adalayers import textcheck
 from adalayers.model.backbone import Backbone
 from adalayers.data.encoding import choose_max_length, encode
 from adalayers.errors import AdaLayersError, DataError, RunError
-from adalayers.engine.evaluate import evaluate_split
+from adalayers.recipes.evaluate import evaluate_split
 from adalayers.model.sidetask import SideTask
 from adalayers.model.states import LiveStates
 from adalayers.data.tasks import load_task
 from adalayers.data.templates import Template
 from adalayers.model.precision import autocast_for, precision_of, warn_if_slow
-from adalayers.engine.train import fit
+from adalayers.recipes.train import fit
 from adalayers.core import pick_device, seed_everything
 from adalayers.engine import distributed
 from adalayers.kinds import TaskKind
@@ -244,7 +244,7 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     task.to(backbone.device)
     from adalayers.data.tasks import Example
     from adalayers.data.encoding import encode as enc
-    from adalayers.engine.evaluate import example_predictions, row_outputs
+    from adalayers.recipes.evaluate import example_predictions, row_outputs
 
     if task.kind == TaskKind.TOKENS:
         examples = [Example(words=t.split()) for t in texts]

@@ -18,37 +18,12 @@ would add words (and move every character offset) that no tag belongs to.
 """
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from pathlib import Path
 
 from adalayers.errors import ConfigError, DataError, ModelError
 from adalayers.kinds import TaskKind
-
-FIELDS = ("text", "text_pair")
-EXAMPLE = "'Review: {text}\\nSentiment:'"
-
-
-def spec_problem(spec: str | None) -> str | None:
-    """Why `spec` is not a usable task.template (a phrase), or None: 'chat' or a format string over FIELDS."""
-    if spec is None or spec == "chat":
-        return None
-    try:
-        names = _fields(spec)
-    except ValueError as e:
-        return f"not a valid format string ({e}; write {{{{ and }}}} for literal braces)"
-    wrong = [n for n in names if n not in FIELDS]
-    if wrong:
-        return f"unknown field {{{wrong[0]}}} (a format string takes {{text}} and, for sentence pairs, {{text_pair}})"
-    if "text" not in names:
-        return f"must be 'chat' or hold {{text}}, e.g. {EXAMPLE}"
-    return None
-
-
-def _fields(spec: str) -> list[str]:
-    """The replacement fields of a format string ('{text!r:>9}' -> 'text'); ValueError when malformed."""
-    return [name for _, name, _, _ in string.Formatter().parse(spec) if name is not None]
-
+from adalayers.template_spec import EXAMPLE, FIELDS, fields, spec_problem  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True)
 class Template:
@@ -65,7 +40,7 @@ class Template:
 
     @property
     def takes_pairs(self) -> bool:
-        return self.on and self.spec != "chat" and "text_pair" in _fields(self.spec)
+        return self.on and self.spec != "chat" and "text_pair" in fields(self.spec)
 
     def key(self) -> dict | None:
         """What the wrapped text depends on besides the tokenizer (part of the hidden-state cache key)."""
@@ -117,12 +92,19 @@ class Template:
             raise ModelError(f"task.template: {e}") from None
 
 
+def prepends_bos(tokenizer) -> bool:
+    """Does the tokenizer put a BOS token before every text (Gemma, Llama do; GPT-2, Qwen do not)?"""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
 def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = True, template: str | None = None) -> str:
     """A conversation ([{"role", "content"}, ...]) as the base reads it: the tokenizer's chat template (or
     `template`, a Jinja chat template given instead), with the template's leading BOS dropped when the
     tokenizer prepends one itself (never two). Used by task.template chat and the service's chat completions."""
-    from adalayers.model.backbone import _prepends_bos
-
     if not template and not getattr(tokenizer, "chat_template", None):
         raise ModelError("the tokenizer has no chat template (adalayers serve --chat-template FILE gives one)")
     try:
@@ -131,7 +113,7 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Tru
     except Exception as e:  # noqa: BLE001  (jinja raises its own error types)
         raise ModelError(f"the tokenizer's chat template fails: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    bos = tokenizer.bos_token if _prepends_bos(tokenizer) else None
+    bos = tokenizer.bos_token if prepends_bos(tokenizer) else None
     return s[len(bos):] if bos and s.startswith(bos) else s
 
 

@@ -5,6 +5,8 @@
                     resume, the JSONL log, TensorBoard, DDP under torchrun
     predict.py      predict(model, plan, collate, ...): outputs per row, gathered across ranks
     loss.py         the task loss (cross-entropy / MSE)
+    checkpoint.py   resume.pt: the full training state after every epoch
+    precision.py    fp32 / bf16 / fp16 autocast
     distributed.py  torch.distributed under torchrun (no-ops in one process)
     progress.py     the progress bar and logging setup
 """

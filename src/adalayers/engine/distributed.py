@@ -22,12 +22,9 @@ import os
 import torch
 import torch.distributed as dist
 
+from adalayers.core import launched, local_rank  # noqa: F401  (distributed.launched / local_rank: callers use them)
+
 log = logging.getLogger(__name__)
-
-
-def launched() -> bool:
-    """Started by torchrun (or anything else that sets WORLD_SIZE > 1)?"""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def active() -> bool:
@@ -40,10 +37,6 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if active() else int(os.environ.get("RANK", "0"))
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def is_main() -> bool:

@@ -14,12 +14,12 @@ after the deepest layer any head uses (its later layers are not in the graph eit
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as nnf
 from torch import nn
 
 from adalayers.errors import ModelError
 from adalayers.model.fused import LayerPlan, contribution, group_heads, layer_plan
 from adalayers.model.heads import masked_mean
+from adalayers.model.mixer import activate
 
 EMBEDDING = "sentence_embedding"
 
@@ -80,12 +80,12 @@ class OnePassGraph(nn.Module):
             for p in plans:
                 plan = LayerPlan(p.layer, p.live, getattr(self, f"w{g}_{p.layer}"), getattr(self, f"a{g}_{p.layer}"),
                                  p.all_live)
-                c = contribution(nnf.gelu(states[p.layer]), plan, k)  # (B, T, live, k): one GEMM
+                c = contribution(activate(states[p.layer], plan.weight.dtype), plan, k)  # (B, T, live, k): one GEMM
                 for j, h in enumerate(p.live):
                     accs[h] = c[..., j, :] if accs[h] is None else accs[h] + c[..., j, :]
             for h, m in enumerate(members):
                 task = self.tasks[m]
-                task._acc = accs[h]
+                task.receive(accs[h])
                 logits[m] = task.end(attention_mask)
         head_outputs = tuple(logits)
         if not self.primary:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adalayers.model.backbone import BaseOutput, Tap, _prepends_bos
+from adalayers.data.templates import prepends_bos
+from adalayers.model.backbone import BaseOutput, Tap
 from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import LlamaCpp, Row
 
@@ -52,7 +53,7 @@ class LlamaCppBackbone:
         if tokenizer.pad_token is None:  # as Backbone: pad with end-of-text (always masked out)
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.bos_token
         tokenizer.padding_side = "left"
-        self.adds_bos = _prepends_bos(tokenizer)
+        self.adds_bos = prepends_bos(tokenizer)
         self._fingerprint: str | None = None
 
     @classmethod
@@ -79,9 +80,9 @@ class LlamaCppBackbone:
         """The default runtime's fingerprint of the same GGUF (config + its dequantized weights), so a head trained
         on either runtime loads on both. Computed once per file from its conversion and kept beside it."""
         if self._fingerprint is None:
-            from adalayers.model import gguf_models
+            from adalayers.model.backbone import gguf_fingerprint
 
-            self._fingerprint = gguf_models.fingerprint(self.path)
+            self._fingerprint = gguf_fingerprint(self.path)
         return self._fingerprint
 
     def __call__(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:

@@ -29,7 +29,7 @@ def wrong_sequence(examples, preds, labels, top: int) -> list[dict]:
 
 
 def wrong_words(examples, split, outs, labels, top: int, context: int = 8) -> list[dict]:
-    from adalayers.engine.evaluate import word_outputs
+    from adalayers.recipes.evaluate import word_outputs
 
     wrong = []
     for i, w, probs in word_outputs(split, outs):
@@ -89,7 +89,7 @@ class Scored:
 def score_split(run_dir: Path, split: str) -> Scored:
     """Load the run's head and base, predict the split and score it."""
     from adalayers.cli import recipes
-    from adalayers.engine.evaluate import example_predictions, row_outputs, score
+    from adalayers.recipes.evaluate import example_predictions, row_outputs, score
     from adalayers.model.precision import autocast_for
 
     run_dir = Path(run_dir)

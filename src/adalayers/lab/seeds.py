@@ -100,7 +100,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
 def build_ensemble(ens_dir: Path, member_dirs: list[Path], cfg, prepared) -> dict:
     """Write a run folder that loads as the members' ensemble, and score it on every split it has."""
     from adalayers.cli import recipes
-    from adalayers.engine.evaluate import evaluate_split
+    from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
 
     backbone, data, encoded = prepared

@@ -24,8 +24,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from adalayers.data.templates import prepends_bos
 from adalayers.errors import ModelError
-from adalayers.model import model_packages
+from adalayers.files import atomic_write
+from adalayers.model import gguf_models, model_packages
 
 Tap = Callable[[int, torch.Tensor], None]  # tap(layer_index, hidden_state (B, T, d))
 
@@ -47,7 +49,6 @@ def resolve(name: str) -> str:
     if name in model_packages.ALIASES:
         return str(model_packages.path_for(name))
     if name.lower().endswith(".gguf"):
-        from adalayers.model import gguf_models
         return str(gguf_models.converted(Path(name)))
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
@@ -113,15 +114,6 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _prepends_bos(tokenizer) -> bool:
-    """Does the tokenizer put a BOS token before every text (Gemma, Llama do; GPT-2, Qwen do not)?"""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return False
-    ids = tokenizer("a")["input_ids"]
-    return bool(ids) and ids[0] == bos
-
-
 class Backbone(nn.Module):
     """A frozen Hugging Face model with hooks on its embedding output and every layer."""
 
@@ -152,7 +144,7 @@ class Backbone(nn.Module):
             if tokenizer.pad_token is None:  # GPT-2, Llama: pad with end-of-text (always masked out)
                 tokenizer.pad_token = tokenizer.eos_token or tokenizer.bos_token
             tokenizer.padding_side = "left"  # what batched generation needs; positions follow the mask
-        self.adds_bos = self.is_causal and _prepends_bos(tokenizer)
+        self.adds_bos = self.is_causal and prepends_bos(tokenizer)
 
     # --- loading ---------------------------------------------------------------------------
     @classmethod
@@ -290,3 +282,15 @@ class Backbone(nn.Module):
         shifted[:, 1:] = input_ids[:, :-1]
         shifted[:, 0] = start
         return shifted
+
+
+def gguf_fingerprint(path: Path) -> str:
+    """The default runtime's base fingerprint (Backbone.fingerprint) of a GGUF file: computed once from its
+    conversion and kept beside it, so a runtime that runs the file as it is (llama.cpp) loads the same heads."""
+    folder = gguf_models.converted(Path(path))
+    kept = folder / "fingerprint"
+    if kept.is_file():
+        return kept.read_text(encoding="utf-8").strip()
+    value = Backbone.load(str(folder), "decoder").fingerprint()
+    atomic_write(kept, value + "\n")
+    return value

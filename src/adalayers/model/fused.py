@@ -10,8 +10,10 @@ For layer i and the heads h = 1..H whose weight w_i^(h) is not 0 (all of the sam
 Head h's accumulator is acc[..., h, :]; its SideTask's end() runs its head as before. This is
 the arithmetic of each head's own tap (mixer.add) with the H products and normalisations
 batched, so results equal the per-head path up to float summation order (the tests hold them to
-1e-5; a token head's scores to 2e-4). Heads of different k or dtype form separate groups. The same plan (`layer_plan`) and
-step (`contribution`) build the exported ONNX graph (adalayers.export.graph).
+1e-5; a token head's scores to 2e-4). f is adalayers.model.mixer.layer_features, the one place it is
+computed. Heads of different k or dtype form separate groups. The same plan (`layer_plan`) and
+step (`contribution`) build the exported ONNX graph (adalayers.export.graph). Each SideTask gets its
+accumulator through its public `receive` and fixes its layer weights in `begin` (`pass_weights`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as nnf
+
+from adalayers.model.mixer import activate, layer_features
 
 _CACHE: "OrderedDict[tuple, tuple[list[torch.Tensor], list[int], torch.Tensor]]" = OrderedDict()
 _CACHE_SIZE = 256
@@ -70,7 +73,7 @@ def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
 
 def normalized(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
     """LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i)."""
-    return nnf.layer_norm(nnf.linear(a, plan.weight).unflatten(-1, (len(plan.live), k)), (k,))
+    return layer_features(a, plan.weight, k)
 
 
 def contribution(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
@@ -103,7 +106,8 @@ class FusedTap:
     def __init__(self, tasks: list) -> None:
         self.groups = group_heads(tasks)
         self._acc: dict[tuple, torch.Tensor] = {}
-        self._weights = {key: torch.stack([t._w for t in group]) for key, group in self.groups.items()}  # (H, L)
+        self._weights = {key: torch.stack([t.pass_weights for t in group])  # (H, L)
+                         for key, group in self.groups.items()}
 
     def __call__(self, i: int, z: torch.Tensor) -> None:
         gelu: dict[torch.dtype, torch.Tensor] = {}
@@ -113,10 +117,10 @@ class FusedTap:
                 continue
             k, dtype, _ = key
             if dtype not in gelu:
-                gelu[dtype] = nnf.gelu(z.to(dtype))
+                gelu[dtype] = activate(z, dtype)
             acc = self._acc.get(key)
             new = accumulate(acc, normalized(gelu[dtype], plan, k), plan, len(group))
             if acc is None:
                 self._acc[key] = new
                 for h, t in enumerate(group):
-                    t._acc = new[..., h, :]  # a view: the in-place updates of later layers reach every head
+                    t.receive(new[..., h, :])  # a view: the in-place updates of later layers reach every head

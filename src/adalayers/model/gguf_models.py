@@ -18,7 +18,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from adalayers.engine.progress import bar
 from adalayers.errors import ModelError
+from adalayers.files import cache_root, sha256 as file_sha256
 
 log = logging.getLogger(__name__)
 MAGIC = b"GGUF"
@@ -40,9 +42,6 @@ def check_header(path: Path) -> None:
 
 def converted(path: Path, sha256: str | None = None) -> Path:
     """The Hugging Face folder holding `path`'s weights (fp32 safetensors) and tokenizer; made once."""
-    from adalayers.model.model_packages import cache_root
-    from adalayers.store.run import sha256 as file_sha256
-
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ModelError(f"GGUF file not found: {path}")
@@ -83,23 +82,6 @@ def _convert(path: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def fingerprint(path: Path) -> str:
-    """The default runtime's base fingerprint (adalayers.model.backbone.Backbone.fingerprint) of a GGUF file: computed
-    once from its conversion and kept beside it, so a runtime that runs the file as it is (llama.cpp) loads
-    the same heads."""
-    from adalayers.model.backbone import Backbone
-
-    folder = converted(Path(path))
-    kept = folder / "fingerprint"
-    if kept.is_file():
-        return kept.read_text(encoding="utf-8").strip()
-    value = Backbone.load(str(folder), "decoder").fingerprint()
-    tmp = kept.with_suffix(".tmp")
-    tmp.write_text(value + "\n", encoding="utf-8")
-    os.replace(tmp, kept)
-    return value
-
-
 @contextmanager
 def _own_bar():
     """transformers draws its own tqdm bar over the GGUF tensors ("Converting and de-quantizing GGUF
@@ -110,8 +92,6 @@ def _own_bar():
     except ImportError:
         yield
         return
-    from adalayers.engine.progress import bar
-
     original = getattr(gguf_utils, "tqdm", None)
     gguf_utils.tqdm = lambda items, *args, **kw: bar(items, len(items) if hasattr(items, "__len__") else None,
                                                      "converting the GGUF tensors (once)")

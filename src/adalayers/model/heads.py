@@ -1,22 +1,28 @@
-"""Task heads on the mixed features F (B, T, k).
+"""Task heads on the mixed features F (B, T, k), one registered builder per head kind (HEADS).
 
 sequence / regression: self-attention (padding masked) -> GELU -> dropout -> pooling (masked mean, masked max
                        the first or the last real token; head.pooling) -> linear
 token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per token (the feed-forward
                        and projections over the real tokens only; dropout: adalayers.model.dropout)
+regression:            the sequence head with one output, in the training targets' units:
+                       mean + std * out (head.target_mean / target_std; the loss divides by std^2)
+A new head kind is one class here and one line in HEADS.
 Training with train.head_precision=bf16, the attention projections and the feed-forward multiply in
 bf16 (adalayers.model.bf16).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as nnf
 from torch import nn
 
-from adalayers.model import bf16
 from adalayers.config import HeadConfig
-from adalayers.model.dropout import Dropout, dropout
+from adalayers.errors import ConfigError
 from adalayers.kinds import TaskKind
+from adalayers.model import bf16
+from adalayers.model.dropout import Dropout, dropout
 
 
 def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor,
@@ -184,7 +190,10 @@ class TokenHead(nn.Module):
         are ignored). Only the projected q, k, v are spread out for the attention: in training, in groups
         of rows of similar length (attend_packed), in eval to (B, T, 3k) in one call. Same values
         at every real token as nn.TransformerEncoder(F, src_key_padding_mask=~mask); zeros on padding.
-        Training with train.head_precision=bf16, in_proj, out_proj, linear1 and linear2 multiply in bf16
+        regression:            the sequence head with one output, in the training targets' units:
+                       mean + std * out (head.target_mean / target_std; the loss divides by std^2)
+A new head kind is one class here and one line in HEADS.
+Training with train.head_precision=bf16, in_proj, out_proj, linear1 and linear2 multiply in bf16
         (adalayers.model.bf16).
         """
         keep = mask.bool()
@@ -202,7 +211,34 @@ class TokenHead(nn.Module):
         return unpack(self.out(x), keep)
 
 
+class RegressionHead(SequenceHead):
+    """The sequence head with one output, given in the training targets' units (the same weights)."""
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__(k, 1, cfg)
+        self.cfg = cfg  # read when used: the recipe may set the targets' scale after building the head
+
+    @property
+    def loss_scale(self) -> float:
+        """The MSE is taken in standard units: (pred - y)^2 / std^2."""
+        return (self.cfg.target_std or 1.0) ** 2
+
+    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (self.cfg.target_mean or 0.0) + (self.cfg.target_std or 1.0) * super().forward(F, mask).squeeze(-1)
+
+
+HeadBuilder = Callable[[int, int, HeadConfig], nn.Module]  # (k, number of labels, head config) -> the head
+HEADS: dict[TaskKind, HeadBuilder] = {  # one line per head kind
+    TaskKind.CLASSIFICATION: SequenceHead,
+    TaskKind.REGRESSION: RegressionHead,
+    TaskKind.TOKENS: TokenHead,
+}
+
+
 def build_head(kind: str, k: int, num_labels: int, cfg: HeadConfig) -> nn.Module:
-    if kind == TaskKind.TOKENS:
-        return TokenHead(k, num_labels, cfg)
-    return SequenceHead(k, 1 if kind == TaskKind.REGRESSION else num_labels, cfg)
+    """The registered head of `kind` (a TaskKind or one of its names)."""
+    kind = TaskKind.parse(kind, "head.kind")
+    if kind not in HEADS:
+        raise ConfigError(f"head.kind: no head is registered for {kind.value!r} (registered: "
+                          f"{', '.join(k.value for k in HEADS)})")
+    return HEADS[kind](k, num_labels, cfg)

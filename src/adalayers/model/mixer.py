@@ -6,6 +6,10 @@
 
 F is accumulated one layer at a time (`add`), as the base computes: only one (B, T, k)
 tensor is ever held, and layers whose weight is 0 are never projected.
+
+`layer_features` is the one place f_i is computed, for one head or for several heads at once
+(their W_i stacked): training (`add`), the fused serving path (adalayers.model.fused) and the
+exported ONNX graph (adalayers.export.graph) all call it.
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
-from adalayers.model import bf16
 from adalayers.config import MixerConfig
+from adalayers.errors import ConfigError, ModelError
+from adalayers.model import bf16
 from adalayers.model.dropout import Dropout
 
 
@@ -32,16 +37,37 @@ def position_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack([torch.sin(angles), torch.cos(angles)], -1).flatten(-2)[..., :dim]
 
 
+def activate(z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """GELU(Z_i) in the projection's dtype (shared by every head that projects layer i)."""
+    return nnf.gelu(z.to(dtype))
+
+
+def project(a: torch.Tensor, weight: torch.Tensor, train_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a W^T, a = GELU(Z_i) (..., d), weight (H k, d): the stacked W_i of H heads -> (..., H k)."""
+    return bf16.linear(a, weight, None, train_dtype)
+
+
+def normalize(projected: torch.Tensor, k: int) -> torch.Tensor:
+    """LayerNorm_noaffine over each head's k values: (..., H k) -> (..., H, k)."""
+    return nnf.layer_norm(projected.unflatten(-1, (-1, k)), (k,))
+
+
+def layer_features(a: torch.Tensor, weight: torch.Tensor, k: int,
+                   train_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """f_i = LayerNorm_noaffine(GELU(Z_i) W_i^T) for H heads in one GEMM: a = GELU(Z_i) (activate),
+    weight = [W_i^(1); ...; W_i^(H)] (H k, d) -> (..., H, k)."""
+    return normalize(project(a, weight, train_dtype), k)
+
+
 class AdaLayersMixer(nn.Module):
     train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision; adalayers.model.bf16)
 
     def __init__(self, num_layers: int, hidden_size: int, cfg: MixerConfig):
         super().__init__()
         if cfg.pin_layer is not None and cfg.pin_layer >= num_layers:
-            from adalayers.errors import ConfigError
             raise ConfigError(f"mixer.pin_layer: the base has layers 0..{num_layers - 1}, got {cfg.pin_layer}")
         self.cfg = cfg
-        self.num_layers, self.k = num_layers, cfg.k
+        self.num_layers, self.hidden_size, self.k = num_layers, hidden_size, cfg.k
         self.proj = nn.ModuleList(nn.Linear(hidden_size, cfg.k, bias=False) for _ in range(num_layers))
         self.p = nn.Parameter(torch.ones(num_layers))
         self.dropout = Dropout(cfg.dropout)
@@ -71,22 +97,39 @@ class AdaLayersMixer(nn.Module):
             return [i for i, x in enumerate(self.layer_weights().tolist()) if x > 0]
 
     # --- accumulation --------------------------------------------------------------------------
+    def check_count(self, n: int) -> None:
+        """All the layers at once must be all of them (as AllenNLP's ScalarMix checks)."""
+        if n != self.num_layers:
+            raise ModelError(f"the mixer expects {self.num_layers} hidden states (embeddings + "
+                             f"{self.num_layers - 1} layers), got {n}")
+
+    def check(self, i: int, z: torch.Tensor) -> None:
+        """Layer i of the base this mixer was built for, of its width; else a one-line ModelError."""
+        if not 0 <= i < self.num_layers:
+            raise ModelError(f"the mixer mixes layers 0..{self.num_layers - 1} (embeddings + {self.num_layers - 1} "
+                             f"layers), got layer {i}: the head was trained on a base with another depth")
+        if z.shape[-1] != self.hidden_size:
+            raise ModelError(f"the mixer expects hidden states of width {self.hidden_size}, got {z.shape[-1]} "
+                             f"(layer {i}): the head was trained on a base of another width")
+
     def project(self, i: int, z: torch.Tensor) -> torch.Tensor:
-        """GELU(Z_i) W_i^T, before normalisation."""
-        w = self.proj[i].weight
-        return bf16.linear(nnf.gelu(z.to(w.dtype)), w, None, bf16.training_dtype(self))
+        """GELU(Z_i) W_i^T, before normalisation: (..., k)."""
+        weight = self.proj[i].weight
+        return project(activate(z, weight.dtype), weight, bf16.training_dtype(self))
 
     def add(self, acc: torch.Tensor | None, i: int, z: torch.Tensor, w: torch.Tensor,
             projected: torch.Tensor | None = None) -> torch.Tensor | None:
         """acc + w_i * f_i; skips layers whose weight is 0 (no projection is computed for them).
 
-        `projected` = project(i, z) when the caller computed it already (several heads in one GEMM).
+        `projected` = GELU(Z_i) W_i^T (..., k) when the caller computed it already.
         """
+        self.check(i, z)
         if w[i].item() == 0:  # cut off or pinned out: contributes nothing, gets no gradient
             return acc
-        # w_i * LayerNorm(.) in one kernel: w_i as the norm's (otherwise absent) scale, broadcast over k
-        term = nnf.layer_norm(self.project(i, z) if projected is None else projected, (self.k,),
-                              weight=w[i].expand(self.k))
+        weight = self.proj[i].weight
+        f = normalize(projected, self.k) if projected is not None else \
+            layer_features(activate(z, weight.dtype), weight, self.k, bf16.training_dtype(self))  # (..., 1, k)
+        term = f[..., 0, :] * w[i]
         if self.cfg.projection_dropout:  # dropout(w_i f_i) = w_i dropout(f_i): the same draws, the same values
             term = self.dropout(term)
         return term if acc is None else acc + term
@@ -106,6 +149,7 @@ class AdaLayersMixer(nn.Module):
 
     def forward(self, hidden_states: list[torch.Tensor]) -> torch.Tensor:
         """Convenience: mix a list of all layers' states at once (the accumulation path underneath)."""
+        self.check_count(len(hidden_states))
         w = self.layer_weights()
         acc = None
         for i, z in enumerate(hidden_states):

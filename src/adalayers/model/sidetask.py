@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adalayers.model import bf16
 from adalayers.config import Config
+from adalayers.errors import ModelError
+from adalayers.model import bf16
 from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
 from adalayers.engine.protocol import count, trainable
 from adalayers.model.heads import build_head, unpack
@@ -40,6 +41,18 @@ class SideTask(nn.Module):
     def tap(self, i: int, z: torch.Tensor, projected: torch.Tensor | None = None) -> None:
         with torch.set_grad_enabled(self.training):  # the base runs under no_grad; the mixer may train
             self._acc = self.mixer.add(self._acc, i, z, self._w, projected)
+
+    @property
+    def pass_weights(self) -> torch.Tensor:
+        """The layer weights begin() fixed for this pass (L,)."""
+        if self._w is None:
+            raise ModelError("SideTask.pass_weights: call begin() first")
+        return self._w
+
+    def receive(self, acc: torch.Tensor) -> None:
+        """Take this pass's accumulated F, (B, T, k) or packed (N, k), computed outside tap() (several heads'
+        at once: adalayers.model.fused, adalayers.export.graph); end() then reads it."""
+        self._acc = acc
 
     def uses(self, i: int) -> bool:
         """Does layer i count in this pass (call after begin())?"""
@@ -100,11 +113,7 @@ class SideTask(nn.Module):
         mask = self.seen(mask.to(acc.device), skip_bos)
         acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
-        out = self.head(self.mixer.finish(acc, positions), mask)
-        if self.kind != TaskKind.REGRESSION:
-            return out
-        mean, std = self.target_scale
-        return mean + std * out.squeeze(-1)
+        return self.head(self.mixer.finish(acc, positions), mask)
 
     @property
     def target_scale(self) -> tuple[float, float]:
@@ -113,6 +122,7 @@ class SideTask(nn.Module):
         return (h.target_mean or 0.0, h.target_std or 1.0)
 
     def forward(self, hidden_states: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        self.mixer.check_count(len(hidden_states))
         self.begin()
         for i, z in enumerate(hidden_states):
             self.tap(i, z)
@@ -123,9 +133,7 @@ class SideTask(nn.Module):
         return self.mixer.used_layers()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = task_loss(self.kind, logits, labels)
-        if self.kind == TaskKind.REGRESSION:  # MSE in standard units: (pred - y)^2 / std^2
-            loss = loss / self.target_scale[1] ** 2
+        loss = task_loss(self.kind, logits, labels) / getattr(self.head, "loss_scale", 1.0)
         if self.cfg.mixer.entropy_lambda:
             loss = loss + self.cfg.mixer.entropy_lambda * self.mixer.entropy()
         return loss

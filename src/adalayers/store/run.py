@@ -30,7 +30,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from adalayers import config as config_mod
+from adalayers.engine import distributed
 from adalayers.errors import ConfigError, ModelError, RunError
+from adalayers.files import (append_jsonl, atomic_write, file_mode, remove_if_empty,  # noqa: F401  (re-exported)
+                             sha256, umask, write_json)
 from adalayers.jsoncheck import too_deep
 from adalayers.kinds import TaskKind
 
@@ -83,66 +86,6 @@ class RunMeta(BaseModel):
         return self
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _file_mode() -> int:
-    """0666 without the bits the umask removes (what open() would create)."""
-    return 0o666 & ~_umask()
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode())  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def append_jsonl(path: Path, obj) -> None:
-    """Append a line by rewriting the whole (small) file atomically."""
-    old = Path(path).read_text(encoding="utf-8") if Path(path).exists() else ""
-    atomic_write(path, old + json.dumps(obj) + "\n")
-
-
-def sha256(path: Path) -> str:
-    """sha256 of a file's bytes; of a folder (an extracted dataset), of every file's relative path and bytes
-    in sorted order, so renaming, adding or changing any file changes it."""
-    h, path = hashlib.sha256(), Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if file != path:
-            h.update(file.relative_to(path).as_posix().encode() + b"\0")
-        with open(file, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def remove_if_empty(folder: Path) -> None:
-    """Delete `folder` when it holds nothing (e.g. a run that failed before its first file)."""
-    try:
-        Path(folder).rmdir()  # only succeeds on an empty folder
-    except OSError:
-        pass
-
-
 def replace_run(out: Path, build) -> dict:
     """Run `build(folder)` on a new temporary folder beside `out`, then swap it in for `out`.
 
@@ -151,14 +94,12 @@ def replace_run(out: Path, build) -> dict:
     old run is deleted. If the second rename fails the old run is renamed back.
     Under torchrun (a started process group) rank 0 alone makes the new folder, whose name every rank
     is given to build into, and rank 0 alone swaps and deletes; the others wait at barriers."""
-    from adalayers.engine import distributed  # imported here: the engine imports this module
-
     out = Path(out)
     new = None
     if distributed.is_main():
         clean_leftovers(out)
         new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
-        os.chmod(new, 0o777 & ~_umask())
+        os.chmod(new, 0o777 & ~umask())
         (new / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
     new = distributed.broadcast(new)
     try:
@@ -223,7 +164,7 @@ def save_head(run_dir: Path, task) -> str:
     os.close(fd)
     try:
         save_file(tensors, tmp)
-        os.chmod(tmp, _file_mode())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, Path(run_dir) / HEAD)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.data.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.data.tasks.base import Example, TaskData, bad_row, read_lines, register
 from adalayers.data.tasks.tables import conll_sentences
 from adalayers.kinds import TaskKind
 

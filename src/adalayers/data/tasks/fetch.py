@@ -1,4 +1,4 @@
-"""`adalayers data fetch TASK`: put a built-in task's files into the data folder, checked by sha256.
+"""Put a built-in task's files into the data folder, checked by sha256.
 
 Each task lists the files its reader needs (paths under the data folder), the public URL each comes
 from, and its sha256; files inside an archive name their member, and the archive's own checksum is
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from adalayers.store import run as run_files
 from adalayers.errors import DataError
+from adalayers.files import sha256 as file_sha256
 
 
 def github(repo: str, commit: str, path: str) -> str:
@@ -105,7 +105,7 @@ def place_message(task: str, folder: Path, why: str, missing: list[str] | None =
 def checked(f: RemoteFile, folder: Path) -> bool:
     """The file is in the data folder with its recorded sha256."""
     path = folder / f.path
-    return path.is_file() and bool(f.sha256) and run_files.sha256(path) == f.sha256
+    return path.is_file() and bool(f.sha256) and file_sha256(path) == f.sha256
 
 
 def download(url: str, timeout: float = 60.0) -> bytes:
@@ -175,26 +175,3 @@ def fetch(task: str, folder: Path, get=download) -> list[str]:
         write_checked(path, data, f.sha256, f.url + (f" ({f.member})" if f.member else ""))
         done.append(f"{path}: downloaded from {f.url}, {len(data):,} bytes, sha256 ok")
     return done
-
-
-def cmd_fetch(args) -> int:
-    folder = data_folder(args.dir)
-    for line in fetch(args.task, folder):
-        print(line)
-    src = SOURCES[args.task]
-    if src.hub:
-        print(f"({args.task} is also on the Hugging Face Hub as {src.hub}; adalayers reads the files above)")
-    return 0
-
-
-def add_commands(sub) -> None:
-    from adalayers.cli import _print_help
-
-    p = sub.add_parser("data", help="get the built-in tasks' data files")
-    dsub = p.add_subparsers(dest="data_command", metavar="COMMAND")
-    p.set_defaults(fn=lambda args: _print_help(p))
-    f = dsub.add_parser("fetch", help="download a task's files from their public source into the data folder, "
-                                      "checked by sha256 (offline: says where to place them)")
-    f.add_argument("task", choices=sorted(SOURCES), help="the task whose files to fetch")
-    f.add_argument("--dir", help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
-    f.set_defaults(fn=cmd_fetch)

@@ -19,7 +19,7 @@ from adalayers.config import TASK_KINDS
 from adalayers.data.tasks.conll import iob1_to_iob2  # noqa: F401  (one converter; tests import it from here too)
 from adalayers.errors import DataError
 from adalayers.metrics import MAIN_METRICS
-from adalayers.data.tasks import Example, TaskData, register, stratified_split
+from adalayers.data.tasks.base import Example, TaskData, register, stratified_split
 from adalayers.data.tasks.tables import Table, is_number, read_tables
 from adalayers.kinds import TaskKind
 

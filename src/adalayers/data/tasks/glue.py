@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.data.tasks import Example, TaskData, bad_row, read_lines, register, stratified_split
+from adalayers.data.tasks.base import Example, TaskData, bad_row, read_lines, register, stratified_split
 from adalayers.kinds import TaskKind
 
 COLA_LABELS = ["unacceptable", "acceptable"]

@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.data.tasks import Example, TaskData, register, stratified_split
+from adalayers.data.tasks.base import Example, TaskData, register, stratified_split
 from adalayers.kinds import TaskKind
 
 LABELS = ["negative", "positive"]

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from adalayers.errors import DataError
-from adalayers.data.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.data.tasks.base import Example, TaskData, bad_row, read_lines, register
 from adalayers.kinds import TaskKind
 
 QQP_LABELS = ["not_duplicate", "duplicate"]

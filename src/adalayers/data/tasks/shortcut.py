@@ -5,6 +5,7 @@ closest to the data's kind (classification: cola.yaml, regression: stsb.yaml, to
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from adalayers.data.tasks.files import KIND_WORDS, guess_kind
@@ -12,6 +13,9 @@ from adalayers.data.tasks.tables import is_number, read_tables
 from adalayers.kinds import TaskKind
 
 
+FEW_STEPS = 2_000      # optimizer steps in max_epochs below which the small-data defaults apply
+SMALL_DATA_LR = 1e-3
+MAX_SMALL_EPOCHS = 200
 CLOSEST_CONFIG = {TaskKind.CLASSIFICATION: "cola.yaml", TaskKind.REGRESSION: "stsb.yaml", TaskKind.TOKENS: "conll.yaml"}
 
 
@@ -60,10 +64,8 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
 
 def _fit_to_small_data(base: dict, rows: int, own_validation: bool, overrides: list[str]) -> None:
     """The closest config's lr and epochs are made for thousands of rows: a small file gets its own
-    (adalayers.engine.health.few_step_defaults), said in the log; not when --set chooses any of them."""
+    (few_step_defaults), said in the log; not when --set chooses any of them."""
     import logging
-
-    from adalayers.engine.health import few_step_defaults
 
     chosen = {o.partition("=")[0].strip() for o in overrides or []}
     if chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"}:
@@ -72,6 +74,25 @@ def _fit_to_small_data(base: dict, rows: int, own_validation: bool, overrides: l
     note = None if n_train < 1 else few_step_defaults(base["train"], n_train)
     if note:
         logging.getLogger(__name__).info("%s", note)
+
+
+def few_step_defaults(train: dict, n_train: int) -> str | None:
+    """A small training set: raise `train`'s lr and max_epochs (a config dict's train section, changed in
+    place) so the head gets about FEW_STEPS steps, and early_stopping with them; returns the log line
+    saying so, or None when the data gives enough steps as it is."""
+    per_epoch = max(1, math.ceil(n_train / train["batch_size"]))
+    if per_epoch * train["max_epochs"] >= FEW_STEPS:
+        return None
+    old = dict(train)
+    train["lr"] = max(train["lr"], SMALL_DATA_LR)
+    train["max_epochs"] = max(train["max_epochs"], min(MAX_SMALL_EPOCHS, math.ceil(FEW_STEPS / per_epoch)))
+    train["early_stopping"] = max(train["early_stopping"], train["max_epochs"] // 4)
+    changed = ", ".join(f"train.{k} {train[k]:g} (not {old[k]:g})" for k in ("lr", "max_epochs", "early_stopping")
+                        if train[k] != old[k])
+    if not changed:
+        return None
+    return (f"small data set: {n_train:,} training rows give {per_epoch} steps an epoch, so {changed}; "
+            f"--set them to choose")
 
 
 def add_data_args(p) -> None:

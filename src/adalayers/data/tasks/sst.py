@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from adalayers.data.tasks import Example, TaskData, bad_row, read_lines, register
+from adalayers.data.tasks.base import Example, TaskData, bad_row, read_lines, register
 from adalayers.kinds import TaskKind
 
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from adalayers.errors import ConfigError, DataError
-from adalayers.data.tasks import bad_row, require_file
+from adalayers.data.tasks.base import bad_row, require_file
 
 EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
               ".json": "jsonl", ".conll": "conll", ".iob": "conll", ".bio": "conll"}

@@ -6,7 +6,7 @@ parameters are the ones with requires_grad, `forward(batch) -> logits`, `loss(ou
 
 AdamW, a constant or linear-warmup-then-decay learning rate, selection of the best epoch on the
 task's main validation metric (its trainable tensors are kept in memory), early stopping after
-`train.early_stopping` epochs without improvement. Scoring is adalayers.engine.evaluate's.
+`train.early_stopping` epochs without improvement. Scoring is adalayers.recipes.evaluate's.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from adalayers.core import weights_digest
 from adalayers.data.encoding import EncodedSplit, SplitFeed
 from adalayers.engine import FitSettings, count, trainable, trainable_state  # noqa: F401  (trainable_state: for callers)
 from adalayers.engine import fit as engine_fit
-from adalayers.engine.evaluate import evaluate_model
+from adalayers.recipes.evaluate import evaluate_model
 from adalayers.model.precision import autocast_for
 from adalayers.model.states import LiveStates
 

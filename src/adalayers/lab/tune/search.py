@@ -280,7 +280,7 @@ def _best_trial(study):
 def score_best(study, cfg, out: Path, prepared) -> dict:
     """Copy the best trial's run folder to out/best and score it on the test split (once per best trial)."""
     from adalayers.cli import recipes
-    from adalayers.engine.evaluate import evaluate_split
+    from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
 
     best = _best_trial(study)

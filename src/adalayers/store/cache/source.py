@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from adalayers.model import model_packages
 from adalayers.data.encoding import EncodedSplit, split_batch
 from adalayers.engine.progress import bar
-from adalayers.store.run import sha256
+from adalayers.files import cache_root, sha256
 from adalayers.model.states import LiveStates
 from adalayers.data.templates import Template
 from adalayers.model.precision import autocast_for, precision_of
@@ -46,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def cache_dir(cfg=None) -> Path:
     """Where entries live: cache.dir, else $ADALAYERS_CACHE, else ~/.cache/adalayers; states/ inside it."""
-    base = Path(cfg.cache.dir).expanduser() if cfg is not None and cfg.cache.dir else model_packages.cache_root()
+    base = Path(cfg.cache.dir).expanduser() if cfg is not None and cfg.cache.dir else cache_root()
     return base / "states"
 
 

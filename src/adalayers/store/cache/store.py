@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from adalayers.errors import AdaLayersError
-from adalayers.store.run import sha256, write_json
+from adalayers.files import sha256, write_json
 
 log = logging.getLogger(__name__)
 FORMAT = 1

@@ -12,18 +12,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from adalayers.store import run as runlib
+from adalayers import config as config_mod
 from adalayers.core import pick_device, seed_everything  # noqa: F401  (imported from here by older code)
 from adalayers.data.encoding import SplitFeed
 from adalayers.engine import FitSettings
 from adalayers.engine import fit as engine_fit
+from adalayers.engine.loop import STOPPING
+from adalayers.engine.precision import autocast_for
 from adalayers.errors import TrainingError  # noqa: F401
-from adalayers.engine.evaluate import evaluate_split
-from adalayers.model.precision import autocast_for
 from adalayers.model.states import Fed
+from adalayers.recipes.evaluate import evaluate_split
+from adalayers.store import run as runlib
 
 
 EpochCallback = Callable[[int, float], None]
+# what a resumed run may change: when to stop, how many threads, TensorBoard, and the tuner's section
+RESUME_FREE = {"train": {*STOPPING, "num_threads", "tensorboard"}, "tune": None}
+
+
+def resume_differences(stored: dict, config: dict) -> list[str]:
+    """The settings a resumed run would change that decide what it learns (adalayers.config.differences:
+    the stored config is read by this version first, so a field added since is no difference), and, when
+    there are any, what may change."""
+    diffs = config_mod.differences(stored, config, RESUME_FREE)
+    return diffs and diffs + ["only train.max_epochs, early_stopping, max_minutes, num_threads, tensorboard and "
+                              "the tune section may change on resume"]
 
 
 def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id: int, resume: bool = False,
@@ -48,7 +61,7 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
 
     feed = SplitFeed(encoded["train"], tc.batch_size, pad_id, validate)
     return engine_fit(Fed(task, source), feed, FitSettings.of(tc), backbone.device, run_dir=run_dir,
-                      config=cfg.to_dict(), resume=resume, on_best=save_best, on_epoch=on_epoch)
+                      resume_key=cfg.to_dict(), differences=resume_differences, resume=resume, on_best=save_best, on_epoch=on_epoch)
 
 
 def _flat(m: dict) -> dict:
