@@ -29,9 +29,9 @@ from typing import Iterator
 
 import torch
 
-from adalayers.model.backbone import positions
+from adalayers.infer.outputs import head_output
+from adalayers.infer.torch_runtime import cache_of, torch_forward
 from adalayers.errors import DataError, ModelError
-from adalayers.model.sidetask import shared_tap
 from adalayers.kinds import TaskKind
 
 
@@ -60,7 +60,7 @@ def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str
     """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
     the guard {head: (label, threshold)}, the end-of-text token ids; none with ignore_eos)."""
     backbone = side.backbone
-    runtime = runtime or decoder(backbone)  # refuses a base that cannot generate
+    runtime = runtime or side.runtime.decoder()  # refuses a base that cannot generate
     names = side.check_tasks(tasks)
     for n in list(answer_only) + list(guard or {}):
         if n not in names:
@@ -97,7 +97,7 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     task.template is not applied. The "done" event's "results" is what `generate` returns.
     """
     backbone = side.backbone
-    runtime = decoder(backbone)
+    runtime = side.runtime.decoder()
     names, guard, eos = check_request(side, prompts, max_new_tokens, tasks, answer_only, guard, ignore_eos, runtime)
     heads = [side.heads[n] for n in names]
     tok = backbone.tokenizer
@@ -199,51 +199,6 @@ def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str
     raise RuntimeError("generation ended without a result")  # unreachable: stream always ends with done
 
 
-def decoder(backbone):
-    """The base's decode runtime: its own (e.g. llama.cpp's, adalayers.infer.llamacpp_backbone) or TorchDecoder."""
-    make = getattr(backbone, "decoder", None)
-    return make() if make is not None else TorchDecoder(backbone)
-
-
-class TorchDecoder:
-    """Prefill and decode steps of a transformers decoder, its KV cache kept between calls, layer hooks on.
-
-        logits = run(ids, attn, tap)            # prefill: (B, T) left-padded -> next-token logits (B, vocab)
-        logits = run(nxt[:, None], attn, tap)   # a step: one token per row, attn grown by one column
-    """
-
-    def __init__(self, backbone):
-        model = backbone.model
-        if not backbone.is_causal or model.get_output_embeddings() is None:
-            raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
-        self.backbone, self.model, self.cache = backbone, model, None
-
-    def eos_ids(self) -> set[int]:
-        tok, config = self.backbone.tokenizer, self.model.generation_config
-        return {t for t in [tok.eos_token_id] + _as_list(getattr(config, "eos_token_id", None)) if t is not None}
-
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
-        out = torch_forward(self.backbone, input_ids, attention, self.cache, tap)
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
-
-
-@torch.no_grad()
-def torch_forward(backbone, input_ids: torch.Tensor, attention: torch.Tensor, cache, tap):
-    """One forward of a transformers decoder (prefill: cache None; decode: one token per row), KV cache on,
-    `tap` on its layers (None: no hooks): the model's output."""
-    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
-    with backbone.hooked(tap):
-        return backbone.model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                              position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
-
-
-def cache_of(out):
-    """The KV cache a forward returned (`cache` in transformers >= 5.2x, `past_key_values` before)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -298,22 +253,12 @@ def _offsets(enc, b: int) -> list[tuple[int, int]] | None:
     return [tuple(o) for o in enc["offset_mapping"][b].tolist()] if "offset_mapping" in enc else None
 
 
-@torch.no_grad()
 def tapped(side, heads: list, run):
-    """run(tap) (a prefill or a decode step of any runtime) with every head tapping it: (run's result,
-    {head: the accumulator columns of these positions}). Holds the SideTasks lock for this forward only:
-    the heads' per-pass state is shared with other requests."""
-    with side._lock:
-        for h in heads:
-            h.task.begin()
-        out = run(shared_tap([h.task for h in heads]) if heads else None)
-        return out, {h.name: h.task.take() for h in heads}
+    return side.tapped(heads, run)
 
 
 def forward_step(side, heads: list, input_ids: torch.Tensor, attention: torch.Tensor, cache):
-    """tapped() over one transformers forward with an explicit KV cache (the scheduler merges and splits
-    caches between steps): (the model's output, {head: accumulator columns})."""
-    return tapped(side, heads, lambda tap: torch_forward(side.backbone, input_ids, attention, cache, tap))
+    return side.tapped(heads, lambda tap: torch_forward(side.backbone, input_ids, attention, cache, tap))
 
 
 @torch.no_grad()
@@ -326,15 +271,4 @@ def read_head(side, name: str, acc: torch.Tensor, mask: torch.Tensor, only_answe
 
 def _output(head, values: torch.Tensor, offsets: list[tuple[int, int]] | None, text: str,
             answer_offsets: list[tuple[int, int]] | None = None) -> dict:
-    """A head's values -> the same JSON as /predict gives (labels + probabilities, a value, or word tags).
-
-    Token heads: the row's columns are the (left-padded) prompt, then the generated tokens.
-    """
-    from adalayers.infer.sidetasks import _sequence_output, _tag_words, _word_ids
-
-    if head.kind != TaskKind.TOKENS:
-        return _sequence_output(head.kind, head.task.labels, values)
-    spans = [m.span() for m in re.finditer(r"\S+", text)]
-    offsets = list(offsets or []) + list(answer_offsets or [])
-    values = values[: len(offsets)]  # columns after the answer's end are padding
-    return _tag_words(head.task.labels, text, spans, [({"word_ids": _word_ids(offsets, spans, 0)}, values)])
+    return head_output(head.kind, head.task.labels, values, text, list(offsets or []) + list(answer_offsets or []))

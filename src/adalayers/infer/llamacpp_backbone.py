@@ -1,7 +1,10 @@
-"""A GGUF base run by llama.cpp, with the Backbone interface SideTasks and generation use.
+"""The llama.cpp runtime: a GGUF base run by llama.cpp, the heads fed through its eval callback.
 
     base = LlamaCppBackbone.load("gemma3-270m")            # or a .gguf path
     SideTasks.from_backbone(base, ["runs/cola_gemma"]).predict(["The book was written by John."])
+
+LlamaCppBackbone is a Runtime (adalayers.infer.runtime) and its own base: a forward with layer taps as
+Backbone's (so TappedRuntime's pass), rows_per_pass (one llama_batch per pass) and decoder() (LlamaCppDecoder).
 
 Texts are tokenized by the same Hugging Face tokenizer as on the default runtime (read from the GGUF's
 own metadata), so both runtimes see the same ids, BOS and template; each row of a batch becomes one
@@ -22,6 +25,7 @@ import torch
 from adalayers.model.backbone import BaseOutput, Tap, _prepends_bos
 from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import LlamaCpp, Row
+from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +43,8 @@ def gguf_path(name: str) -> Path:
     return path
 
 
-class LlamaCppBackbone:
-    """What SideTasks reads of its base (tokenizer, sizes, fingerprint, a forward with layer taps), from llama.cpp."""
+class LlamaCppBackbone(TappedRuntime):
+    """The llama.cpp runtime, and the base it runs (tokenizer, sizes, fingerprint, a forward with layer taps)."""
 
     is_causal, is_encoder_decoder, states = True, False, "decoder"
     device = torch.device("cpu")
@@ -72,8 +76,12 @@ class LlamaCppBackbone:
         """At most `wanted` rows of up to max_length tokens that fit one llama_batch (one decode, one pass)."""
         return max(1, min(wanted, self.engine.n_batch // max_length))
 
-    # what SideTasks and run folders ask of a base
-    model = None  # no torch module: SideTasks asks it only for non-causal bases
+    @property
+    def base(self) -> "LlamaCppBackbone":
+        return self
+
+    # what the Predictor and run folders ask of a base
+    model = None  # no torch module
 
     def fingerprint(self) -> str:
         """The default runtime's fingerprint of the same GGUF (config + its dequantized weights), so a head trained
@@ -85,10 +93,7 @@ class LlamaCppBackbone:
         return self._fingerprint
 
     def __call__(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
-        return self.forward(batch, taps, stop_after)
-
-    def forward(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
-        """One llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
+        """As Backbone's forward (TappedRuntime.forward calls it): one llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
         row's last token (None when stopped early)."""
         ids, mask = batch["input_ids"], batch["attention_mask"].bool()
         seqs = self.engine.acquire(ids.shape[0])
