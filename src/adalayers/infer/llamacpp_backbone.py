@@ -146,23 +146,50 @@ class LlamaCppBackbone(TappedRuntime):
 
 
 class LlamaCppDecoder:
-    """Prefill and decode steps on llama.cpp (adalayers.infer.generate's runtime): the batch's rows are sequences
-    of the context, held from the prefill until this object is dropped; each step appends one token per row."""
+    """Prefill and decode steps on llama.cpp (adalayers.infer.runtime.Decoder): each row of a generation is one
+    sequence of the context (Sequences, its cache), held from the prefill until the row leaves."""
 
     def __init__(self, base: LlamaCppBackbone):
-        self.base, self.seqs = base, None
+        self.base = base
 
     def eos_ids(self) -> set[int]:
         from adalayers.infer.llamacpp import end_of_generation
 
         return {t for t in [self.base.tokenizer.eos_token_id] if t is not None} | end_of_generation(self.base.engine)
 
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
-        taps = [tap] if tap is not None else []
-        if self.seqs is None:  # the prefill: the prompts' real tokens from position 0
-            self.seqs = self.base.engine.acquire(input_ids.shape[0])
-            weakref.finalize(self, self.base.engine.release, self.seqs)
-            return self.base.run(input_ids, attention.bool(), self.seqs, taps)
+    def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, "Sequences"]:
+        """The prompts' real tokens, each row a new sequence from position 0."""
+        seqs = Sequences(self.base.engine, input_ids.shape[0])
+        return self.base.run(input_ids, attention.bool(), seqs.ids, [tap] if tap is not None else []), seqs
+
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "Sequences", tap
+             ) -> tuple[torch.Tensor, "Sequences"]:
+        """One token per row appended to its sequence, after the tokens it holds (its attention's ones)."""
         step = attention[:, -input_ids.shape[1]:].bool()
-        start = attention.sum(1) - input_ids.shape[1]  # tokens already in each row's sequence
-        return self.base.run(input_ids, step, self.seqs, taps, start=start)
+        start = attention.sum(1) - input_ids.shape[1]
+        logits = self.base.run(input_ids, step, cache.ids, [tap] if tap is not None else [], start=start)
+        return logits, cache
+
+
+class Sequences:
+    """A batch's llama.cpp sequences (adalayers.infer.runtime.Cache): positions are per sequence, so padding
+    and trimming columns change nothing; a row that leaves gives its sequence back, and the rest are given
+    back when this object is dropped."""
+
+    def __init__(self, engine: LlamaCpp, n: int):
+        self.engine, self.ids = engine, engine.acquire(n)
+        weakref.finalize(self, engine.release, self.ids)  # the list as it is then: the rows still held
+
+    def select(self, idx: list[int]) -> "Sequences":
+        keep = [self.ids[i] for i in idx]
+        self.engine.release([s for s in self.ids if s not in keep])
+        self.ids[:] = keep
+        return self
+
+    def merged(self, other: "Sequences", width: int) -> "Sequences":
+        self.ids += other.ids
+        other.ids.clear()  # now held (and given back) by this one
+        return self
+
+    def trimmed(self, width: int) -> "Sequences":
+        return self

@@ -44,16 +44,32 @@ class Base(Protocol):
     def fingerprint(self) -> str: ...
 
 
-class Decoder(Protocol):
-    """Prefill and decode steps of a decoder LLM, its KV cache kept between calls.
+class Cache(Protocol):
+    """A decoder's KV cache of a batch's rows (left-padded columns), as adalayers.infer.batching reshapes it."""
 
-        logits = run(ids, attn, tap)            # prefill: (B, T) left-padded -> next-token logits (B, vocab)
-        logits = run(nxt[:, None], attn, tap)   # a step: one token per row, attn grown by one column
+    def select(self, idx: list[int]) -> "Cache":
+        """Only the rows at idx, in that order (the others' entries are freed)."""
+
+    def merged(self, other: "Cache", width: int) -> "Cache":
+        """This cache's rows, then other's, both left-padded to `width` columns."""
+
+    def trimmed(self, width: int) -> "Cache":
+        """Only the last `width` columns (leading columns no row uses any more)."""
+
+
+class Decoder(Protocol):
+    """Prefill and decode steps of a decoder LLM, every layer tapped (generation: adalayers.infer.generate).
+
+        logits, cache = decoder.prefill(ids, attn, tap)              # (B, T) left-padded -> logits (B, vocab)
+        logits, cache = decoder.step(nxt[:, None], attn, cache, tap) # one token per row, attn grown by a column
     """
 
     def eos_ids(self) -> set[int]: ...
 
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor: ...
+    def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, Cache]: ...
+
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: Cache, tap
+             ) -> tuple[torch.Tensor, Cache]: ...
 
 
 class Runtime(ABC):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 
 from adalayers.errors import ModelError
 from adalayers.infer.runtime import Runtime, TappedRuntime
@@ -31,13 +32,7 @@ class TorchRuntime(TappedRuntime):
 
     @property
     def continuous_batching(self) -> bool:
-        return self.base.is_causal  # transformers' DynamicCache: adalayers.infer.batching merges and splits it
-
-    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache, tap):
-        """One decoder forward with an explicit KV cache (None: a prefill), `tap` on its layers:
-        (next-token logits (B, vocab), the new cache). Serve's scheduler merges and splits caches between steps."""
-        out = torch_forward(self.base, input_ids, attention, cache, tap)
-        return out.logits[:, -1], cache_of(out)
+        return self.base.is_causal  # transformers' DynamicCache (KVCache) merges and splits between steps
 
 
 def as_runtime(base) -> Runtime:
@@ -50,23 +45,69 @@ def as_runtime(base) -> Runtime:
 
 
 class TorchDecoder:
-    """Prefill and decode steps of a transformers decoder, its KV cache kept between calls, layer hooks on
-    (adalayers.infer.runtime.Decoder)."""
+    """Prefill and decode steps of a transformers decoder, layer hooks on (adalayers.infer.runtime.Decoder)."""
 
     def __init__(self, backbone: Backbone):
         model = backbone.model
         if not backbone.is_causal or model.get_output_embeddings() is None:
             raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
-        self.backbone, self.model, self.cache = backbone, model, None
+        self.backbone, self.model = backbone, model
 
     def eos_ids(self) -> set[int]:
         tok, config = self.backbone.tokenizer, self.model.generation_config
         return {t for t in [tok.eos_token_id] + _as_list(getattr(config, "eos_token_id", None)) if t is not None}
 
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
-        out = torch_forward(self.backbone, input_ids, attention, self.cache, tap)
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
+    def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, "KVCache"]:
+        return self.step(input_ids, attention, None, tap)
+
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "KVCache | None", tap
+             ) -> tuple[torch.Tensor, "KVCache"]:
+        out = torch_forward(self.backbone, input_ids, attention, None if cache is None else cache.cache, tap)
+        return out.logits[:, -1], KVCache(cache_of(out))
+
+
+class KVCache:
+    """transformers' DynamicCache as a Batch reshapes it (adalayers.infer.runtime.Cache): full-attention layers
+    (B, H, T, D) and sliding-window layers (the last min(T, W - 1) columns, `cumulative_length` = T); other
+    cache kinds are refused when rows must be selected or merged."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def select(self, idx: list[int]) -> "KVCache":
+        at = torch.tensor(idx, dtype=torch.long)
+        for layer in self._layers():
+            at = at.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
+        return self
+
+    def merged(self, other: "KVCache", width: int) -> "KVCache":
+        for mine, theirs in zip(self._layers(), other._layers()):
+            size = max(mine.keys.shape[-2], theirs.keys.shape[-2])
+            mine.keys = torch.cat([_pad(mine.keys, size), _pad(theirs.keys, size)], 0)
+            mine.values = torch.cat([_pad(mine.values, size), _pad(theirs.values, size)], 0)
+            if hasattr(mine, "cumulative_length"):
+                mine.cumulative_length = width
+        return self
+
+    def trimmed(self, width: int) -> "KVCache":
+        for layer in self._layers():
+            size = min(layer.keys.shape[-2], width)
+            layer.keys, layer.values = layer.keys[:, :, -size:], layer.values[:, :, -size:]
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = width
+        return self
+
+    def _layers(self) -> list:
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or not all(hasattr(x, "keys") and torch.is_tensor(x.keys) for x in layers):
+            raise ModelError(f"batched generation needs transformers' DynamicCache; got {type(self.cache).__name__}")
+        return layers
+
+
+def _pad(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, L, D) left-padded with zeros to L = size."""
+    return F.pad(x, (0, 0, size - x.shape[-2], 0)) if x.shape[-2] < size else x
 
 
 @torch.no_grad()
