@@ -234,12 +234,17 @@ class Predictor:
             out = run(shared_tap([h.task for h in heads]) if heads else None)
             return out, {h.name: h.task.take() for h in heads}
 
+    def forward(self, batch: dict, heads: list[Head]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """One pass of the runtime over a collated batch, every head tapping it: (the base's own output, each
+        head's logits). Without the base's own output (primary=False) the base stops after the deepest layer
+        a head uses (early exit)."""
+        stop = None if self.primary or not heads else max(max(h.task.used_layers()) for h in heads)
+        return self.runtime.forward(batch, heads, stop)
+
     def _run(self, rows: list[dict], heads: list[Head], abandoned: Callable[[], set[int]] | None = None) -> dict:
         """One base pass per batch of rows, all heads tapping it (the engine's one predict loop, batches in
         row order, in this process). -> per row: the base's own output and each head's output (class
         probabilities, per-token probabilities, or the value), cut to the row's real tokens."""
-        tasks = [h.task for h in heads]
-        stop = None if self.primary or not tasks else max(max(t.used_layers()) for t in tasks)
         pad_id = self.backbone.tokenizer.pad_token_id or 0
         left = self.backbone.is_causal  # a decoder's next token: read from the last column
 
@@ -253,7 +258,7 @@ class Predictor:
 
         def step(batch):
             self.rows_run += len(batch["input_ids"])
-            return (*self.runtime.forward(batch, heads, stop), len(batch["input_ids"]))
+            return (*self.forward(batch, heads), len(batch["input_ids"]))
 
         per_row = predict(step, self._plan(rows, abandoned),
                           lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),
