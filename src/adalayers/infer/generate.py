@@ -58,10 +58,10 @@ def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int
 
 
 def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str] | None, answer_only, guard,
-                  ignore_eos: bool, runtime=None) -> tuple[list[str], dict, set]:
+                  ignore_eos: bool) -> tuple[list[str], dict, set]:
     """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
     the guard {head: (label, threshold)}, the end-of-text token ids; none with ignore_eos)."""
-    runtime = runtime or side.runtime.decoder()  # refuses a base that cannot generate
+    decoder = side.runtime.decoder()  # refuses a base that cannot generate
     names = side.check_tasks(tasks)
     for n in list(answer_only) + list(guard or {}):
         if n not in names:
@@ -78,7 +78,7 @@ def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str
         if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
             raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
                             f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
-    eos = set() if ignore_eos else runtime.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
+    eos = set() if ignore_eos else decoder.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
     return names, guard, eos
 
 
