@@ -68,10 +68,11 @@ class Batch:
 
     def keep(self, idx: list[int]) -> "Batch":
         """Only the rows at `idx`; then the leading columns none of them uses are dropped."""
+        if idx == list(range(len(self.rows))):
+            return self  # every row stays: nothing to copy, no column freed
         at = torch.tensor(idx, dtype=torch.long, device=self.attn.device)
-        cache = self.cache if idx == list(range(len(self.rows))) else self.cache.select(idx)
         kept = Batch([self.rows[i] for i in idx], self.attn.index_select(0, at), self.real.index_select(0, at),
-                     {n: v.index_select(0, at) for n, v in self.accs.items()}, cache,
+                     {n: v.index_select(0, at) for n, v in self.accs.items()}, self.cache.select(idx),
                      self.logits.index_select(0, at))
         return kept._trimmed()
 
