@@ -6,7 +6,7 @@ Time: batches of B x T tokens (T = 128, real IMDB reviews packed so every row is
 with 1 head (the first) and 4 heads (the given heads, repeated under other names when fewer than 4:
 the same work as 4 distinct heads). Each repeat runs every backend once, in a rotating order; a
 backend's ratio is the median over repeats of its time / PyTorch's time in the same repeat. All
-three answer with the same seam (SideTasks._forward: one batch -> base output + every head's logits).
+three answer through the same Predictor, each a Runtime (runtime.forward: one batch -> base output + every head's logits).
 
 --fresh-heads (a base without trained heads, e.g. mpnet-base): freshly initialised heads with the
 shapes of configs/cola.yaml (sequence) and configs/conll.yaml (token) stand in for the timing (their
@@ -39,7 +39,6 @@ from adalayers.store import run as runlib  # noqa: E402
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8  # noqa: E402
 from adalayers.export.onnx import export  # noqa: E402
-from adalayers.infer.onnx import OnnxSideTasks  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
 from adalayers.data.tasks import load_task  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
@@ -50,8 +49,8 @@ BACKENDS = ["torch", "onnx", "onnx-int8"]
 def sides(base: Backbone, heads: list[tuple[str, Path]], folder: Path, threads: int) -> dict:
     names = [f"{n}={p}" for n, p in heads]
     return {"torch": SideTasks.from_backbone(base, names),
-            "onnx": OnnxSideTasks.open(folder, threads=threads),
-            "onnx-int8": OnnxSideTasks.open(folder, int8=True, threads=threads)}
+            "onnx": SideTasks.open_export(folder, threads=threads),
+            "onnx-int8": SideTasks.open_export(folder, int8=True, threads=threads)}
 
 
 def fresh_heads(base: Backbone, folder: Path) -> list[str]:

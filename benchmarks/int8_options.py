@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize  # noqa: E402
 from adalayers.export.onnx import MODEL, export  # noqa: E402
-from adalayers.infer.onnx import OnnxSideTasks  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
 from backends import add_run_args, quality, save, start, timing  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
@@ -50,14 +49,14 @@ def main() -> None:
         folder = Path(tmp) / "exported"
         export(base, heads, folder)
         sides = {"torch": SideTasks.from_backbone(base, [f"{n}={p}" for n, p in heads]),
-                 "onnx": OnnxSideTasks.open(folder, threads=args.threads)}
+                 "onnx": SideTasks.open_export(folder, threads=args.threads)}
         schemes = {}
         for name in args.schemes:
             file = f"model.{name}.onnx"
             nodes = quantize(folder / MODEL, folder / file, name)
             schemes[name] = {"nodes_quantized": len(nodes), "mib": (folder / file).stat().st_size / 2**20,
                              "about": INT8_SCHEMES[name].about}
-            sides[f"int8:{name}"] = OnnxSideTasks.open(folder, threads=args.threads, graph=file)
+            sides[f"int8:{name}"] = SideTasks.open_export(folder, threads=args.threads, graph=file)
         fp32_mib = (folder / MODEL).stat().st_size / 2**20
         batch = imdb_rows(Path(args.data), base.tokenizer, args.batch, args.length) if args.repeats else None
         t0 = time.perf_counter()

@@ -80,9 +80,7 @@ def agreement(torch_base, llama_base, heads: list[str], texts, labels) -> dict:
     out = {}
     preds = {}
     for name, base in (("torch", torch_base), ("llama.cpp", llama_base)):
-        side = SideTasks.from_backbone(base, heads, primary=False)
-        if name == "llama.cpp":
-            side.batch_size = base.rows_per_pass(side.max_length, side.batch_size)
+        side = SideTasks.from_backbone(base, heads, primary=False)  # rows per pass: the runtime's (rows_per_pass)
         t0 = time.perf_counter()
         res = side.predict(texts)
         preds[name] = {h: [r["tasks"][h]["label"] for r in res] for h in side.names}

@@ -49,6 +49,8 @@ from adalayers.config import Config  # noqa: E402
 from adalayers.model.precision import autocast_for  # noqa: E402
 from adalayers.store.run import write_json, atomic_write  # noqa: E402
 from adalayers.model.sidetask import SideTask, shared_tap  # noqa: E402
+from adalayers.infer.heads import Head  # noqa: E402
+from adalayers.infer.predictor import Predictor  # noqa: E402
 
 ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,h4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
 
@@ -87,13 +89,12 @@ def make_head(backbone, kind: str, labels: list[str], seed: int, deepest: int | 
     return task
 
 
-def one_pass(backbone, batch, heads, primary=True):
-    """(b)/(e): the way SideTasks runs: begin, one tapped pass, end."""
-    for t in heads:
-        t.begin()
-    stop = None if primary else max(max(t.used_layers()) for t in heads)
-    backbone(batch, taps=[shared_tap(heads)], stop_after=stop)
-    return [t.end(batch["attention_mask"]) for t in heads]
+def one_pass(backbone, heads, primary=True):
+    """(b)/(e): the pass users run, as f(batch): Predictor.forward (adalayers.infer.predictor) on the TorchRuntime,
+    every head tapping one shared tap; primary=False: the base stops after the deepest layer a head uses."""
+    named = [Head(f"h{i}", t, Path("."), 512) for i, t in enumerate(heads)]
+    predictor = Predictor(backbone, named, primary=primary)
+    return lambda batch: predictor.forward(batch, named)[1]
 
 
 def per_head(backbone, batch, heads):
@@ -199,6 +200,8 @@ def main() -> None:
              make_head(backbone, "regression", [], 13)]
     early = [make_head(backbone, "sequence", ["neg", "pos"], 20, deepest=args.early_layer)]
     k = seq[0].cfg.mixer.k
+    passes = {"mixed4": one_pass(backbone, mixed), "e": one_pass(backbone, early, primary=False),
+              **{f"b{n}": one_pass(backbone, seq[:n]) for n in (1, 2, 4, 8)}}
 
     for T in args.lengths:
         batch = imdb_rows(Path(args.data), backbone.tokenizer, args.batch, T)
@@ -206,16 +209,16 @@ def main() -> None:
         with torch.inference_mode(), autocast():
             states = backbone.model(**batch, output_hidden_states=True).hidden_states  # Z_0..Z_L for (h), (t)
         run = {"a": lambda: backbone(batch),
-               "mixed4": lambda: one_pass(backbone, batch, mixed),
+               "mixed4": lambda: passes["mixed4"](batch),
                "u4": lambda: per_head(backbone, batch, seq[:4]),
                "h4": lambda: replay(states, batch["attention_mask"], seq[:4]),
                "hmixed4": lambda: replay(states, batch["attention_mask"], mixed),
                "t4": lambda: replay(states, batch["attention_mask"], seq[:4], end=False),
                "tmixed4": lambda: replay(states, batch["attention_mask"], mixed, end=False),
                "umixed4": lambda: per_head(backbone, batch, mixed),
-               "e": lambda: one_pass(backbone, batch, early, primary=False)}
+               "e": lambda: passes["e"](batch)}
         for n in (1, 2, 4, 8):
-            run[f"b{n}"] = lambda n=n: one_pass(backbone, batch, seq[:n])
+            run[f"b{n}"] = lambda n=n: passes[f"b{n}"](batch)
             run[f"c{n}"] = lambda n=n: [c(**batch).logits for c in copies[:n]]
             run[f"d{n}"] = lambda n=n: stacked(backbone, batch, seq[:n])
         times = {c: [] for c in configs}

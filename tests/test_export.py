@@ -12,7 +12,6 @@ import torch
 from adalayers.errors import AdaLayersError, ModelError, RunError
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import export, read_meta
-from adalayers.infer.onnx import OnnxSideTasks
 from adalayers.infer.sidetasks import SideTasks
 
 from conftest import tiny_backbone
@@ -83,7 +82,7 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
         quantized = [n.name for n in onnx.load(str(folder / "model.int8.onnx")).graph.node
                      if n.op_type in ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul")]
         assert quantized and all(n.startswith("/model/") for n in quantized)  # the base only, never a head
-        int8 = OnnxSideTasks.open(folder, int8=True)
+        int8 = SideTasks.open_export(folder, int8=True)
         got = int8.predict(TEXTS)
         assert len(got) == len(TEXTS) and all(set(g["tasks"]) == {"acc", "score", "ner"} for g in got)
 
@@ -184,7 +183,7 @@ def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path,
     text = (folder / "export.json").read_text()
     assert str(tmp_path) not in text and meta["heads"]["acc"]["run"] == "../runs/acc"
     assert set(meta["checksums"]) >= {"model.onnx", "tokenizer.json"}
-    before = OnnxSideTasks.open(folder).predict(TEXTS)
+    before = SideTasks.open_export(folder).predict(TEXTS)
     # the graph's weights overwritten with other finite values: ONNX Runtime would run it and answer differently
     good = (folder / "model.onnx").read_bytes()
     raw = bytearray(good)
@@ -192,17 +191,17 @@ def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path,
     raw[middle: middle + 4096] = np.full(1024, 0.5, dtype=np.float32).tobytes()
     (folder / "model.onnx").write_bytes(bytes(raw))
     with pytest.raises(RunError, match="model.onnx: checksum does not match export.json"):
-        OnnxSideTasks.open(folder)
+        SideTasks.open_export(folder)
     (folder / "model.onnx").write_bytes(good)
     vocab = folder / "tokenizer.json"
     vocab.write_text(vocab.read_text().replace('"the"', '"thee"', 1))
     with pytest.raises(RunError, match="tokenizer.json: checksum does not match"):
-        OnnxSideTasks.open(folder)
+        SideTasks.open_export(folder)
     # an export written before checksums existed: loads, with a warning
     old = json.loads(text)
     old.pop("checksums")
     (folder / "export.json").write_text(json.dumps(old))
     vocab.write_text(vocab.read_text().replace('"thee"', '"the"', 1))
     with caplog.at_level("WARNING"):
-        assert_same(before, OnnxSideTasks.open(folder).predict(TEXTS))
+        assert_same(before, SideTasks.open_export(folder).predict(TEXTS))
     assert "has no checksums" in caplog.text

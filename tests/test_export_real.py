@@ -19,7 +19,6 @@ import pytest
 from adalayers.model.backbone import Backbone
 from adalayers.config import Config
 from adalayers.export.onnx import export
-from adalayers.infer.onnx import OnnxSideTasks
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.data.tasks import load_task
 
@@ -75,9 +74,9 @@ def test_minilm_cola_conll_onnx_equals_pytorch(tmp_path):
     all_trained = all(trained(n) for n in fresh)
     export(base, heads, tmp_path / "exported", int8=True)
     ref = SideTasks.from_backbone(base, [f"{n}={p}" for n, p in heads]).predict(texts)
-    assert_same(ref, OnnxSideTasks.open(tmp_path / "exported").predict(texts),
+    assert_same(ref, SideTasks.open_export(tmp_path / "exported").predict(texts),
                 tol=TOL_TRAINED if all_trained else TOL_FRESH)
-    got = OnnxSideTasks.open(tmp_path / "exported", int8=True).predict(texts)
+    got = SideTasks.open_export(tmp_path / "exported", int8=True).predict(texts)
     split = {"cola": slice(0, N), "conll": slice(N, 2 * N)}
     agree = {name: agreement(ref[split[name]], got[split[name]])[name] for name in fresh}
     log.warning("int8 agreement with PyTorch fp32 on %d sentences of each head's task (trained: %s): %s", N,

@@ -169,3 +169,45 @@ def test_generation_reads_heads_as_one_pass_over_prompt_and_answer(both):
         assert r["tasks"]["tags"]["words"] == (p + r["text"]).split()
     held = ours.engine.acquire(ours.engine.n_seq)  # every sequence was given back
     ours.engine.release(held)
+
+
+def test_requests_batched_together_on_llama_cpp_get_what_they_get_alone(both):
+    """The one generation loop on llama.cpp's sequences: requests that join a decoding batch and rows that leave it
+    early (infer/batching through the runtime's Cache: Sequences.merged / select) answer as each request alone."""
+    import threading
+    import time
+
+    from adalayers.infer.sidetasks import SideTasks
+    from adalayers.serve.scheduler import Scheduler
+
+    from runs_util import assert_json_close
+
+    reference, ours = both
+    side = SideTasks(ours, _heads(reference))
+    requests = [(["the cat", "a man in the"], dict(max_new_tokens=40, steps=True, ignore_eos=True)),
+                (["there"], dict(max_new_tokens=2, tasks=["tags"], ignore_eos=True)),
+                (["the other room"], dict(max_new_tokens=4, answer_only=["mean"], ignore_eos=True))]
+    scheduler = Scheduler(side, max_rows=ours.engine.n_seq)
+    sizes, step = [], scheduler._step
+    scheduler._step = lambda batch: (sizes.append(len(batch.rows)), step(batch))[1]
+    got = [None] * len(requests)
+
+    def client(i):
+        got[i] = list(scheduler.stream(requests[i][0], **requests[i][1]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    threads[0].start()
+    deadline = time.time() + 30
+    while len(sizes) < 2 and time.time() < deadline:  # the first request decodes; the others join it
+        time.sleep(0.001)
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sizes[0] == sizes[-1] == 2 and max(sizes) >= 3  # rows joined, then left before the first one ended
+    for (prompts, kw), events in zip(requests, got):
+        for mine, alone in zip(events[-1]["results"], side.generate(prompts, **kw)):
+            assert mine["token_ids"] == alone["token_ids"]
+            assert_json_close(mine, alone, 1e-4)
+    held = ours.engine.acquire(ours.engine.n_seq)  # every sequence was given back
+    ours.engine.release(held)

@@ -5,7 +5,8 @@ import torch
 from adalayers.data.encoding import encode
 from adalayers.errors import DataError, ModelError
 from adalayers.recipes.evaluate import example_predictions, row_outputs
-from adalayers.infer.sidetasks import SideTasks, _tag_words
+from adalayers.infer.outputs import tag_words
+from adalayers.infer.sidetasks import SideTasks
 from adalayers.model.states import LiveStates
 from adalayers.data.tasks import Example
 
@@ -155,11 +156,11 @@ def test_entity_spans_from_iob2_tags():
     text = "John  Smith lives in New York ."
     spans = [(0, 4), (6, 11), (12, 17), (18, 20), (21, 24), (25, 29), (30, 31)]
     tags = ["B-PER", "I-PER", "O", "O", "B-LOC", "I-LOC", "O"]
-    row = {"word_ids": [None] + list(range(7)) + [None]}
+    word_ids = [None] + list(range(7)) + [None]
     probs = torch.zeros(9, len(NER))
     for pos, t in enumerate(tags, start=1):
         probs[pos, NER.index(t)] = 1.0
-    out = _tag_words(NER, text, spans, [(row, probs)])
+    out = tag_words(NER, text, spans, [(word_ids, probs)])
     assert out["tags"] == tags
     assert out["entities"] == [{"type": "PER", "text": "John  Smith", "start": 0, "end": 11, "words": [0, 2]},
                                {"type": "LOC", "text": "New York", "start": 21, "end": 29, "words": [4, 6]}]

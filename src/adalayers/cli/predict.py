@@ -47,7 +47,7 @@ def cmd_predict(args) -> int:
         elif "value" in r:
             print(f"{r['value']:.4f}\t{shown}")
         else:
-            print(" ".join(f"{w}/{t}" for w, t in zip(r["text"].split(), r["tags"])))
+            print(" ".join(f"{w}/{t}" for w, t in zip(r["words"], r["tags"])))
     return 0
 
 

@@ -227,11 +227,13 @@ def check_texts(texts: list[str], what: str = "text") -> None:
 
 def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
             text_pairs: list[str] | None = None) -> list[dict]:
-    """Predictions for raw texts (sequence / regression tasks; token tasks get one tag per word).
-
-    A head trained on sentence pairs needs `text_pairs` (one second text per text); any other head
-    refuses them."""
+    """The run's head on raw texts, through the one inference front door (SideTasks, as the service and
+    predict-files answer): per text {"text", "text_pair" (pairs), "truncated", **the head's answer}, the
+    answer as adalayers.infer.outputs writes it ({label, probabilities}, {value}, or {words, tags, scores,
+    entities}). A head trained on sentence pairs needs `text_pairs` (one second text per text); any other
+    head refuses them."""
     from adalayers.data.tasks import check_pairs, takes_pairs
+    from adalayers.infer.sidetasks import SideTasks
 
     check_texts(texts)
     cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
@@ -240,30 +242,6 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     if text_pairs is not None:
         check_texts(text_pairs, "second text")
     backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
-    task, _, _ = runlib.load_head(run_dir, backbone)
-    task.to(backbone.device)
-    from adalayers.data.tasks import Example
-    from adalayers.data.encoding import encode as enc
-    from adalayers.recipes.evaluate import example_predictions, row_outputs
-
-    if task.kind == TaskKind.TOKENS:
-        examples = [Example(words=t.split()) for t in texts]
-    else:
-        examples = [Example(text=t, text_pair=text_pairs[i] if text_pairs else None) for i, t in enumerate(texts)]
-    template = Template.of(cfg)
-    template.check(backbone.tokenizer, cfg.model.base, takes_pairs(cfg), task.kind)
-    split = enc(examples, backbone.tokenizer, cfg.model.max_length, task.kind, task.labels, template=template)
-    outs = row_outputs(task, LiveStates(backbone), split, cfg.train.eval_batch_size,
-                       backbone.tokenizer.pad_token_id or 0)
-    preds = example_predictions(task, split, outs, examples)
-    results = []
-    for i, (text, p) in enumerate(zip(texts, preds)):
-        given = {"text": text, "text_pair": text_pairs[i]} if text_pairs else {"text": text}
-        if task.kind == TaskKind.CLASSIFICATION:
-            results.append({**given, "label": task.labels[p[0]],
-                            "probabilities": dict(zip(task.labels, [round(x, 6) for x in p[1]]))})
-        elif task.kind == TaskKind.REGRESSION:
-            results.append({**given, "value": p})
-        else:
-            results.append({**given, "tags": p})
-    return results
+    side = SideTasks.from_backbone(backbone, [f"run={run_dir}"])
+    results = side.predict(texts, ["run"], text_pairs)
+    return [{**{k: v for k, v in r.items() if k not in ("base", "tasks")}, **r["tasks"]["run"]} for r in results]

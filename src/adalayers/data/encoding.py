@@ -11,6 +11,7 @@ import copy
 import json
 import weakref
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -152,6 +153,16 @@ def word_windows(counts: list[int], budget: int) -> list[tuple[int, int]]:
     return windows
 
 
+def first_subtokens(word_ids: list[int | None]) -> Iterator[tuple[int, int]]:
+    """(position, word) of each word's first sub-token in a row's word ids (None: a special token): the
+    one token that carries the word's tag, in training, evaluation and every inference path."""
+    seen = set()
+    for pos, w in enumerate(word_ids):
+        if w is not None and w not in seen:
+            seen.add(w)
+            yield pos, w
+
+
 def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSplit:
     tokenizer = word_tokenizer(tokenizer)
     tag_id = {name: i for i, name in enumerate(labels)}
@@ -171,13 +182,8 @@ def _encode_tokens(examples, tokenizer, max_length, labels, name) -> EncodedSpli
     for r, (i, a, b) in enumerate(windows):
         word_ids = enc.word_ids(r)
         tags = examples[i].tags
-        row_labels, seen = [], set()
-        for w in word_ids:
-            if w is None or w in seen or tags is None:
-                row_labels.append(IGNORE)
-            else:
-                seen.add(w)
-                row_labels.append(tag_id[tags[a + w]])
+        firsts = dict(first_subtokens(word_ids)) if tags is not None else {}
+        row_labels = [tag_id[tags[a + firsts[p]]] if p in firsts else IGNORE for p in range(len(word_ids))]
         row = {"input_ids": enc["input_ids"][r], "example": i, "word_start": a, "num_words": b - a,
                "word_ids": word_ids, "labels": row_labels}
         if "token_type_ids" in enc:

@@ -3,6 +3,5 @@
     graph.py     the PyTorch module that is exported (base + one GEMM per layer for all heads)
     onnx.py      export to DIR/model.onnx (+ model.int8.onnx), tokenizer files, export.json
     int8.py      int8 schemes: which nodes ONNX Runtime's dynamic quantization touches, and how
-    runtime.py   OnnxSideTasks: SideTasks answered by ONNX Runtime
-    command.py   the `adalayers export` sub-command
+    (the ONNX Runtime backend that runs it: adalayers.infer.onnx.OnnxRuntime; the command: adalayers.cli.export)
 """

@@ -7,8 +7,9 @@ batches left-pads the shorter one (attention 0, heads' mask False, zero K/V and 
 exactly the states it has alone (positions come from cumsum(mask) - 1, backbone.positions). A row
 leaves the batch when it ends; leading columns no row uses any more are dropped.
 
-KV caches: transformers' DynamicCache with full-attention layers (B, H, T, D) and sliding-window layers
-(the last min(T, W - 1) columns, `cumulative_length` = T); other cache kinds are refused.
+The KV cache is the runtime decoder's (adalayers.infer.runtime.Cache): rows are selected, two batches'
+caches merged and leading columns trimmed through its select / merged / trimmed, so the same Batch serves
+transformers' DynamicCache (adalayers.infer.torch_runtime.KVCache) and llama.cpp's sequences.
 """
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from adalayers.errors import ModelError
+from adalayers.infer.runtime import Cache
 
 
 @dataclass
 class Row:
     """One prompt's generation inside a Batch."""
-    owner: object                 # the request it belongs to (serve/scheduler.Job)
+    owner: object                 # the request it belongs to (adalayers.infer.generate.Job)
     index: int                    # its prompt's index in that request
     prompt_ids: list[int]
     offsets: list[tuple[int, int]]  # character offsets of its prefill columns (padding: (0, 0))
@@ -40,7 +41,7 @@ class Batch:
     attn: torch.Tensor            # (B, T) long
     real: torch.Tensor            # (B, T) bool: the columns the heads read
     accs: dict                    # head name -> (B, T, k)
-    cache: object
+    cache: Cache                  # the runtime decoder's KV cache of these rows
     logits: torch.Tensor          # (B, V): the next token's logits
 
     @property
@@ -51,14 +52,9 @@ class Batch:
         """Both batches' rows in one, the narrower left-padded to the wider."""
         width = max(self.width, other.width)
         a, b = self._padded(width), other._padded(width)
-        for mine, theirs in zip(_layers(a.cache), _layers(b.cache)):
-            size = max(mine.keys.shape[-2], theirs.keys.shape[-2])
-            mine.keys = torch.cat([_pad(mine.keys, size), _pad(theirs.keys, size)], 0)
-            mine.values = torch.cat([_pad(mine.values, size), _pad(theirs.values, size)], 0)
-            if hasattr(mine, "cumulative_length"):
-                mine.cumulative_length = width
+        cache = a.cache.merged(b.cache, width)
         return Batch(a.rows + b.rows, torch.cat([a.attn, b.attn]), torch.cat([a.real, b.real]),
-                     {n: torch.cat([a.accs[n], b.accs[n]]) for n in a.accs}, a.cache, torch.cat([a.logits, b.logits]))
+                     {n: torch.cat([a.accs[n], b.accs[n]]) for n in a.accs}, cache, torch.cat([a.logits, b.logits]))
 
     def _padded(self, width: int) -> "Batch":
         pad = width - self.width
@@ -72,11 +68,11 @@ class Batch:
 
     def keep(self, idx: list[int]) -> "Batch":
         """Only the rows at `idx`; then the leading columns none of them uses are dropped."""
+        if idx == list(range(len(self.rows))):
+            return self  # every row stays: nothing to copy, no column freed
         at = torch.tensor(idx, dtype=torch.long, device=self.attn.device)
-        for layer in _layers(self.cache):
-            layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
         kept = Batch([self.rows[i] for i in idx], self.attn.index_select(0, at), self.real.index_select(0, at),
-                     {n: v.index_select(0, at) for n, v in self.accs.items()}, self.cache,
+                     {n: v.index_select(0, at) for n, v in self.accs.items()}, self.cache.select(idx),
                      self.logits.index_select(0, at))
         return kept._trimmed()
 
@@ -88,11 +84,7 @@ class Batch:
         if cut == 0:
             return self
         width = self.width - cut
-        for layer in _layers(self.cache):
-            size = min(layer.keys.shape[-2], width)
-            layer.keys, layer.values = layer.keys[:, :, -size:], layer.values[:, :, -size:]
-            if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = width
+        cache = self.cache.trimmed(width)
         for row in self.rows:
             if row.start < cut:  # its own prefill padding is dropped with the columns
                 row.offsets = row.offsets[cut - row.start:]
@@ -100,7 +92,7 @@ class Batch:
             row.start -= cut
             row.answer_from -= cut
         return Batch(self.rows, self.attn[:, cut:], self.real[:, cut:], {n: v[:, cut:] for n, v in self.accs.items()},
-                     self.cache, self.logits)
+                     cache, self.logits)
 
     def grow(self, live: torch.Tensor) -> None:
         """One more column: attended by every row, read by the heads where `live`."""
@@ -113,15 +105,3 @@ class Batch:
         start = torch.tensor([r.answer_from for r in self.rows], device=mask.device)
         mask &= torch.arange(mask.shape[1], device=mask.device)[None, :] >= start[:, None]
         return mask if rows is None else mask[rows]
-
-
-def _layers(cache) -> list:
-    layers = getattr(cache, "layers", None)
-    if layers is None or not all(hasattr(x, "keys") and torch.is_tensor(x.keys) for x in layers):
-        raise ModelError(f"continuous batching needs transformers' DynamicCache; got {type(cache).__name__}")
-    return layers
-
-
-def _pad(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, H, L, D) left-padded with zeros to L = size."""
-    return F.pad(x, (0, 0, size - x.shape[-2], 0)) if x.shape[-2] < size else x

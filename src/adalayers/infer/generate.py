@@ -16,26 +16,28 @@ token never sees later ones, so after the last step F equals what one pass over 
 gives, and so does every head's prediction (tests/test_generate.py checks 1e-5). The last
 generated token is fed once more (one extra decode step) so that the heads also read it.
 
-Rows that end (end-of-text token, or a guard) keep being fed padding so the batch stays
-rectangular; those positions are left out of every head's mask. With `steps` (or a `guard`),
+A row leaves the batch as soon as it ends (end-of-text token, max tokens, stop string, guard); the
+rows of several requests share one batch (adalayers.infer.batching), so one loop (Generation: prefill,
+step) serves a single call here and serve's continuous-batching scheduler alike. With `steps` (or a `guard`),
 sequence heads are read after every step: the head (small next to the base) runs on the F so far.
 A guard {head: (label, threshold)} stops a row once that head gives the label at least that
 probability (a streaming guard, e.g. a policy head).
 """
 from __future__ import annotations
 
-import re
+import queue
+import threading
 from typing import Iterator
 
 import torch
 
-from adalayers.model.backbone import positions
-from adalayers.errors import DataError, ModelError
-from adalayers.model.sidetask import shared_tap
+from adalayers.errors import DataError
+from adalayers.infer.batching import Batch, Row
+from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
 
 
-def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
+def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
             generator: torch.Generator | None, top_p: float = 1.0) -> torch.Tensor:
     """Greedy argmax, or a draw from p = softmax(logits / temperature) restricted to the top_k (0 = all)
     and to the nucleus: the most likely tokens whose probabilities, in decreasing order, sum to top_p
@@ -56,11 +58,10 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
 
 
 def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str] | None, answer_only, guard,
-                  ignore_eos: bool, runtime=None) -> tuple[list[str], dict, set]:
+                  ignore_eos: bool) -> tuple[list[str], dict, set]:
     """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
     the guard {head: (label, threshold)}, the end-of-text token ids; none with ignore_eos)."""
-    backbone = side.backbone
-    runtime = runtime or decoder(backbone)  # refuses a base that cannot generate
+    decoder = side.runtime.decoder()  # refuses a base that cannot generate
     names = side.check_tasks(tasks)
     for n in list(answer_only) + list(guard or {}):
         if n not in names:
@@ -77,117 +78,58 @@ def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str
         if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
             raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
                             f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
-    eos = set() if ignore_eos else runtime.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
+    eos = set() if ignore_eos else decoder.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
     return names, guard, eos
 
 
+class Job:
+    """One generation request: its prompts, settings, events (a queue: "prompt", "step"s, "done") and results."""
+
+    def __init__(self, side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 steps: bool = False, answer_only=(), guard=None, ignore_eos: bool = False, top_p: float = 1.0,
+                 stop=(), raw: bool = False):
+        self.names, self.guard, self.eos = check_request(side, prompts, max_new_tokens, tasks, answer_only, guard,
+                                                         ignore_eos)
+        self.prompts, self.max_new, self.answer_only, self.stop = list(prompts), int(max_new_tokens), set(answer_only), stop
+        self.sampling = (do_sample, temperature, top_k, torch.Generator().manual_seed(seed) if seed is not None else None,
+                         top_p)
+        self.stepped = [n for n in self.names if side.heads[n].kind != TaskKind.TOKENS and (steps or n in self.guard)]
+        self.wrapped = list(prompts) if raw else side.wrap(prompts)[0]  # the heads' task.template (e.g. chat)
+        self.events: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.step, self.results, self.prompt_json = 0, [None] * len(prompts), None
+
+
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
-           do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
-           steps: bool = False, answer_only: list[str] | tuple = (),
-           guard: dict[str, tuple[str, float]] | None = None, ignore_eos: bool = False, top_p: float = 1.0,
-           stop: list[str] | tuple = (), raw: bool = False) -> Iterator[dict]:
+           **kw) -> Iterator[dict]:
     """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}], "token_ids": [per prompt]}
     after the prefill, {"event": "step", "step", "tokens": [text piece per prompt, None once ended],
-    "ids": [token id per prompt, None once ended], "values": {task: [per prompt]}} per token, then
-    {"event": "done", "results": [...]}.
+    "ids": [token id per prompt, None once ended], "values": {task: [per prompt, None once ended]}} per token,
+    then {"event": "done", "results": [...]} (what `generate` returns).
 
-    stop: strings that end a prompt's answer ("finish": "stop") once its text holds one; the token
-    that completes it is the row's last (the heads read it, as a guard's), and "text" is cut before it.
-    raw: the prompts are the text the base reads as they are (e.g. a rendered chat): the heads'
-    task.template is not applied. The "done" event's "results" is what `generate` returns.
+    Options (Job): do_sample, temperature, top_k, top_p, seed; steps (sequence heads' values after every
+    token); answer_only (heads that read the answer alone); guard {head: (label, threshold)}; ignore_eos;
+    stop: strings that end a prompt's answer ("finish": "stop") once its text holds one (the token that
+    completes it is the row's last, and "text" is cut before it); raw: the prompts are the text the base
+    reads as they are (e.g. a rendered chat), the heads' task.template is not applied.
+
+    The loop is Generation's, as in serve's scheduler, for this one request. The predictor's lock and the
+    hooks are held for one forward at a time, never across a yield: a server resumes this generator on any
+    thread (or drops it when the client leaves), and requests of others run between two steps.
     """
-    backbone = side.backbone
-    runtime = decoder(backbone)
-    names, guard, eos = check_request(side, prompts, max_new_tokens, tasks, answer_only, guard, ignore_eos, runtime)
-    heads = [side.heads[n] for n in names]
-    tok = backbone.tokenizer
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    # The lock and the hooks are held for one forward at a time, never across a yield: a server
-    # resumes this generator on any thread (or drops it when the client leaves), and requests of
-    # others run between two steps. Grad modes are per thread, so each step sets its own.
-    wrapped = list(prompts) if raw else side.wrap(prompts)[0]  # the heads' task.template (e.g. the chat template)
-    enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
-              return_offsets_mapping=tok.is_fast)
-    ids, attn = enc["input_ids"].to(backbone.device), enc["attention_mask"].to(backbone.device)
-    real = attn.bool().clone()        # positions the heads read: the prompt, then live answer tokens
-    prompt_len = attn.shape[1]
-    B = ids.shape[0]
-    accs = {h.name: None for h in heads}
-
-    def forward(input_ids, attention) -> torch.Tensor:
-        """Prefill (the first call) or one decode step; every head taps it. -> next-token logits (B, vocab)."""
-        logits, new = tapped(side, heads, lambda tap: runtime(input_ids, attention, tap))
-        for name, step in new.items():
-            accs[name] = step if accs[name] is None else torch.cat([accs[name], step], 1)
-        return logits
-
-    def read(name: str, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
-        if only_answer:
-            mask = mask.clone()
-            mask[:, :prompt_len] = False
-        return read_head(side, name, accs[name], mask, only_answer)
-
-    logits = forward(ids, attn)
-    prompt_out = {h.name: read(h.name, real) for h in heads}
-    prompt_json = [{h.name: _output(h, prompt_out[h.name][b], _offsets(enc, b), p) for h in heads}
-                   for b, p in enumerate(wrapped)]
-    prompt_ids = [ids[b][attn[b].bool()].tolist() for b in range(B)]
-    yield {"event": "prompt", "results": prompt_json, "token_ids": prompt_ids}
-    generated = [[] for _ in range(B)]
-    finish = [None] * B
-    done = torch.zeros(B, dtype=torch.bool, device=ids.device)
-    step_values = {n: [[] for _ in range(B)] for n in names if side.heads[n].kind != TaskKind.TOKENS
-                   and (steps or n in guard)}
-    for s in range(max_new_tokens):
-        nxt = _sample(logits, do_sample, temperature, top_k, generator, top_p)
-        nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-        live = ~done & ~torch.isin(nxt, torch.tensor(sorted(eos), dtype=nxt.dtype, device=nxt.device))
-        for b in range(B):
-            if done[b]:
-                continue
-            if live[b]:
-                generated[b].append(int(nxt[b]))
-            else:
-                finish[b] = "eos"
-        done = done | ~live
-        for b in _stopped(tok, prompt_ids, generated, live, stop):  # ends after this token, as a guard
-            finish[b], done[b] = "stop", True
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-        real = torch.cat([real, live.unsqueeze(1)], 1)
-        last = s == max_new_tokens - 1 or bool(done.all())
-        if last and not heads:
-            yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "ids": _ids(nxt, live), "values": {}}
-            break
-        logits = forward(nxt.unsqueeze(1), attn)  # the last one: for the heads only
-        values = {}
-        for n in step_values:
-            v = read(n, real, n in answer_only)
-            values[n] = v.tolist()
-            for b in range(B):
-                if live[b]:
-                    step_values[n][b].append(v[b].tolist())
-        for n, (lab, th) in guard.items():
-            fired = live & (torch.as_tensor([row[side.heads[n].task.labels.index(lab)]
-                                             for row in values[n]]) >= th).to(live.device)
-            for b in torch.nonzero(fired).flatten().tolist():
-                finish[b] = "guard"
-            done = done | fired
-        yield {"event": "step", "step": s, "tokens": _pieces(tok, nxt, live), "ids": _ids(nxt, live), "values": values}
-        if last or bool(done.all()):
-            break
-    final = {h.name: read(h.name, real, h.name in answer_only) for h in heads}
-    results = []
-    for b, (prompt, read_prompt) in enumerate(zip(prompts, wrapped)):
-        answer, answer_offsets = _answer(tok, prompt_ids[b], generated[b])
-        r = {"prompt": prompt, "text": _cut(answer, stop), "tokens": len(generated[b]), "token_ids": generated[b],
-             "finish": finish[b] or "length", "prompt_tasks": prompt_json[b], "tasks": {}}
-        for h in heads:
-            r["tasks"][h.name] = _output(h, final[h.name][b], _offsets(enc, b), read_prompt + answer,
-                                         [(len(read_prompt) + a, len(read_prompt) + e) for a, e in answer_offsets])
-        if step_values:
-            r["steps"] = {n: v[b] for n, v in step_values.items()}
-        results.append(r)
-    yield {"event": "done", "results": results}
+    job = Job(side, prompts, max_new_tokens, tasks, **kw)
+    loop = Generation(side, [side.heads[n] for n in job.names])
+    batch = loop.prefill([job])
+    while True:
+        while not job.events.empty():
+            event = job.events.get_nowait()
+            yield event
+            if event["event"] == "done":
+                return
+        if batch is None:
+            raise RuntimeError("generation ended without a result")  # unreachable: the last step sends "done"
+        batch = loop.step(batch)
 
 
 def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
@@ -199,66 +141,131 @@ def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str
     raise RuntimeError("generation ended without a result")  # unreachable: stream always ends with done
 
 
-def decoder(backbone):
-    """The base's decode runtime: its own (e.g. llama.cpp's, adalayers.infer.llamacpp_backbone) or TorchDecoder."""
-    make = getattr(backbone, "decoder", None)
-    return make() if make is not None else TorchDecoder(backbone)
+class Generation:
+    """The one generation loop: prefill requests (Jobs) into a Batch, then decode steps until its rows end.
+    Every head in `heads` accumulates on every row (one pass feeds them all); each request reads its own.
+    Sampling runs per request with its own generator, so a seed gives the same text whatever runs beside it."""
+
+    def __init__(self, side, heads: list | None = None):
+        self.side, self.tok = side, side.backbone.tokenizer
+        self.heads = list(side.heads.values()) if heads is None else heads
+        self.decoder = side.runtime.decoder()
+
+    def prefill(self, jobs: list[Job]) -> Batch:
+        """The jobs' prompts as one left-padded batch, one forward with the heads' hooks on; each job gets its
+        "prompt" event once the whole prefill has succeeded."""
+        side, tok = self.side, self.tok
+        wrapped = [w for job in jobs for w in job.wrapped]
+        enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+                  return_offsets_mapping=tok.is_fast)
+        ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
+        (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, tap))
+        real, rows, start, events = attn.bool(), [], 0, []
+        for job in jobs:
+            mine = list(range(start, start + len(job.prompts)))
+            start += len(job.prompts)
+            values = {n: read_head(side, n, accs[n][mine], real[mine]) for n in job.names}
+            job.prompt_json = [{n: _output(side.heads[n], values[n][j], offsets(enc, b), job.wrapped[j])
+                                for n in job.names} for j, b in enumerate(mine)]
+            prompt_ids = [ids[b][real[b]].tolist() for b in mine]
+            events.append((job, {"event": "prompt", "results": job.prompt_json, "token_ids": prompt_ids}))
+            rows += [Row(job, j, prompt_ids[j], offsets(enc, b), 0, attn.shape[1]) for j, b in enumerate(mine)]
+        for job, event in events:
+            job.events.put(event)
+        return Batch(rows, attn, real, accs, cache, logits)
+
+    def step(self, batch: Batch) -> Batch | None:
+        """One token for every row; rows that end leave; each request gets its step (and done) event.
+        -> the rows still going (None: none)."""
+        rows = batch.rows
+        nxt = torch.empty(len(rows), dtype=torch.long, device=batch.logits.device)
+        for job, idx in _by_job(rows).items():
+            nxt[idx] = sample(batch.logits[idx], *job.sampling)
+        live = [int(t) not in r.owner.eos for t, r in zip(nxt.tolist(), rows)]
+        for r, t, ok in zip(rows, nxt.tolist(), live):
+            if not ok:
+                r.finish = "eos"
+                continue
+            r.generated.append(t)
+            if r.owner.stop and any(s in answer_text(self.tok, r.prompt_ids, r.generated) for s in r.owner.stop):
+                r.finish = "stop"
+            elif len(r.generated) >= r.owner.max_new:
+                r.finish = "length"
+        jobs = {id(r.owner): r.owner for r in rows}.values()
+        events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
+                      "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
+        self._finish(batch, [i for i, ok in enumerate(live) if not ok])  # end of text: that token is not read
+        going = [i for i, ok in enumerate(live) if ok]
+        batch, nxt = batch.keep(going), nxt[going]
+        if batch.rows and (self.heads or not all(r.finish for r in batch.rows)):  # heads read the last token too
+            batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=nxt.device))
+            (batch.logits, batch.cache), new = self.side.tapped(
+                self.heads, lambda tap: self.decoder.step(nxt.unsqueeze(1), batch.attn, batch.cache, tap))
+            batch.accs = {n: torch.cat([batch.accs[n], v], 1) for n, v in new.items()}
+        self._step_values(batch, nxt, events)
+        for job in jobs:
+            job.events.put({"event": "step", "step": job.step, **events[job]})
+            job.step += 1
+        done = [i for i, r in enumerate(batch.rows) if r.finish]
+        self._finish(batch, done)
+        for job in jobs:
+            if all(r is not None for r in job.results):
+                job.events.put({"event": "done", "results": job.results})
+        batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.finish]) if done else batch
+        return batch if batch.rows else None
+
+    def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict) -> None:
+        """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""
+        needed = sorted({n for r in batch.rows for n in r.owner.stepped})
+        values = {n: self._read(batch, n, list(range(len(batch.rows)))) for n in needed}
+        for i, (r, t) in enumerate(zip(batch.rows, nxt.tolist())):
+            ev = events[r.owner]
+            ev["tokens"][r.index], ev["ids"][r.index] = self.tok.decode([t]), t
+            for n in r.owner.stepped:
+                v = values[n][i].tolist()
+                ev["values"][n][r.index] = v
+                r.steps.setdefault(n, []).append(v)
+            for n, (label, threshold) in r.owner.guard.items():
+                if values[n][i][self.side.heads[n].task.labels.index(label)] >= threshold:
+                    r.finish = "guard"
+
+    def _read(self, batch: Batch, name: str, idx: list[int]) -> torch.Tensor:
+        """Head `name` on the rows at idx: those whose request reads the answer alone under the answer mask."""
+        only = [i for i in idx if name in batch.rows[i].owner.answer_only]
+        plain = [i for i in idx if i not in only]
+        out = [None] * len(batch.rows)
+        for sel, alone in ((plain, False), (only, True)):
+            if sel:
+                mask = batch.answer_mask(sel) if alone else batch.real[sel]
+                for i, v in zip(sel, read_head(self.side, name, batch.accs[name][sel], mask, alone)):
+                    out[i] = v
+        return torch.stack([out[i] for i in idx])
+
+    def _finish(self, batch: Batch, idx: list[int]) -> None:
+        """The results of the rows at idx (they leave the batch after this)."""
+        for i in idx:
+            r, job = batch.rows[i], batch.rows[i].owner
+            text, spans = answer(self.tok, r.prompt_ids, r.generated)
+            wrapped = job.wrapped[r.index]
+            res = {"prompt": job.prompts[r.index], "text": cut(text, job.stop), "tokens": len(r.generated),
+                   "token_ids": r.generated, "finish": r.finish or "length", "prompt_tasks": job.prompt_json[r.index],
+                   "tasks": {}}
+            for n in job.names:
+                value = self._read(batch, n, [i])[0]
+                if self.side.heads[n].kind == TaskKind.TOKENS:
+                    value = value[r.start:]
+                res["tasks"][n] = _output(self.side.heads[n], value, r.offsets, wrapped + text,
+                                          [(len(wrapped) + a, len(wrapped) + e) for a, e in spans])
+            if job.stepped:
+                res["steps"] = {n: r.steps.get(n, []) for n in job.stepped}
+            job.results[r.index] = res
 
 
-class TorchDecoder:
-    """Prefill and decode steps of a transformers decoder, its KV cache kept between calls, layer hooks on.
-
-        logits = run(ids, attn, tap)            # prefill: (B, T) left-padded -> next-token logits (B, vocab)
-        logits = run(nxt[:, None], attn, tap)   # a step: one token per row, attn grown by one column
-    """
-
-    def __init__(self, backbone):
-        model = backbone.model
-        if not backbone.is_causal or model.get_output_embeddings() is None:
-            raise ModelError(f"{backbone.name} is not a decoder LLM with an LM head: it cannot generate")
-        self.backbone, self.model, self.cache = backbone, model, None
-
-    def eos_ids(self) -> set[int]:
-        tok, config = self.backbone.tokenizer, self.model.generation_config
-        return {t for t in [tok.eos_token_id] + _as_list(getattr(config, "eos_token_id", None)) if t is not None}
-
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
-        out = torch_forward(self.backbone, input_ids, attention, self.cache, tap)
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
-
-
-@torch.no_grad()
-def torch_forward(backbone, input_ids: torch.Tensor, attention: torch.Tensor, cache, tap):
-    """One forward of a transformers decoder (prefill: cache None; decode: one token per row), KV cache on,
-    `tap` on its layers (None: no hooks): the model's output."""
-    cache_arg = "cache" if "cache" in backbone._accepts else "past_key_values"  # renamed in transformers 5.2x
-    with backbone.hooked(tap):
-        return backbone.model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                              position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
-
-
-def cache_of(out):
-    """The KV cache a forward returned (`cache` in transformers >= 5.2x, `past_key_values` before)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _as_list(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _ids(nxt: torch.Tensor, live: torch.Tensor) -> list[int | None]:
-    return [int(t) if ok else None for t, ok in zip(nxt.tolist(), live.tolist())]
-
-
-def _stopped(tok, prompt_ids: list[list[int]], generated: list[list[int]], live: torch.Tensor, stop) -> list[int]:
-    """Rows whose answer so far (this step's token included, decoded after the prompt as `_answer`
-    does) holds one of the stop strings."""
-    if not stop:
-        return []
-    return [b for b in torch.nonzero(live).flatten().tolist()
-            if any(s in answer_text(tok, prompt_ids[b], generated[b]) for s in stop)]
+def _by_job(rows: list[Row]) -> dict:
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.owner, []).append(i)
+    return groups
 
 
 def answer_text(tok, prompt_ids: list[int], generated: list[int]) -> str:
@@ -269,16 +276,12 @@ def answer_text(tok, prompt_ids: list[int], generated: list[int]) -> str:
     return full[len(head):] if full.startswith(head) else tok.decode(generated, skip_special_tokens=True)
 
 
-def _cut(text: str, stop) -> str:
+def cut(text: str, stop) -> str:
     """The text before the first of the stop strings in it (all of it when none is in it)."""
     return text[:min([i for i in (text.find(s) for s in stop) if i >= 0], default=len(text))]
 
 
-def _pieces(tok, nxt: torch.Tensor, live: torch.Tensor) -> list[str | None]:
-    return [tok.decode([int(t)]) if ok else None for t, ok in zip(nxt.tolist(), live.tolist())]
-
-
-def _answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list[tuple[int, int]]]:
+def answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list[tuple[int, int]]]:
     """The answer as it continues the prompt's text, and each generated token's character span in it.
 
     Decoded after the prompt's tokens, so the space a token puts before its word is kept (decoded
@@ -293,27 +296,9 @@ def _answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list
     return text, spans
 
 
-def _offsets(enc, b: int) -> list[tuple[int, int]] | None:
+def offsets(enc, b: int) -> list[tuple[int, int]] | None:
     """Row b's character offsets per (left-padded) column, when the tokenizer gives them."""
     return [tuple(o) for o in enc["offset_mapping"][b].tolist()] if "offset_mapping" in enc else None
-
-
-@torch.no_grad()
-def tapped(side, heads: list, run):
-    """run(tap) (a prefill or a decode step of any runtime) with every head tapping it: (run's result,
-    {head: the accumulator columns of these positions}). Holds the SideTasks lock for this forward only:
-    the heads' per-pass state is shared with other requests."""
-    with side._lock:
-        for h in heads:
-            h.task.begin()
-        out = run(shared_tap([h.task for h in heads]) if heads else None)
-        return out, {h.name: h.task.take() for h in heads}
-
-
-def forward_step(side, heads: list, input_ids: torch.Tensor, attention: torch.Tensor, cache):
-    """tapped() over one transformers forward with an explicit KV cache (the scheduler merges and splits
-    caches between steps): (the model's output, {head: accumulator columns})."""
-    return tapped(side, heads, lambda tap: torch_forward(side.backbone, input_ids, attention, cache, tap))
 
 
 @torch.no_grad()
@@ -326,15 +311,6 @@ def read_head(side, name: str, acc: torch.Tensor, mask: torch.Tensor, only_answe
 
 def _output(head, values: torch.Tensor, offsets: list[tuple[int, int]] | None, text: str,
             answer_offsets: list[tuple[int, int]] | None = None) -> dict:
-    """A head's values -> the same JSON as /predict gives (labels + probabilities, a value, or word tags).
-
-    Token heads: the row's columns are the (left-padded) prompt, then the generated tokens.
-    """
-    from adalayers.infer.sidetasks import _sequence_output, _tag_words, _word_ids
-
-    if head.kind != TaskKind.TOKENS:
-        return _sequence_output(head.kind, head.task.labels, values)
-    spans = [m.span() for m in re.finditer(r"\S+", text)]
-    offsets = list(offsets or []) + list(answer_offsets or [])
-    values = values[: len(offsets)]  # columns after the answer's end are padding
-    return _tag_words(head.task.labels, text, spans, [({"word_ids": _word_ids(offsets, spans, 0)}, values)])
+    """A head's values -> the same JSON as /predict gives (adalayers.infer.outputs). Token heads: the row's
+    columns are the (left-padded) prompt, then the generated tokens."""
+    return head_output(head.kind, head.task.labels, values, text, list(offsets or []) + list(answer_offsets or []))

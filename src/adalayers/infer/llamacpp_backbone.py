@@ -1,7 +1,10 @@
-"""A GGUF base run by llama.cpp, with the Backbone interface SideTasks and generation use.
+"""The llama.cpp runtime: a GGUF base run by llama.cpp, the heads fed through its eval callback.
 
     base = LlamaCppBackbone.load("gemma3-270m")            # or a .gguf path
     SideTasks.from_backbone(base, ["runs/cola_gemma"]).predict(["The book was written by John."])
+
+LlamaCppBackbone is a Runtime (adalayers.infer.runtime) and its own base: a forward with layer taps as
+Backbone's (so TappedRuntime's pass), rows_per_pass (one llama_batch per pass) and decoder() (LlamaCppDecoder).
 
 Texts are tokenized by the same Hugging Face tokenizer as on the default runtime (read from the GGUF's
 own metadata), so both runtimes see the same ids, BOS and template; each row of a batch becomes one
@@ -23,6 +26,7 @@ from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
 from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import LlamaCpp, Row
+from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,8 @@ def gguf_path(name: str) -> Path:
     return path
 
 
-class LlamaCppBackbone:
-    """What SideTasks reads of its base (tokenizer, sizes, fingerprint, a forward with layer taps), from llama.cpp."""
+class LlamaCppBackbone(TappedRuntime):
+    """The llama.cpp runtime, and the base it runs (tokenizer, sizes, fingerprint, a forward with layer taps)."""
 
     is_causal, is_encoder_decoder, states = True, False, "decoder"
     device = torch.device("cpu")
@@ -73,8 +77,12 @@ class LlamaCppBackbone:
         """At most `wanted` rows of up to max_length tokens that fit one llama_batch (one decode, one pass)."""
         return max(1, min(wanted, self.engine.n_batch // max_length))
 
-    # what SideTasks and run folders ask of a base
-    model = None  # no torch module: SideTasks asks it only for non-causal bases
+    @property
+    def base(self) -> "LlamaCppBackbone":
+        return self
+
+    # what the Predictor and run folders ask of a base
+    model = None  # no torch module
 
     def fingerprint(self) -> str:
         """The default runtime's fingerprint of the same GGUF (config + its dequantized weights), so a head trained
@@ -86,10 +94,7 @@ class LlamaCppBackbone:
         return self._fingerprint
 
     def __call__(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
-        return self.forward(batch, taps, stop_after)
-
-    def forward(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
-        """One llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
+        """As Backbone's forward (TappedRuntime.forward calls it): one llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
         row's last token (None when stopped early)."""
         ids, mask = batch["input_ids"], batch["attention_mask"].bool()
         seqs = self.engine.acquire(ids.shape[0])
@@ -142,23 +147,50 @@ class LlamaCppBackbone:
 
 
 class LlamaCppDecoder:
-    """Prefill and decode steps on llama.cpp (adalayers.infer.generate's runtime): the batch's rows are sequences
-    of the context, held from the prefill until this object is dropped; each step appends one token per row."""
+    """Prefill and decode steps on llama.cpp (adalayers.infer.runtime.Decoder): each row of a generation is one
+    sequence of the context (Sequences, its cache), held from the prefill until the row leaves."""
 
     def __init__(self, base: LlamaCppBackbone):
-        self.base, self.seqs = base, None
+        self.base = base
 
     def eos_ids(self) -> set[int]:
         from adalayers.infer.llamacpp import end_of_generation
 
         return {t for t in [self.base.tokenizer.eos_token_id] if t is not None} | end_of_generation(self.base.engine)
 
-    def __call__(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> torch.Tensor:
-        taps = [tap] if tap is not None else []
-        if self.seqs is None:  # the prefill: the prompts' real tokens from position 0
-            self.seqs = self.base.engine.acquire(input_ids.shape[0])
-            weakref.finalize(self, self.base.engine.release, self.seqs)
-            return self.base.run(input_ids, attention.bool(), self.seqs, taps)
+    def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, "Sequences"]:
+        """The prompts' real tokens, each row a new sequence from position 0."""
+        seqs = Sequences(self.base.engine, input_ids.shape[0])
+        return self.base.run(input_ids, attention.bool(), seqs.ids, [tap] if tap is not None else []), seqs
+
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "Sequences", tap
+             ) -> tuple[torch.Tensor, "Sequences"]:
+        """One token per row appended to its sequence, after the tokens it holds (its attention's ones)."""
         step = attention[:, -input_ids.shape[1]:].bool()
-        start = attention.sum(1) - input_ids.shape[1]  # tokens already in each row's sequence
-        return self.base.run(input_ids, step, self.seqs, taps, start=start)
+        start = attention.sum(1) - input_ids.shape[1]
+        logits = self.base.run(input_ids, step, cache.ids, [tap] if tap is not None else [], start=start)
+        return logits, cache
+
+
+class Sequences:
+    """A batch's llama.cpp sequences (adalayers.infer.runtime.Cache): positions are per sequence, so padding
+    and trimming columns change nothing; a row that leaves gives its sequence back, and the rest are given
+    back when this object is dropped."""
+
+    def __init__(self, engine: LlamaCpp, n: int):
+        self.engine, self.ids = engine, engine.acquire(n)
+        weakref.finalize(self, engine.release, self.ids)  # the list as it is then: the rows still held
+
+    def select(self, idx: list[int]) -> "Sequences":
+        keep = [self.ids[i] for i in idx]
+        self.engine.release([s for s in self.ids if s not in keep])
+        self.ids[:] = keep
+        return self
+
+    def merged(self, other: "Sequences", width: int) -> "Sequences":
+        self.ids += other.ids
+        other.ids.clear()  # now held (and given back) by this one
+        return self
+
+    def trimmed(self, width: int) -> "Sequences":
+        return self

@@ -1,9 +1,10 @@
-"""SideTasks answered by ONNX Runtime from one exported graph (base + every head).
+"""The ONNX runtime: one exported graph (base + every head) run by ONNX Runtime (adalayers.infer.runtime).
 
     tasks = SideTasks.load("minilm-l6", ["runs/cola", "runs/conll"], backend="onnx")
     tasks = SideTasks.load("exported/", [], backend="onnx-int8")     # a folder from `adalayers export`
+    tasks = SideTasks.open_export("exported/", int8=True)           # the same, with the folder's options
 
-Tokenization, windows and the shape of each answer are SideTasks' own; only the pass changes:
+Tokenization, windows and the shape of each answer are the Predictor's own; only the pass changes:
 one InferenceSession.run per batch instead of the tapped PyTorch pass. Given a base and run
 folders (not an export folder), the graph is exported once into the cache
 ($ADALAYERS_CACHE or ~/.cache/adalayers)/onnx/<key>, the key a hash of the base name, each head's
@@ -26,7 +27,8 @@ from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, output_name
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import META, export, read_meta, verify
-from adalayers.infer.sidetasks import Head, SideTasks, parse_head_arg
+from adalayers.infer.heads import Head, parse_head_arg
+from adalayers.infer.runtime import Runtime
 
 log = logging.getLogger(__name__)
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -59,73 +61,83 @@ def export_key(base: str, heads: list[tuple[str, Path]], primary: bool, int8: bo
     return h.hexdigest()[:20]
 
 
-class OnnxSideTasks(SideTasks):
-    @classmethod
-    def load_onnx(cls, base: str, run_dirs: list, primary: bool = True, backend: str = "onnx",
-                  threads: int | None = None, **kw) -> "OnnxSideTasks":
-        if backend not in BACKENDS[1:]:
-            raise ModelError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-        int8 = backend == "onnx-int8"
-        if (Path(base) / META).is_file():
-            folder, names = Path(base), [parse_head_arg(str(r))[0] for r in run_dirs]
-        else:
-            heads = [parse_head_arg(str(r)) for r in run_dirs]
-            if not heads:
-                raise ModelError("give the heads to export (run folders), or an export folder as the base")
-            folder = model_packages.cache_root() / "onnx" / export_key(base, heads, primary, int8)
-            names = [n for n, _ in heads]
-            if not (folder / META).is_file():
-                from adalayers.model.backbone import Backbone
+def load(base: str, run_dirs: list, primary: bool = True, backend: str = "onnx", threads: int | None = None
+         ) -> tuple["OnnxRuntime", list[Head]]:
+    """A base and run folders (exported once into the cache, then reused) or an export folder (`base`) ->
+    (the runtime, its heads: those named in run_dirs, all of the folder's when none are)."""
+    if backend not in BACKENDS[1:]:
+        raise ModelError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    int8 = backend == "onnx-int8"
+    if (Path(base) / META).is_file():
+        folder, names = Path(base), [parse_head_arg(str(r))[0] for r in run_dirs]
+    else:
+        heads = [parse_head_arg(str(r)) for r in run_dirs]
+        if not heads:
+            raise ModelError("give the heads to export (run folders), or an export folder as the base")
+        folder = model_packages.cache_root() / "onnx" / export_key(base, heads, primary, int8)
+        names = [n for n, _ in heads]
+        if not (folder / META).is_file():
+            from adalayers.model.backbone import Backbone
 
-                runlib.read_config(heads[0][1])  # a missing run folder fails here, before the base loads
-                export(Backbone.load(base), heads, folder, primary=primary, int8=int8)
-        return cls.open(folder, names or None, primary=primary, int8=int8, threads=threads, **kw)
+            runlib.read_config(heads[0][1])  # a missing run folder fails here, before the base loads
+            export(Backbone.load(base), heads, folder, primary=primary, int8=int8)
+    return open_folder(folder, names or None, int8=int8, threads=threads)
 
-    @classmethod
-    def open(cls, folder: Path, names: list[str] | None = None, primary: bool = True, int8: bool = False,
-             threads: int | None = None, graph: str | None = None, **kw) -> "OnnxSideTasks":
-        """`graph`: another .onnx file of the folder to run (e.g. an int8 copy made with another scheme)."""
-        import onnxruntime as ort
 
-        folder = Path(folder)
-        meta = read_meta(folder)
-        file = graph or meta["files"].get("int8" if int8 else "fp32")
-        if file is None or not (folder / file).is_file():
-            raise RunError(f"{folder}: has no {file or 'int8 graph'}; export it (with --int8 for int8)")
-        verify(folder, meta, file)  # the graph and tokenizer files against export.json's sha256
-        unknown = [n for n in names or [] if n not in meta["heads"]]
-        if unknown:
-            raise ModelError(f"{folder}: no head named {', '.join(unknown)}; it has {', '.join(meta['heads'])}")
-        if primary and not meta["primary"]:
-            primary = False  # exported with --no-primary: the graph has no base output
-        backbone = OnnxBase(folder, meta)
-        heads = []
-        for name in names or list(meta["heads"]):
-            task, cfg, _ = runlib.load_head(folder / "heads" / name)  # labels, kind, layer weights
-            if task.mixer.num_layers != backbone.num_layers:
-                raise ModelError(f"{name}: head expects {task.mixer.num_layers} layers, base has {backbone.num_layers}")
-            heads.append(Head(name, task, folder / "heads" / name, meta["heads"][name]["max_length"],
-                              template=Template.of(cfg)))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        side = cls(backbone, heads, primary, **kw)
-        side.session = ort.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
-        side.backend = "onnx-int8" if int8 else "onnx"
-        side.input_names = [i.name for i in side.session.get_inputs()]
-        log.info("ONNX Runtime session on %s (%s)", folder / file, side.backend)
-        return side
+def open_folder(folder: Path, names: list[str] | None = None, int8: bool = False, threads: int | None = None,
+                graph: str | None = None) -> tuple["OnnxRuntime", list[Head]]:
+    """An export folder -> (its runtime, the heads named, or all). `graph`: another .onnx file of the folder
+    to run (e.g. an int8 copy made with another scheme)."""
+    import onnxruntime as ort
 
-    def _forward(self, batch: dict, heads: list[Head], stop: int | None):
+    folder = Path(folder)
+    meta = read_meta(folder)
+    file = graph or meta["files"].get("int8" if int8 else "fp32")
+    if file is None or not (folder / file).is_file():
+        raise RunError(f"{folder}: has no {file or 'int8 graph'}; export it (with --int8 for int8)")
+    verify(folder, meta, file)  # the graph and tokenizer files against export.json's sha256
+    unknown = [n for n in names or [] if n not in meta["heads"]]
+    if unknown:
+        raise ModelError(f"{folder}: no head named {', '.join(unknown)}; it has {', '.join(meta['heads'])}")
+    base = OnnxBase(folder, meta)
+    heads = []
+    for name in names or list(meta["heads"]):
+        task, cfg, _ = runlib.load_head(folder / "heads" / name)  # labels, kind, layer weights
+        if task.mixer.num_layers != base.num_layers:
+            raise ModelError(f"{name}: head expects {task.mixer.num_layers} layers, base has {base.num_layers}")
+        heads.append(Head(name, task, folder / "heads" / name, meta["heads"][name]["max_length"],
+                          template=Template.of(cfg)))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
+    runtime = OnnxRuntime(base, session, "onnx-int8" if int8 else "onnx")
+    log.info("ONNX Runtime session on %s (%s)", folder / file, runtime.name)
+    return runtime, heads
+
+
+class OnnxRuntime(Runtime):
+    """One InferenceSession.run per batch: the graph's base output (when exported with it) and every head's
+    logits. A graph exported with --no-primary has no base output (has_own_output False)."""
+
+    def __init__(self, base: OnnxBase, session, name: str = "onnx"):
+        self._base, self.session, self.name = base, session, name
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.has_own_output = bool(base.meta["primary"])
+
+    @property
+    def base(self) -> OnnxBase:
+        return self._base
+
+    def forward(self, batch, heads, stop):
         feeds = {}
         for name in self.input_names:
             value = batch.get(name)
             feeds[name] = (value if value is not None else torch.zeros_like(batch["input_ids"])).numpy()
         wanted = ([EMBEDDING] if stop is None else []) + [output_name(h.name) for h in heads]
         values = dict(zip(wanted, self.session.run(wanted, feeds)))
-        logits = {h.name: torch.from_numpy(np.asarray(values[output_name(h.name)], dtype=np.float32)) for h in heads}
         own = torch.from_numpy(values[EMBEDDING]) if stop is None else None
-        return own, logits
+        return own, [torch.from_numpy(np.asarray(values[w], dtype=np.float32)) for w in wanted[stop is None:]]
 
-    def _base_output(self, out, text, spans, row):
-        return None if out is None else {"embedding": out.tolist()}
+    def own_output(self) -> tuple[str, list[str]]:
+        return "embedding", []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from adalayers import metrics
 from adalayers.data.encoding import EncodedSplit, batch_plan, split_batch
+from adalayers.data.encoding import first_subtokens as encoding_first_subtokens
 from adalayers.engine import predict, probabilities_or_values
 from adalayers.kinds import TaskKind
 from adalayers.model.states import Fed
@@ -21,12 +22,9 @@ def model_outputs(model, split: EncodedSplit, batch_size: int, pad_id: int, auto
 
 
 def first_subtokens(row: dict):
-    """Token tasks: (position, word) of each word's first sub-token in an encoded row."""
-    seen = set()
-    for pos, w in enumerate(row["word_ids"]):
-        if w is not None and w not in seen:
-            seen.add(w)
-            yield pos, w
+    """Token tasks: (position, word) of each word's first sub-token in an encoded row (the one rule:
+    adalayers.data.encoding.first_subtokens)."""
+    return encoding_first_subtokens(row["word_ids"])
 
 
 def word_outputs(split: EncodedSplit, outs: list):

@@ -1,0 +1,125 @@
+"""The base pass behind every inference door: one small interface, one class per engine.
+
+    runtime.forward(batch, heads, stop)   -> (the base's own output or None, [each head's logits])
+    runtime.own_output()                  -> what that own output is: "embedding", "next_token", or a
+                                             classifier's ("classes" / "tokens", its labels)
+    runtime.rows_per_pass(max_length, n)  -> how many rows of max_length tokens one pass takes (at most n)
+    runtime.decoder()                     -> prefill and decode steps for generation (Decoder), or a ModelError
+    runtime.base                          -> what the doors read of the base: name, tokenizer, fingerprint(),
+                                             num_layers, hidden_size, device, is_causal
+
+The Predictor (adalayers.infer.predictor) turns texts into rows and rows back into answers; only the pass
+differs between engines:
+
+    TappedRuntime   any base called as base(batch, taps, stop_after) whose taps get Z_i per layer: the
+                    transformers Backbone (TorchRuntime, adalayers.infer.torch_runtime) and llama.cpp
+                    (LlamaCppBackbone, adalayers.infer.llamacpp_backbone, fed by its eval callback)
+    OnnxRuntime     one exported graph (base + every head) run by ONNX Runtime (adalayers.infer.onnx)
+
+A new engine is one module with one Runtime subclass, and one line in SideTasks.load (RUNTIMES).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol, Sequence
+
+import torch
+
+from adalayers.errors import ModelError
+from adalayers.infer.heads import Head
+from adalayers.model.sidetask import shared_tap
+
+
+class Base(Protocol):
+    """What the inference doors read of a base."""
+    name: str
+    num_layers: int
+    hidden_size: int
+    device: torch.device
+    is_causal: bool
+
+    @property
+    def tokenizer(self): ...
+
+    def fingerprint(self) -> str: ...
+
+
+class Cache(Protocol):
+    """A decoder's KV cache of a batch's rows (left-padded columns), as adalayers.infer.batching reshapes it."""
+
+    def select(self, idx: list[int]) -> "Cache":
+        """Only the rows at idx, in that order (the others' entries are freed)."""
+
+    def merged(self, other: "Cache", width: int) -> "Cache":
+        """This cache's rows, then other's, both left-padded to `width` columns."""
+
+    def trimmed(self, width: int) -> "Cache":
+        """Only the last `width` columns (leading columns no row uses any more)."""
+
+
+class Decoder(Protocol):
+    """Prefill and decode steps of a decoder LLM, every layer tapped (generation: adalayers.infer.generate).
+
+        logits, cache = decoder.prefill(ids, attn, tap)              # (B, T) left-padded -> logits (B, vocab)
+        logits, cache = decoder.step(nxt[:, None], attn, cache, tap) # one token per row, attn grown by a column
+    """
+
+    def eos_ids(self) -> set[int]: ...
+
+    def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, Cache]: ...
+
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: Cache, tap
+             ) -> tuple[torch.Tensor, Cache]: ...
+
+
+class Runtime(ABC):
+    """The base pass (see the module doc)."""
+
+    @property
+    @abstractmethod
+    def base(self) -> Base: ...
+
+    @abstractmethod
+    def forward(self, batch: dict, heads: Sequence[Head], stop: int | None
+                ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """One pass over a collated batch: (the base's own output, None when `stop` ends the base after that
+        layer; each head's logits, float on the CPU, in the order of `heads`)."""
+
+    def own_output(self) -> tuple[str, list[str]]:
+        """What forward's own output is: ("embedding", []), ("next_token", []), or a classifier base's
+        ("classes", labels) / ("tokens", labels)."""
+        return ("next_token", []) if self.base.is_causal else ("embedding", [])
+
+    def rows_per_pass(self, max_length: int, wanted: int) -> int:
+        """At most `wanted` rows of up to max_length tokens that one pass takes."""
+        return wanted
+
+    def decoder(self) -> Decoder:
+        """Prefill and decode steps (generation); a base that cannot generate is refused."""
+        raise ModelError(f"{self.base.name} is not a decoder LLM with an LM head: it cannot generate")
+
+    @property
+    def continuous_batching(self) -> bool:
+        """Whether serve's scheduler can merge and split this runtime's KV caches between steps."""
+        return False
+
+
+class TappedRuntime(Runtime):
+    """A base called as base(batch, taps=[...], stop_after=L) that hands every layer's Z_i to the taps and
+    returns a BaseOutput (logits, pooled): every task's accumulator is fed by one shared tap."""
+
+    def __init__(self, base):
+        self._base = base
+
+    @property
+    def base(self):
+        return self._base
+
+    def forward(self, batch, heads, stop):
+        tasks = [h.task for h in heads]
+        for t in tasks:
+            t.begin()
+        out = self.base(batch, taps=[shared_tap(tasks)], stop_after=stop)
+        logits = [t.end(batch["attention_mask"]).float().cpu() for t in tasks]
+        own = None if stop is not None else (out.logits if out.logits is not None else out.pooled)
+        return own, logits
