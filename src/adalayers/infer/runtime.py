@@ -16,7 +16,7 @@ differs between engines:
                     (LlamaCppBackbone, adalayers.infer.llamacpp_backbone, fed by its eval callback)
     OnnxRuntime     one exported graph (base + every head) run by ONNX Runtime (adalayers.infer.onnx)
 
-A new engine is one module with one Runtime subclass, and one line in SideTasks.load (RUNTIMES).
+A new engine is one module with one Runtime subclass, its name in RUNTIMES and its loader in SideTasks.load.
 """
 from __future__ import annotations
 
