@@ -10,27 +10,19 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from adalayers.errors import ConfigError
 from adalayers.kinds import ALIASES as TASK_KINDS, TaskKind  # every name of a TaskKind -> the TaskKind
-from adalayers.settings import (Section, apply_overrides, build, did_you_mean, field_paths, load_yaml,  # noqa: F401
-                                override_problems as _override_problems, parse_value, raise_problems, setting)
+from adalayers.settings import (Section, apply_overrides, build, check, compare, load_yaml,
+                                override_problems as _override_problems, raise_problems, setting)
 
 
-def _check(ok, problem: str):
-    """A pydantic AfterValidator: the value when ok(value), else ValueError(problem)."""
-    def check(value):
-        if value is not None and not ok(value):
-            raise ValueError(problem)
-        return value
-    return AfterValidator(check)
-
-
-Fraction = Annotated[float, _check(lambda v: 0 <= v < 1, "must be in [0, 1)")]
+Fraction = Annotated[float, check(lambda v: 0 <= v < 1, "must be in [0, 1)")]
 POOLINGS = ("mean", "max", "first", "last")
 FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
-FILES_ONLY = ("train", "validation", "test", "format", "kind", "text", "text_pair", "label", "header", "label_names")
+FILES_OPTIONS = ("train", "validation", "test", "format", "kind", "text", "text_pair", "label", "header", "label_names",
+                 "tag_scheme")
 # Upper bounds on sizes a config (or a run folder's config.json) may ask for: far above any useful value,
 # low enough that a typo or an edited file is a one-line error rather than gigabytes allocated.
 MAX_SIZES = {"mixer.k": 8192, "head.num_heads": 256, "head.dim_feedforward": 65536, "head.encoder_layers": 48,
@@ -38,12 +30,8 @@ MAX_SIZES = {"mixer.k": 8192, "head.num_heads": 256, "head.dim_feedforward": 655
 MAX_ALPHA = 10_000.0
 
 
-class TaskConfig(Section):
-    name: str = setting("cola", "Dataset reader: a name from adalayers.data.tasks.TASKS (cola, stsb, imdb, "
-                                "conll2003, ...), or 'files' for your own files (the default when task.train is set).")
-    data_dir: str = setting("../shared/data", "Folder holding the datasets; the ADALAYERS_DATA environment "
-                                              "variable wins.")
-    # --- your own data (task 'files', see adalayers/data/tasks/files.py) -------------------------------
+class FilesConfig(Section):
+    """Your own data: what task 'files' reads (adalayers/data/tasks/files.py)."""
     train: str | None = setting(None, "Your training data: a .csv, .tsv, .jsonl or CoNLL file, or a folder saved "
                                       "by a Hugging Face dataset's save_to_disk (or a hub name, with a network). "
                                       "Relative paths are read from the current folder.")
@@ -54,7 +42,7 @@ class TaskConfig(Section):
     format: Literal[FILE_FORMATS] | None = setting(None, "csv, tsv (no quoting, as GLUE), jsonl, conll or hf. None "
                                                          "= from train's extension (.csv .tsv .jsonl .conll; a "
                                                          "folder = hf).")
-    kind: Annotated[str, _check(lambda v: v in TASK_KINDS, "must be classification, regression or tokens")] | None \
+    kind: Annotated[str, check(lambda v: v in TASK_KINDS, "must be classification, regression or tokens")] | None \
         = setting(None, "classification, regression or tokens. None = guessed: CoNLL or lists of tags -> tokens, "
                         "numbers with decimals -> regression, anything else -> classification.")
     text: str | int | None = setting(None, "Column with the text: a header name / JSON key, or a 0-based number "
@@ -70,6 +58,36 @@ class TaskConfig(Section):
                                     "every label value must be listed. Empty = the values, sorted.")
     tag_scheme: Literal["iob1", "iob2"] = setting("iob2", "Token tags: iob2 (used as they are) or iob1 (converted "
                                                           "to IOB2, e.g. the original CoNLL-2003 files).")
+
+
+def _nest_files(task: dict) -> dict:
+    """A task mapping with the options of your own files given flat (train: x.csv, as configs, the shortcut
+    and run folders written before task.files write them) moved into task.files, over what it holds."""
+    flat = {k: task[k] for k in FILES_OPTIONS if k in task}
+    if not flat:
+        return task
+    files = task.get("files", {})
+    rest = {k: v for k, v in task.items() if k not in flat}
+    return {**rest, "files": {**files, **flat}} if isinstance(files, dict) else task  # else: refused as it is
+
+
+def _nest_overrides(overrides: list[str] | None) -> list[str]:
+    """--set task.train=x is --set task.files.train=x (the options of your own files may be named flat)."""
+    out = []
+    for item in overrides or []:
+        key, eq, value = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        out.append(f"task.files.{name}{eq}{value}" if section == "task" and name in FILES_OPTIONS else item)
+    return out
+
+
+class TaskConfig(Section):
+    name: str = setting("cola", "Dataset reader: a name from adalayers.data.tasks.TASKS (cola, stsb, imdb, "
+                                "conll2003, ...), or 'files' for your own files (the default when task.train is set).")
+    data_dir: str = setting("../shared/data", "Folder holding the datasets; the ADALAYERS_DATA environment "
+                                              "variable wins.")
+    files: FilesConfig = Field(default_factory=FilesConfig, description="Your own data (task 'files'); "
+                               "its options may also be given flat in task (task.train is task.files.train).")
     metric: str | None = setting(None, "Validation metric that picks the best epoch (any task). None = the task's "
                                        "own; for 'files': macro_f1 (classification; or accuracy, mcc), pearson "
                                        "(regression; or spearman), f1 (tokens: entity F1).")
@@ -77,7 +95,7 @@ class TaskConfig(Section):
                                                "are reported (positive_*). None = the second label: of the sorted "
                                                "values for your files, in label_names' order when given (CoLA: "
                                                "acceptable).")
-    validation_fraction: Annotated[float, _check(lambda v: 0 < v < 1, "must be in (0, 1)")] = setting(
+    validation_fraction: Annotated[float, check(lambda v: 0 < v < 1, "must be in (0, 1)")] = setting(
         0.1, "Share of train held out (stratified) when the dataset has no validation split.")
     split_seed: int = setting(42, "Seed of that held-out split.")
     max_train_examples: int | None = setting(None, "Use only the first N training examples (after the split); "
@@ -96,6 +114,11 @@ class TaskConfig(Section):
                                                 "assistant's turn (apply_chat_template's add_generation_prompt), "
                                                 "where a chat model starts its answer.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_files(cls, data):
+        return _nest_files(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _files_task(self):
         problems = files_task_problems(self)
@@ -109,19 +132,21 @@ def files_task_problems(t: TaskConfig) -> list[str]:
     file, its metric."""
     from adalayers.data.templates import spec_problem
 
-    own = [f for f in FILES_ONLY if getattr(t, f) not in (None, {})]
+    f = t.files
+    own = [k for k in FILES_OPTIONS if getattr(f, k) != FilesConfig.model_fields[k].get_default(
+        call_default_factory=True)]
     p = [f"task.template: {spec_problem(t.template)}"] if spec_problem(t.template) else []
     if t.name != "files":
-        return p + ([f"task.{own[0]}: only read by task 'files' (your own data), but task.name is {t.name!r}"]
-                    if own else [])
-    if not t.train:
-        p.append("task.train: task 'files' needs a training file (or a saved Hugging Face dataset)")
-    if t.label_names and TASK_KINDS.get(t.kind) in (TaskKind.REGRESSION, TaskKind.TOKENS):
-        p.append("task.label_names: only for classification tasks")
+        return p + ([f"task.files.{own[0]}: only read by task 'files' (your own data), but task.name is "
+                     f"{t.name!r}"] if own else [])
+    if not f.train:
+        p.append("task.files.train: task 'files' needs a training file (or a saved Hugging Face dataset)")
+    if f.label_names and TASK_KINDS.get(f.kind) in (TaskKind.REGRESSION, TaskKind.TOKENS):
+        p.append("task.files.label_names: only for classification tasks")
     if t.metric is not None:
         from adalayers.metrics import MAIN_METRICS
 
-        allowed = MAIN_METRICS[TASK_KINDS[t.kind]] if t.kind in TASK_KINDS else sorted(
+        allowed = MAIN_METRICS[TASK_KINDS[f.kind]] if f.kind in TASK_KINDS else sorted(
             {m for ms in MAIN_METRICS.values() for m in ms})
         if t.metric not in allowed:
             p.append(f"task.metric: must be one of {', '.join(allowed)}, got {t.metric!r}")
@@ -378,11 +403,15 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Config:
     if not isinstance(data or {}, dict):
         raise ConfigError(f"invalid config: the top level must be a mapping of sections, got {type(data).__name__}")
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in (data or {}).items()}
+    overrides = _nest_overrides(overrides)
     check_overrides(overrides)  # a typo on the command line is the flag's, not the config file's
     problems: list[str] = []
+    if isinstance(data.get("task"), dict):
+        data["task"] = _nest_files(data["task"])
     apply_overrides(data, overrides, problems)
     task = data.get("task")
-    if isinstance(task, dict) and "name" not in task and ("train" in task or "format" in task):
+    files = task.get("files") if isinstance(task, dict) else None
+    if isinstance(files, dict) and "name" not in task and (files.get("train") or files.get("format")):
         task["name"] = "files"  # giving your own files is enough to pick the generic reader
     cfg = build(Config, data, "", problems)
     raise_problems(problems, "invalid config")
@@ -396,15 +425,7 @@ def validate(cfg: Config) -> list[str]:
     return problems
 
 
-_PATHS = {("task", "data_dir"), ("task", "train"), ("task", "validation"), ("task", "test")}
-
-
-def _same(section: str, key: str, a, b) -> bool:
-    if a == b:
-        return True
-    if (section, key) in _PATHS and isinstance(a, str) and isinstance(b, str):
-        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()  # one place, spelled twice
-    return False
+_PATHS = {"task.data_dir", "task.files.train", "task.files.validation", "task.files.test"}
 
 
 def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None = None) -> list[str]:
@@ -414,34 +435,18 @@ def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None 
     by an older version: it is read through from_dict first, so a field added since holds its default
     and is no difference. `ignore` maps a section to the fields left out of the comparison (None: the
     whole section). A stored config this version cannot read is compared as it is. Paths to the data
-    (task.data_dir, task.train, ...) are compared as the places they name from the current folder, so
-    `../data` and the same folder's absolute path are no difference.
+    (task.data_dir, task.files.train, ...) are compared as the places they name from the current folder,
+    so `../data` and the same folder's absolute path are no difference.
     """
-    ignore = ignore or {}
-    try:
-        old = from_dict(old).to_dict()
-    except ConfigError:
-        pass
-    try:
-        new = from_dict(new).to_dict()
-    except ConfigError:
-        pass
-    diffs = []
-    for section in sorted(set(old) | set(new)):
-        left_out = ignore.get(section, set())
-        if left_out is None:
-            continue
-        a, b = old.get(section) or {}, new.get(section) or {}
-        if not isinstance(a, dict) or not isinstance(b, dict):
-            if a != b:
-                diffs.append(f"{section}: {a!r} there, {b!r} now")
-            continue
-        for key in sorted(set(a) | set(b)):
-            if key not in left_out and not _same(section, key, a.get(key), b.get(key)):
-                diffs.append(f"{section}.{key}: {a.get(key, '(absent)')!r} there, {b.get(key, '(absent)')!r} now")
-    return diffs
+    def read(d: dict) -> dict:
+        try:
+            return from_dict(d).to_dict()
+        except ConfigError:
+            return d
+
+    return compare(read(old), read(new), ignore or {}, _PATHS, {"task.files"})
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    check_overrides(overrides)  # named as the flag, before the file is read (not as the file's problem)
+    check_overrides(_nest_overrides(overrides))  # named as the flag, before the file is read (not as the file's problem)
     return from_dict({}, overrides) if path is None else load_yaml(path, from_dict, overrides)

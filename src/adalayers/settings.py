@@ -17,14 +17,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
-import types
 import typing
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from adalayers.errors import ConfigError
 
@@ -38,6 +36,15 @@ def setting(default, help: str, **constraints):
     if isinstance(default, (list, dict)):
         return Field(default_factory=lambda: type(default)(default), description=help, **constraints)
     return Field(default, description=help, **constraints)
+
+
+def check(ok, problem: str) -> AfterValidator:
+    """A value check for Annotated[...]: the value when ok(value) (or None), else the error 'problem, got VALUE'."""
+    def run(value):
+        if value is not None and not ok(value):
+            raise ValueError(problem)
+        return value
+    return AfterValidator(run)
 
 
 def _admits(tp, kind) -> bool:
@@ -300,9 +307,41 @@ def load_yaml(path: str | Path, build, overrides: list[str] | None = None):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def finite(value: float) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+# --- comparing two stored configs ----------------------------------------------------------------
+
+def _same(name: str, a, b, paths: set[str]) -> bool:
+    if a == b:
+        return True
+    if name in paths and isinstance(a, str) and isinstance(b, str):
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()  # one place, spelled twice
+    return False
 
 
-__all__ = ["Section", "setting", "build", "fields_of", "field_paths", "problems_of", "did_you_mean", "parse_value",
-           "apply_overrides", "override_problems", "raise_problems", "load_yaml", "types"]
+def _differ(where: str, a: dict, b: dict, left_out: set, paths: set[str], inner: set[str], diffs: list) -> None:
+    for key in sorted(set(a) | set(b)):
+        name, x, y = f"{where}.{key}", a.get(key, "(absent)"), b.get(key, "(absent)")
+        if key in left_out:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict) and name in inner:
+            _differ(name, x, y, set(), paths, inner, diffs)
+        elif not _same(name, x, y, paths):
+            diffs.append(f"{name}: {x!r} there, {y!r} now")
+
+
+def compare(old: dict, new: dict, ignore: dict[str, set[str] | None], paths: set[str] = frozenset(),
+            inner: set[str] = frozenset()) -> list[str]:
+    """Where two config dicts of sections disagree, as 'section.field: OLD there, NEW now'. `ignore` maps a
+    section to the fields left out (None: the whole section); the fields named in `paths` are compared
+    as the places they name from the current folder; `inner` names the sections inside sections."""
+    diffs: list[str] = []
+    for section in sorted(set(old) | set(new)):
+        left_out = ignore.get(section, set())
+        if left_out is None:
+            continue
+        a, b = old.get(section) or {}, new.get(section) or {}
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            if a != b:
+                diffs.append(f"{section}: {a!r} there, {b!r} now")
+            continue
+        _differ(section, a, b, left_out, paths, inner, diffs)
+    return diffs

@@ -77,7 +77,7 @@ def takes_pairs(cfg) -> bool:
     """Was a head with this config trained on sentence pairs? (your files: task.text_pair is set)"""
     from adalayers.data.tasks import conll, files, glue, imdb, qqp, sst  # noqa: F401  (register their tasks)
 
-    return cfg.task.name in PAIR_TASKS or (cfg.task.name == "files" and cfg.task.text_pair is not None)
+    return cfg.task.name in PAIR_TASKS or (cfg.task.name == "files" and cfg.task.files.text_pair is not None)
 
 
 def check_pairs(name: str, pairs: bool, text_pairs: list | None, n_texts: int) -> None:
