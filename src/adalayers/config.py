@@ -183,8 +183,8 @@ class MixerConfig(Section):
 
 
 class HeadConfig(Section):
-    kind: Literal[tuple(k.value for k in TaskKind)] | None = setting(None, "sequence (classification), regression, or token "
-                                                          "(classification per word). None = the task's kind.")
+    kind: Literal[tuple(k.value for k in TaskKind)] | None = setting(
+        None, "sequence (classification), regression, or token (classification per word). None = the task's kind.")
     num_heads: int = setting(8, "Attention heads in the head's self-attention / encoder layers.", ge=1,
                              le=MAX_SIZES["head.num_heads"])
     encoder_layers: int = setting(1, "Token head: pre-LayerNorm transformer encoder layers on F.", ge=1,
@@ -448,5 +448,5 @@ def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None 
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    check_overrides(_nest_overrides(overrides))  # named as the flag, before the file is read (not as the file's problem)
+    check_overrides(_nest_overrides(overrides))  # named as the flag, before the file is read
     return from_dict({}, overrides) if path is None else load_yaml(path, from_dict, overrides)

@@ -156,10 +156,11 @@ def problems_of(e: ValidationError, cls, where: str = "") -> tuple[list[str], li
             node = _section_type(tp)
         place = tuple(path)
         rest = err["loc"][len(path):]
-        if err["type"] == "extra_forbidden" and rest:
+        if err["type"] in ("extra_forbidden", "invalid_key") and rest:
             parent = node if node is not None else cls
             names, renamed = fields_of(parent), getattr(parent, "RENAMED", {})
-            key, at = str(rest[0]), where + "".join(f"{p}." for p in path)
+            key = err["input"] if err["type"] == "invalid_key" else rest[0]  # a key that is no text: as it is
+            at = where + "".join(f"{p}." for p in path)
             if key in renamed and renamed[key] in names:
                 lines.append(f"{at}{key}: renamed to {at}{renamed[key]}; rename it in your config")
             else:
@@ -181,6 +182,8 @@ def problems_of(e: ValidationError, cls, where: str = "") -> tuple[list[str], li
 
 
 def _without(data: dict, place: tuple) -> None:
+    if not place:
+        return
     node = data
     for key in place[:-1]:
         node = node.get(key) if isinstance(node, dict) else None
