@@ -90,3 +90,10 @@ def test_settings_build_checks_a_dataclass_strictly():
     msg = str(e.value)
     assert "dropout: expected float, got 'x'" in msg and "top: unknown field" in msg
     assert make("finetune", ["lr=5e-5"]).conf.lr == 5e-5  # YAML 1.1 reads 5e-5 as a string; a float field takes it
+
+
+def test_a_set_typo_of_a_file_option_names_the_closest_spelling():
+    with pytest.raises(ConfigError, match=r"^--set task.formt=csv: no field task.formt; did you mean task.format\?$"):
+        config.load(None, ["task.formt=csv"])
+    with pytest.raises(ConfigError, match=r"did you mean task.files.format\?$"):
+        config.load(None, ["task.files.formt=csv"])

@@ -390,7 +390,7 @@ class Config(Section):
 def override_problems(overrides: list[str] | None, cls=None) -> list[str]:
     """--set items that name no field of `cls` (default: a run's Config), each with the flag it came from
     and the closest field: "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"."""
-    return _override_problems(overrides, cls or Config)
+    return _override_problems(overrides, cls or Config, [f"task.{name}" for name in FILES_OPTIONS])
 
 
 def check_overrides(overrides: list[str] | None, cls=None) -> None:

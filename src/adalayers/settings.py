@@ -265,9 +265,9 @@ def field_paths(cls, where: str = "") -> dict[str, Any]:
     return out
 
 
-def override_problems(overrides: list[str] | None, cls) -> list[str]:
-    """--set items that name no field of `cls`, each with the flag it came from and the closest field:
-    "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"."""
+def override_problems(overrides: list[str] | None, cls, aliases=()) -> list[str]:
+    """--set items that name no field of `cls`, each with the flag it came from and the closest field (or
+    alias: another accepted spelling): "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"."""
     paths = field_paths(cls)
     problems = []
     for item in overrides or []:
@@ -282,7 +282,7 @@ def override_problems(overrides: list[str] | None, cls) -> list[str]:
         if name in renamed:
             problems.append(f"--set {item}: {key} is renamed to {parent}.{renamed[name]}")
             continue
-        known = [p for p in paths if p.count(".") == key.count(".")]
+        known = [p for p in (*paths, *aliases) if p.count(".") == key.count(".")]
         problems.append(f"--set {item}: no field {key}{did_you_mean(key, known)}")
     return problems
 
