@@ -125,8 +125,8 @@ def _choices(ctx: dict, optional: bool) -> str:
     return f"must be {', '.join(names[:-1])} or {names[-1]}"
 
 
-def _message(err: dict, tp, known: dict | None) -> str:
-    """One pydantic error as 'problem, got VALUE' (`tp`: the field's type; `known`: its section's fields)."""
+def _message(err: dict, tp) -> str:
+    """One pydantic error as 'problem, got VALUE' (`tp`: the type of the field it is about)."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}
     got = f", got {value!r}" if "input" in err and not isinstance(value, (dict, list)) else ""
@@ -146,13 +146,13 @@ def problems_of(e: ValidationError, cls, where: str = "") -> tuple[list[str], li
     """The errors of validating `cls` as one line each, and the place (a tuple of keys) of each bad value."""
     lines, places, seen = [], [], set()
     for err in e.errors():
-        node, path, tp, known = cls, [], None, None
+        node, path, tp = cls, [], None
         for key in err["loc"]:
             fields = fields_of(node) if node is not None else {}
             if key not in fields:
                 break
             path.append(key)
-            known, tp = fields, fields[key]
+            tp = fields[key]
             node = _section_type(tp)
         place = tuple(path)
         rest = err["loc"][len(path):]
@@ -171,12 +171,11 @@ def problems_of(e: ValidationError, cls, where: str = "") -> tuple[list[str], li
         if place in seen:
             continue  # one line a field (a union reports each of its types)
         seen.add(place)
-        if err["type"] == "value_error" and not rest and _section_type(tp or cls) is not None and \
-                (not path or _section_type(tp) is not None):
+        if err["type"] == "value_error" and not rest and (not path or _section_type(tp) is not None):
             lines += err["msg"].removeprefix("Value error, ").splitlines()  # a section's own check, lines named
             continue
         name = where + ".".join(str(p) for p in path)
-        lines.append(f"{name or where.rstrip('.') or 'config'}: {_message(err, tp, known)}")
+        lines.append(f"{name or where.rstrip('.') or 'config'}: {_message(err, tp)}")
         places.append(place)
     return lines, places
 
@@ -193,8 +192,9 @@ def _without(data: dict, place: tuple) -> None:
 
 def build(cls, data, where: str = "", problems: list[str] | None = None):
     """`cls` (a Section, or a dataclass validated as one) from a mapping: every problem is appended to
-    `problems` as one line ('where' prefixes the names), and a bad value leaves its field's default.
-    Checks that span fields are left out when they speak of a field whose value was refused."""
+    `problems` as one line ('where' prefixes the names), and a bad value leaves its field's default (a
+    failed check across fields: every field's). Such checks are left out when they speak of a field whose
+    value was refused, so that no line speaks of a default."""
     problems = [] if problems is None else problems
     if not isinstance(data, dict):
         problems.append(f"{where.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
@@ -207,7 +207,7 @@ def build(cls, data, where: str = "", problems: list[str] | None = None):
             break
         except ValidationError as e:
             lines, places = problems_of(e, model, where)
-            problems += [p for p in lines if not any(b in p for b in broken)]
+            problems += [p for p in lines if p not in problems and not any(b in p for b in broken)]
             broken += [where + ".".join(map(str, p)) for p in places]
             if not places:
                 out = model.model_construct()  # only cross-field checks failed: reported above
