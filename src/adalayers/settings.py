@@ -61,6 +61,7 @@ class Section(BaseModel):
     @classmethod
     def _yaml_numbers(cls, data):
         if isinstance(data, dict):
+            data = dict(data)  # the caller's mapping stays as it was
             for name, value in list(data.items()):
                 field = cls.model_fields.get(name)
                 if field is not None and isinstance(value, str) and _admits(field.annotation, float):
