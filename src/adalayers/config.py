@@ -390,7 +390,7 @@ class Config(Section):
 def override_problems(overrides: list[str] | None, cls=None) -> list[str]:
     """--set items that name no field of `cls` (default: a run's Config), each with the flag it came from
     and the closest field: "--set train.lrr=1e-3: no field train.lrr; did you mean train.lr?"."""
-    return _override_problems(overrides, cls or Config, [f"task.{name}" for name in FILES_OPTIONS])
+    return _override_problems(_nest_overrides(overrides), cls or Config, [f"task.{name}" for name in FILES_OPTIONS])
 
 
 def check_overrides(overrides: list[str] | None, cls=None) -> None:
@@ -448,5 +448,5 @@ def differences(old: dict, new: dict, ignore: dict[str, set[str] | None] | None 
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    check_overrides(_nest_overrides(overrides))  # named as the flag, before the file is read
+    check_overrides(overrides)  # named as the flag, before the file is read (not as the file's problem)
     return from_dict({}, overrides) if path is None else load_yaml(path, from_dict, overrides)
