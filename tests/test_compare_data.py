@@ -76,7 +76,7 @@ def test_compare_takes_data_like_train(tiny_base, tmp_path, capsys):  # noqa: F8
     assert "settings from" in printed and "cola.yaml" in printed
     saved = json.loads((out / "compare.json").read_text())
     assert [s["spec"] for s in saved["strategies"]] == ["scalar-mix", "concat"]
-    assert saved["config"]["task"]["name"] == "files" and saved["config"]["task"]["text"] == "review"
+    assert saved["config"]["task"]["name"] == "files" and saved["config"]["task"]["files"]["text"] == "review"
     assert all(s["test"]["n"] == 16 for s in saved["strategies"])
 
 

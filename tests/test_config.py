@@ -92,7 +92,7 @@ def test_differences_compare_data_paths_as_places(tmp_path, monkeypatch):
                                            "train": str(tmp_path / "data" / "b.csv")}}).to_dict()
     assert config.differences(elsewhere, here) == [
         f"task.data_dir: {str(tmp_path / 'other')!r} there, '../data' now",
-        f"task.train: {str(tmp_path / 'data' / 'b.csv')!r} there, '../data/a.csv' now"]
+        f"task.files.train: {str(tmp_path / 'data' / 'b.csv')!r} there, '../data/a.csv' now"]
 
 
 @pytest.mark.parametrize("values, message", [

@@ -199,7 +199,7 @@ def test_cli_shortcut_without_config(tiny_base, tmp_path, capsys):
     assert "settings from" in printed and "cola.yaml" in printed
     assert "no test split: the numbers above are validation only" in printed
     saved = json.loads((out / "config.json").read_text())["config"]
-    assert saved["task"]["train"] == str(train.resolve())
+    assert saved["task"]["files"]["train"] == str(train.resolve())
     assert "model.max_length not set" in logged  # not cola.yaml's 64: chosen from these short sentences
     assert 8 <= saved["model"]["max_length"] < 20
     assert json.loads((out / "metrics.json").read_text())["validation"]["n"] == 20
@@ -336,7 +336,7 @@ def test_exponents_without_a_dot_are_numbers():
 
 
 def test_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="task.format: must be one of"):
+    with pytest.raises(ConfigError, match="task.files.format: must be one of"):
         config.from_dict({"task": {"train": "x.csv", "format": "xlsx"}})
     with pytest.raises(ConfigError, match="only read by task 'files'"):
         config.from_dict({"task": {"name": "cola", "text": "sentence"}})

@@ -252,7 +252,7 @@ def test_a_finished_run_is_refused_without_overwrite_and_swapped_whole_with_it(t
         recipes.train(trained["cfg"](train={"lr": 3e-4}), run)
     assert _files(run) == before
     broken = trained["cfg"]()
-    broken.task.train = str(tmp_path / "missing.csv")  # the new run fails while being built
+    broken.task.files.train = str(tmp_path / "missing.csv")  # the new run fails while being built
     with pytest.raises(Exception, match="missing.csv"):
         recipes.train(broken, run, overwrite=True)
     assert _files(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["acc"]

@@ -176,7 +176,7 @@ def resolved_data(cfg) -> dict:
     """Where the data was found, as absolute paths: data_dir (after ADALAYERS_DATA) and the task's own files."""
     out = {"data_dir": str(cfg.data_dir().resolve())}
     for key in ("train", "validation", "test"):
-        value = getattr(cfg.task, key, None)
+        value = getattr(cfg.task.files, key, None)
         if isinstance(value, str) and value and Path(value).expanduser().exists():
             out[key] = str(Path(value).expanduser().resolve())
     return out
@@ -250,8 +250,8 @@ def run_config(run_dir: Path, meta: dict | None = None):
         one = str(e).replace(":\n  - ", ": ", 1).replace("\n  - ", "; ")
         raise RunError(f"{Path(run_dir) / 'config.json'}: {one}") from None
     for key, value in (meta.get("data") or {}).items():  # where training found the data: from any folder
-        if isinstance(value, str) and hasattr(cfg.task, key):
-            setattr(cfg.task, key, value)
+        if isinstance(value, str) and key in ("data_dir", "train", "validation", "test"):
+            setattr(cfg.task if key == "data_dir" else cfg.task.files, key, value)
     return cfg
 
 

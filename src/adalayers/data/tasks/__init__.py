@@ -16,7 +16,7 @@ from adalayers.kinds import TaskKind
 
 def takes_pairs(cfg) -> bool:
     """Was a head with this config trained on sentence pairs? (your files: task.text_pair is set)"""
-    return cfg.task.name in PAIR_TASKS or (cfg.task.name == "files" and cfg.task.text_pair is not None)
+    return cfg.task.name in PAIR_TASKS or (cfg.task.name == "files" and cfg.task.files.text_pair is not None)
 
 
 def load_task(cfg) -> TaskData:

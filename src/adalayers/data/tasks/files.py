@@ -180,7 +180,7 @@ def _label_order(t, kind: str, train: list[Example], table: Table, label) -> lis
 
 @register("files")
 def files(cfg) -> TaskData:
-    t = cfg.task
+    t, task = cfg.task.files, cfg.task
     fmt, tables = read_tables(t)
     kind, why = guess_kind(t, fmt, tables["train"])
     splits, locs = {}, {}
@@ -197,13 +197,13 @@ def files(cfg) -> TaskData:
         notes.append(f"labels ({len(labels)}): {', '.join(labels[:20])}{' ...' if len(labels) > 20 else ''}")
     if "validation" not in splits:
         try:
-            splits["train"], splits["validation"] = stratified_split(splits["train"], t.validation_fraction,
-                                                                     t.split_seed)
+            splits["train"], splits["validation"] = stratified_split(splits["train"], task.validation_fraction,
+                                                                     task.split_seed)
         except ValueError as e:
             raise DataError(f"{tables['train'].source}: cannot hold out a validation_fraction of "
-                            f"{t.validation_fraction} ({e}); give a validation file or more rows") from None
+                            f"{task.validation_fraction} ({e}); give a validation file or more rows") from None
         how = "stratified " if kind == TaskKind.CLASSIFICATION else ""
-        notes.append(f"validation = {how}{t.validation_fraction:.0%} of train (seed {t.split_seed}): "
+        notes.append(f"validation = {how}{task.validation_fraction:.0%} of train (seed {task.split_seed}): "
                      f"{len(splits['validation'])} rows")
     else:
         notes.append(f"validation: {tables['validation'].source} ({len(splits['validation'])})")

@@ -44,8 +44,8 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         print(f"settings from {config_path}; task from the command line")
     else:
         probe = config_mod.from_dict({"task": task})
-        fmt, tables = read_tables(probe.task)
-        kind, why = guess_kind(probe.task, fmt, tables["train"])
+        fmt, tables = read_tables(probe.task.files)
+        kind, why = guess_kind(probe.task.files, fmt, tables["train"])
         folder = _configs_dir()
         path = folder / CLOSEST_CONFIG[kind] if folder else None
         if path and path.is_file():

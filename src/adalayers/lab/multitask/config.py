@@ -1,18 +1,18 @@
 """The settings of a multi-task run: the tasks, the shared base, the trainer and its add-ons."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from pydantic import Field
 
-from adalayers.config import OptimSettings, _build, _f, apply_overrides, load_yaml, validate_optim, with_defaults
+from adalayers.config import LR, BatchSize, EvalBatchSize, MaxEpochs, OptimSettings, Precision, WeightDecay
 from adalayers.errors import ConfigError
+from adalayers.settings import Section, apply_overrides, build, load_yaml
+from adalayers.settings import setting as _f
 
 HEADS = ("sentiment", "bilinear", "cosine", "linear")
 SCHEDULES = ("round_robin", "proportional")
 
 
-@dataclass
-class TaskSpec:
+class TaskSpec(Section):
     name: str = _f("sst5", "A task from adalayers.data.tasks (sst5, sst2, qqp, stsb, cola, ...).")
     head: str = _f("linear", "sentiment (linear-GELU-dropout-linear), bilinear (paraphrase: (W1 y1+b1)^T(W2 y2+b2), "
                              "BCE; bi-encoder), cosine (similarity: 5 relu(cos(W1 y1+b1, W2 y2+b2)), MSE; "
@@ -23,8 +23,7 @@ class TaskSpec:
     dropout: float = _f(0.1, "Dropout inside the head.")
 
 
-@dataclass
-class SmartConfig:
+class SmartConfig(Section):
     enabled: bool = _f(False, "Add SMART's smoothness regulariser and Bregman proximal term.")
     eps: float = _f(1e-3, "Radius of the infinity-norm ball around the input embeddings.")
     sigma: float = _f(1e-5, "Std of the random start of the perturbation.")
@@ -35,11 +34,15 @@ class SmartConfig:
     beta: float = _f(0.99, "Momentum of the EMA copy of the parameters.")
 
 
-@dataclass
-@with_defaults(lr=3e-5, weight_decay=0.01, batch_size=16, eval_batch_size=64, max_epochs=2, precision="fp32")
 class MultitaskConfig(OptimSettings):
     """The shared optimiser fields (adalayers.config.OptimSettings: lr is the base's, max_epochs keeps the
     epoch with the best mean validation metric over the tasks) with a multi-task run's defaults, then these."""
+    lr: LR = 3e-5
+    weight_decay: WeightDecay = 0.01
+    batch_size: BatchSize = 16
+    eval_batch_size: EvalBatchSize = 64
+    max_epochs: MaxEpochs = 2
+    precision: Precision = "fp32"
     tasks: list = _f([], "The tasks: a list of TaskSpec mappings.")
     base: str = _f("minilm-l6", "Shared base model (alias or folder).")
     max_length: int = _f(64, "Tokens per input (a cross-encoder pair shares them).")
@@ -47,17 +50,14 @@ class MultitaskConfig(OptimSettings):
     schedule: str = _f("round_robin", "round_robin or proportional (MT-DNN: every batch once, in random order).")
     pcgrad: bool = _f(False, "Gradient surgery on the shared parameters (a step = one batch of every task).")
     freeze_upstream: bool = _f(True, "Upstream heads get no gradient from a downstream task's loss.")
-    smart: SmartConfig = field(default_factory=SmartConfig, metadata={"help": "SMART regularisation."})
-    head_lr: float = _f(1e-3, "AdamW learning rate of the heads.")
+    smart: SmartConfig = Field(default_factory=SmartConfig, description="SMART regularisation.")
+    head_lr: LR = _f(1e-3, "AdamW learning rate of the heads.")
     max_train_examples: int | None = _f(None, "Use only the first N training rows of each task.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test rows of each task.")
     data_dir: str = _f("../shared/data", "Folder of the datasets; ADALAYERS_DATA wins.")
 
     def specs(self) -> list[TaskSpec]:
         return self.tasks
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def validate(cfg: MultitaskConfig) -> list[str]:
@@ -86,7 +86,6 @@ def validate(cfg: MultitaskConfig) -> list[str]:
         p.append(f"freeze: must be none, all or top:N (N >= 1), got {cfg.freeze!r}")
     if cfg.max_length < 1:
         p.append(f"max_length: must be at least 1, got {cfg.max_length}")
-    p += validate_optim(cfg)
     if cfg.smart.eps <= 0 or cfg.smart.steps < 0 or not 0 <= cfg.smart.beta < 1:
         p.append("smart: eps must be positive, steps at least 0, beta in [0, 1)")
     if not p:
@@ -102,11 +101,11 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> MultitaskConfig
     apply_overrides(data, overrides, problems, need_section=False,
                     example="field=value, e.g. max_epochs=1 or smart.enabled=true")
     raw_tasks = data.pop("tasks", [])
-    cfg = _build(MultitaskConfig, data, "", problems)
+    cfg = build(MultitaskConfig, data, "", problems)
     if not isinstance(raw_tasks, list):
         problems.append("tasks: expected a list of task mappings")
         raw_tasks = []
-    cfg.tasks = [_build(TaskSpec, t, f"tasks[{i}].", problems) for i, t in enumerate(raw_tasks)]
+    cfg.tasks = [build(TaskSpec, t, f"tasks[{i}].", problems) for i, t in enumerate(raw_tasks)]
     for i, t in enumerate(cfg.tasks):
         if not isinstance(t.depends_on, list):
             problems.append(f"tasks[{i}].depends_on: expected a list of task names")

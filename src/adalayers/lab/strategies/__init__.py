@@ -28,7 +28,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def _value(text: str):
-    from adalayers.config import _parse_scalar
+    from adalayers.settings import parse_value as _parse_scalar
 
     value = _parse_scalar(text)
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
@@ -38,7 +38,7 @@ def _value(text: str):
 
 def make(spec: str, overrides: list[str] | None = None) -> Strategy:
     """'finetune-top:3' + ['lr=5e-5'] -> a strategy with a validated config."""
-    from adalayers.config import _build
+    from adalayers.settings import build as _build
 
     name, _, arg = spec.strip().partition(":")
     if name not in STRATEGIES:

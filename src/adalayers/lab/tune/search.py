@@ -20,7 +20,6 @@ optimization_history.png and param_importances.png (Optuna's matplotlib plots).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import logging
@@ -394,6 +393,6 @@ def write_results(study, cfg, out: Path, prepared, seconds: float) -> dict:
                         "epochs": best.user_attrs.get("epochs"), "best_epoch": best.user_attrs.get("best_epoch")},
                "best_validation": best_metrics.get("validation"), "best_test": best_metrics.get("test"),
                "space": {k: v for k, v in space_mod.merged(cfg).items()},
-               "tune": dataclasses.asdict(cfg.tune), "figures": figures}
+               "tune": cfg.tune.to_dict(), "figures": figures}
     runlib.write_json(out / "tune.json", summary)
     return summary

@@ -14,8 +14,6 @@ mixer, head and training settings may be searched: everything the hidden-state c
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 
 from adalayers.errors import ConfigError
@@ -65,14 +63,14 @@ class Param:
 
 def _field_type(name: str):
     from adalayers.config import Config
+    from adalayers.settings import fields_of
 
     section, _, fld = name.partition(".")
     if section not in SEARCHABLE or not fld or name in NOT_SEARCHABLE:
         raise ConfigError(f"tune.space.{name}: only mixer.*, head.* and train.* settings can be searched "
                           f"(not {', '.join(sorted(NOT_SEARCHABLE))}; the base, data and cache stay fixed)")
-    cls = typing.get_type_hints(Config)[section]
-    hints = typing.get_type_hints(cls)
-    if fld not in {f.name for f in dataclasses.fields(cls)}:
+    hints = fields_of(fields_of(Config)[section])
+    if fld not in hints:
         raise ConfigError(f"tune.space.{name}: {section} has no field {fld!r}")
     return hints[fld]
 
