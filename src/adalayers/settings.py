@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import types
 import typing
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,8 +48,15 @@ def check(ok, problem: str) -> AfterValidator:
     return AfterValidator(run)
 
 
+def _bare(tp):
+    """A type without its Annotated[...] checks (LR -> float)."""
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Annotated else tp
+
+
 def _admits(tp, kind) -> bool:
-    return kind in (typing.get_args(tp) or (tp,)) or tp is kind
+    """Whether a field of type `tp` (LR | None: a union of checked types too) takes a `kind`."""
+    tp = _bare(tp)
+    return tp is kind or (typing.get_origin(tp) is not None and kind in map(_bare, typing.get_args(tp)))
 
 
 class Section(BaseModel):
@@ -113,8 +121,12 @@ def did_you_mean(key: str, names, where: str = "") -> str:
 
 
 def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) if typing.get_origin(tp) is None and isinstance(tp, type) else \
-        str(tp).replace("typing.", "")
+    tp = _bare(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(t) for t in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    return tp.__name__ if typing.get_origin(tp) is None and isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
 def _choices(ctx: dict, optional: bool) -> str:
@@ -165,8 +177,8 @@ def problems_of(e: ValidationError, cls, where: str = "") -> tuple[list[str], li
             if key in renamed and renamed[key] in names:
                 lines.append(f"{at}{key}: renamed to {at}{renamed[key]}; rename it in your config")
             else:
-                lines.append(f"{at}{key}: unknown field{did_you_mean(key, names, at)} "
-                             f"(known: {', '.join(sorted(names))})")
+                known = f"known: {', '.join(sorted(names))}" if names else "it has no fields"
+                lines.append(f"{at}{key}: unknown field{did_you_mean(key, names, at)} ({known})")
             places.append(place + (key,))
             continue
         if place in seen:
