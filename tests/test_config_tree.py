@@ -1,6 +1,7 @@
 """The run config as one pydantic tree: task-file options in task.files (flat spellings still read), one
 declaration of the learning rate, and every bad value one line naming its field."""
 import json
+import typing
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_one_learning_rate_declaration():
 
 
 def test_settings_build_checks_a_dataclass_strictly():
-    """A lab strategy's settings (a dataclass) go through the same checks as the run config."""
+    """A lab strategy's settings (a Section of the same tree) go through the same checks as the run config."""
     from adalayers.lab.strategies import make
 
     with pytest.raises(ConfigError) as e:
@@ -90,6 +91,27 @@ def test_settings_build_checks_a_dataclass_strictly():
     msg = str(e.value)
     assert "dropout: expected float, got 'x'" in msg and "top: unknown field" in msg
     assert make("finetune", ["lr=5e-5"]).conf.lr == 5e-5  # YAML 1.1 reads 5e-5 as a string; a float field takes it
+
+
+def test_a_checked_optional_float_takes_yaml_exponents_and_names_its_type():
+    """`Fraction | None` and `LR | None` (checked types in a union) read '1e-1' as a float, as a bare float does,
+    and a bad value names the type, not its checks."""
+    assert config.load(None, ["head.attention_dropout=1e-1"]).head.attention_dropout == 0.1
+    with pytest.raises(ConfigError, match=r"head.attention_dropout: expected float \| None, got 'x'$"):
+        config.load(None, ["head.attention_dropout=x"])
+
+
+def test_the_strategies_share_the_run_configs_lr_declaration():
+    """One lr: every strategy's lr is the run config's LR type (its check), or None for train.lr; each strategy
+    keeps its own default."""
+    from adalayers.lab.strategies import STRATEGIES, make
+
+    for name, cls in STRATEGIES.items():
+        field = cls.Config.model_fields.get("lr")
+        if field is not None:
+            assert typing.get_args(field.annotation) == (config.LR, type(None)), name
+    assert [make(s).conf.lr for s in ("scalar-mix", "concat", "finetune", "finetune-top:3", "adapters")] == \
+        [None, 1e-3, 3e-5, 5e-5, 3e-4]
 
 
 def test_a_set_typo_of_a_file_option_names_the_closest_spelling():

@@ -179,6 +179,24 @@ def test_bad_strategy_names_and_settings_are_config_errors():
         strategies.make("adapters:3")
 
 
+@pytest.mark.parametrize("spec, sets, line", [
+    ("finetune", ["lr=0"], "strategy finetune: lr: must be positive, got 0"),
+    ("adapters", ["schedule=cosine"], "strategy adapters: schedule: must be constant or linear, got 'cosine'"),
+    ("scalar-mix", ["warmup_fraction=1"], "strategy scalar-mix: warmup_fraction: must be in [0, 1), got 1"),
+    ("concat", ["keep_fraction=0"], "strategy concat: keep_fraction: must be in (0, 1], got 0"),
+    ("concat", ["group_lasso=-1"], "strategy concat: group_lasso: must be at least 0, got -1"),
+    ("adapters-shared3", ["classifier=relu"], "strategy adapters-shared3: classifier: must be linear or tanh, "
+                                              "got 'relu'"),
+    ("finetune-top:0", [], "strategy finetune-top:0: top: must be at least 1, got 0"),
+    ("single-layer:-1", [], "strategy single-layer:-1: layer: must be at least 0, got -1"),
+    ("adalayers", ["lr=1e-3"], "strategy adalayers: lr: unknown field (it has no fields)"),
+])
+def test_every_strategy_setting_is_checked_where_it_is_declared(spec, sets, line):
+    with pytest.raises(ConfigError) as e:
+        strategies.make(spec, sets)
+    assert str(e.value).splitlines()[1:] == [f"  - {line}"]
+
+
 @pytest.mark.parametrize("task", ["tiny-seq", "tiny-tok"])
 def test_every_strategy_trains_through_compare_and_leaves_the_base_untouched(tok, tmp_path, task):
     from adalayers.lab.strategies.compare import compare

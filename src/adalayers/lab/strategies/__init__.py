@@ -1,17 +1,15 @@
 """Ways to add a side task to a base model, each registered by name (one line per strategy).
 
 A spec is `name` or `name:N` (single-layer:3, finetune-top:3); N fills the strategy's `arg_field`.
-Per-strategy settings come from its config dataclass, overridable as `field=value` (read as the run
-config's --set is: adalayers.config.apply_overrides).
+Per-strategy settings come from its config section (a Section of the one config tree, checked as the run
+config is), overridable as `field=value` (read as the run config's --set is: adalayers.settings.apply_overrides).
 """
 from __future__ import annotations
 
-import re
-
-from adalayers.config import apply_overrides
 from adalayers.errors import ConfigError
 from adalayers.lab.strategies import adapters, concat, finetune, recipe, scalar_mix
 from adalayers.lab.strategies.base import Strategy
+from adalayers.settings import apply_overrides, build, parse_value
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "adalayers": recipe.AdaLayers,
@@ -27,19 +25,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
-def _value(text: str):
-    from adalayers.settings import parse_value as _parse_scalar
-
-    value = _parse_scalar(text)
-    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
-        return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
-    return value
-
-
 def make(spec: str, overrides: list[str] | None = None) -> Strategy:
     """'finetune-top:3' + ['lr=5e-5'] -> a strategy with a validated config."""
-    from adalayers.settings import build as _build
-
     name, _, arg = spec.strip().partition(":")
     if name not in STRATEGIES:
         raise ConfigError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
@@ -49,14 +36,12 @@ def make(spec: str, overrides: list[str] | None = None) -> Strategy:
         if cls.arg_field is None:
             problems.append(f"strategy {name} takes no ':N' argument, got {spec!r}")
         else:
-            values[cls.arg_field] = _value(arg)
+            values[cls.arg_field] = parse_value(arg)
     elif cls.arg_field is not None and cls.arg_field in getattr(cls, "required_args", ()):
         problems.append(f"strategy {name} needs an argument: {name}:N ({cls.arg_field})")
     apply_overrides(values, overrides, problems, need_section=False,
                     example=f"a setting of strategy {name}: --strategy-set {name}.FIELD=VALUE")
-    conf = _build(cls.Config, values, f"strategy {spec}: ", problems)
-    if not problems:
-        problems += getattr(conf, "check", lambda: [])()
+    conf = build(cls.Config, values, f"strategy {spec}: ", problems)
     if problems:
         raise ConfigError("invalid strategy settings:\n  - " + "\n  - ".join(problems))
     return cls(spec.strip(), conf)

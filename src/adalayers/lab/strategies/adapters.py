@@ -18,16 +18,18 @@ adapters-shared3   one module serves both positions of three consecutive layers 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from adalayers.config import LR, Fraction
 from adalayers.errors import ModelError
 from adalayers.lab.strategies.base import HarnessStrategy
 from adalayers.lab.strategies.fullpass import FullPassModel
-from adalayers.lab.strategies.harness import OptimConfig, _f
+from adalayers.lab.strategies.harness import OptimConfig, Schedule
+from adalayers.settings import setting
 
 # (attention output projection, feed-forward output projection) inside one layer, by family
 ATTACH_POINTS = (("attention.output.dense", "output.dense"),   # BERT, RoBERTa, MiniLM, ELECTRA
@@ -57,37 +59,28 @@ def attach_points(layer: nn.Module) -> tuple[nn.Module, nn.Module]:
                      f"{type(layer).__name__} (known layouts: {ATTACH_POINTS})")
 
 
-@dataclass
+Classifier = Literal["linear", "tanh"]
+
+
 class AdaptersConfig(OptimConfig):
-    size: int = _f(64, "Bottleneck width m of each adapter.")
-    share_positions: bool = _f(True, "One module serves both positions of a layer (else two modules per layer).")
-    share_layers: int = _f(1, "Consecutive layers that share one set of adapter modules.")
-    train_layer_norms: bool = _f(True, "Also train the LayerNorms inside the transformer layers.")
-    classifier: str = _f("linear", "linear, or tanh (Linear(d, d) + tanh before the output layer).")
-    dropout: float = _f(0.1, "Dropout before the output layer.")
-    lr: float | None = _f(3e-4, "AdamW learning rate (Houlsby et al. use 3e-4 on GLUE).")
-    schedule: str = _f("linear", "constant, or linear (warm up, then decay to 0).")
-
-    def check(self) -> list[str]:
-        p = super().check()
-        if self.size < 1:
-            p.append(f"size: must be at least 1, got {self.size}")
-        if self.share_layers < 1:
-            p.append(f"share_layers: must be at least 1, got {self.share_layers}")
-        if self.classifier not in ("linear", "tanh"):
-            p.append(f"classifier: must be linear or tanh, got {self.classifier!r}")
-        return p
+    size: int = setting(64, "Bottleneck width m of each adapter.", ge=1)
+    share_positions: bool = setting(True, "One module serves both positions of a layer (else two modules per "
+                                          "layer).")
+    share_layers: int = setting(1, "Consecutive layers that share one set of adapter modules.", ge=1)
+    train_layer_norms: bool = setting(True, "Also train the LayerNorms inside the transformer layers.")
+    classifier: Classifier = setting("linear", "linear, or tanh (Linear(d, d) + tanh before the output layer).")
+    dropout: Fraction = setting(0.1, "Dropout before the output layer.")
+    lr: LR | None = setting(3e-4, "AdamW learning rate (Houlsby et al. use 3e-4 on GLUE).")
+    schedule: Schedule = "linear"
 
 
-@dataclass
 class AdaptersUnsharedConfig(AdaptersConfig):
-    share_positions: bool = _f(False, "One module serves both positions of a layer (else two modules per layer).")
-    classifier: str = _f("tanh", "linear, or tanh (Linear(d, d) + tanh before the output layer).")
+    share_positions: bool = False
+    classifier: Classifier = "tanh"
 
 
-@dataclass
 class AdaptersShared3Config(AdaptersConfig):
-    share_layers: int = _f(3, "Consecutive layers that share one set of adapter modules.")
+    share_layers: int = setting(3, "Consecutive layers that share one set of adapter modules.", ge=1)
 
 
 class AdapterModel(FullPassModel):

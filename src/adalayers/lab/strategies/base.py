@@ -1,4 +1,4 @@
-"""What every strategy is: a name, a config dataclass, and `train(...) -> Trained`.
+"""What every strategy is: a name, a config section (adalayers.settings.Section), and `train(...) -> Trained`.
 
 Strategies trained by the generic harness (everything but the AdaLayers recipe) only write
 `build(cfg, backbone, data) -> model`; HarnessStrategy trains it, saves its trained tensors and
@@ -7,7 +7,6 @@ adapter ablation needs that).
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -32,7 +31,7 @@ class Strategy:
         raise NotImplementedError
 
     def describe(self) -> dict:
-        return {"spec": self.spec, "strategy": type(self).__name__, "config": dataclasses.asdict(self.conf),
+        return {"spec": self.spec, "strategy": type(self).__name__, "config": self.conf.to_dict(),
                 "shares_base_pass": self.shares_base_pass, "trains_base": self.trains_base}
 
 

@@ -8,7 +8,7 @@ of it is held per example (per token for token tasks): that memory is reported.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as nnf
@@ -17,24 +17,19 @@ from torch import nn
 from adalayers.model.heads import masked_mean
 from adalayers.lab.strategies.base import HarnessStrategy, save_run
 from adalayers.engine import task_loss
-from adalayers.lab.strategies.harness import OptimConfig, SharedPassModel, Trained, _f, train_and_score
+from adalayers.lab.strategies.harness import OptimConfig, SharedPassModel, Trained, train_and_score
+from adalayers.config import LR
 from adalayers.kinds import TaskKind
+from adalayers.settings import check, setting
 
 
-@dataclass
 class ConcatConfig(OptimConfig):
-    lr: float | None = _f(1e-3, "AdamW learning rate of the linear head.")
-    group_lasso: float = _f(0.0, "Weight of the group-lasso penalty on the head's input features (0 = off).")
-    keep_fraction: float = _f(1.0, "After training, keep this share of features (largest group norms) and "
-                                   "train a fresh head on them; 1 = no selection.")
-
-    def check(self) -> list[str]:
-        p = super().check()
-        if self.group_lasso < 0:
-            p.append(f"group_lasso: must be >= 0, got {self.group_lasso}")
-        if not 0 < self.keep_fraction <= 1:
-            p.append(f"keep_fraction: must be in (0, 1], got {self.keep_fraction}")
-        return p
+    lr: LR | None = setting(1e-3, "AdamW learning rate of the linear head.")
+    group_lasso: float = setting(0.0, "Weight of the group-lasso penalty on the head's input features (0 = off).",
+                                 ge=0)
+    keep_fraction: Annotated[float, check(lambda v: 0 < v <= 1, "must be in (0, 1]")] = setting(
+        1.0, "After training, keep this share of features (largest group norms) and train a fresh head on them; "
+             "1 = no selection.")
 
 
 class ConcatSide(nn.Module):

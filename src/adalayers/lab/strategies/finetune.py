@@ -6,29 +6,24 @@ finetune-top:N  only the last N transformer layers and the head; embeddings and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from adalayers.config import LR, Fraction, WeightDecay
 from adalayers.errors import ConfigError
 from adalayers.lab.strategies.base import HarnessStrategy
 from adalayers.lab.strategies.fullpass import FullPassModel
-from adalayers.lab.strategies.harness import OptimConfig, _f
+from adalayers.lab.strategies.harness import OptimConfig, Schedule
+from adalayers.settings import setting
 
 
-@dataclass
 class FinetuneConfig(OptimConfig):
-    lr: float | None = _f(3e-5, "AdamW learning rate (fine-tuning wants 2e-5 .. 5e-5).")
-    weight_decay: float = _f(0.01, "AdamW weight decay.")
-    schedule: str = _f("linear", "constant, or linear (warm up, then decay to 0).")
-    dropout: float = _f(0.1, "Dropout before the output layer.")
+    lr: LR | None = setting(3e-5, "AdamW learning rate (fine-tuning wants 2e-5 .. 5e-5).")
+    weight_decay: WeightDecay = 0.01
+    schedule: Schedule = "linear"
+    dropout: Fraction = setting(0.1, "Dropout before the output layer.")
 
 
-@dataclass
 class FinetuneTopConfig(FinetuneConfig):
-    top: int = _f(3, "Train this many of the last transformer layers (and the head).")
-    lr: float | None = _f(5e-5, "AdamW learning rate.")
-
-    def check(self) -> list[str]:
-        return super().check() + ([] if self.top >= 1 else [f"top: must be at least 1, got {self.top}"])
+    top: int = setting(3, "Train this many of the last transformer layers (and the head).", ge=1)
+    lr: LR | None = 5e-5
 
 
 class Finetune(HarnessStrategy):

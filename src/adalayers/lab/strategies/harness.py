@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import nn
 
+from adalayers.config import LR, Fraction, WeightDecay
 from adalayers.core import weights_digest
 from adalayers.data.encoding import EncodedSplit, SplitFeed
 from adalayers.engine import FitSettings, count, trainable, trainable_state  # noqa: F401  (trainable_state: for callers)
@@ -25,29 +26,20 @@ from adalayers.engine import fit as engine_fit
 from adalayers.recipes.evaluate import evaluate_model
 from adalayers.model.precision import autocast_for
 from adalayers.model.states import LiveStates
+from adalayers.settings import Section, setting
+
+Schedule = Literal["constant", "linear"]
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class OptimConfig:
-    """How the harness trains a strategy; each strategy's config extends this with its own defaults."""
-    lr: float | None = _f(None, "AdamW learning rate (None = train.lr of the run config).")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    schedule: str = _f("constant", "constant, or linear (warm up over warmup_fraction of the steps, then decay to 0).")
-    warmup_fraction: float = _f(0.1, "Share of all steps spent warming up (schedule=linear).")
-
-    def check(self) -> list[str]:
-        p = []
-        if self.lr is not None and self.lr <= 0:
-            p.append(f"lr: must be positive, got {self.lr}")
-        if self.schedule not in ("constant", "linear"):
-            p.append(f"schedule: must be constant or linear, got {self.schedule!r}")
-        if not 0 <= self.warmup_fraction < 1:
-            p.append(f"warmup_fraction: must be in [0, 1), got {self.warmup_fraction}")
-        return p
+class OptimConfig(Section):
+    """How the harness trains a strategy: a section of the one config tree (adalayers.settings), its
+    optimiser fields the run config's types (adalayers.config.LR, WeightDecay, Fraction); each strategy's
+    config extends it and re-annotates the defaults it changes (`lr: LR | None = 3e-4`)."""
+    lr: LR | None = setting(None, "AdamW learning rate (None = train.lr of the run config).")
+    weight_decay: WeightDecay = setting(0.0, "AdamW weight decay.")
+    schedule: Schedule = setting("constant", "constant, or linear (warm up over warmup_fraction of the steps, "
+                                             "then decay to 0).")
+    warmup_fraction: Fraction = setting(0.1, "Share of all steps spent warming up (schedule=linear).")
 
 
 @dataclass

@@ -7,7 +7,6 @@ last-layer    pinned to the last layer
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from adalayers.cli import recipes
@@ -16,22 +15,15 @@ from adalayers.errors import ConfigError
 from adalayers.model.states import LiveStates
 from adalayers.lab.strategies.base import Strategy
 from adalayers.lab.strategies.harness import Trained, run_shared
+from adalayers.settings import Section, setting
 
 
-@dataclass
-class AdaLayersConfig:
+class AdaLayersConfig(Section):
     """No settings of its own: the run config's mixer, head and train sections are the method's."""
 
-    def check(self) -> list[str]:
-        return []
 
-
-@dataclass
-class SingleLayerConfig:
-    layer: int = field(default=0, metadata={"help": "Which layer the head reads (0 = embedding output)."})
-
-    def check(self) -> list[str]:
-        return [] if self.layer >= 0 else [f"layer: must be >= 0, got {self.layer}"]
+class SingleLayerConfig(Section):
+    layer: int = setting(0, "Which layer the head reads (0 = embedding output).", ge=0)
 
 
 class AdaLayers(Strategy):

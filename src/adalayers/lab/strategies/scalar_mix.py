@@ -5,8 +5,6 @@ learned scale, no per-layer projection, and the same head as AdaLayers on top (w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -18,7 +16,6 @@ from adalayers.lab.strategies.harness import OptimConfig, SharedPassModel
 from adalayers.kinds import TaskKind
 
 
-@dataclass
 class ScalarMixConfig(OptimConfig):
     """Learning rate defaults to the run config's train.lr (the same as the AdaLayers head)."""
 
