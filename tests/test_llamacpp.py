@@ -38,7 +38,7 @@ def both(tiny, tmp_path_factory):
     os.environ["ADALAYERS_CACHE"] = str(cache)
     try:
         reference = Backbone.load(str(tiny), "decoder")
-        ours = LlamaCppBackbone.load(str(tiny), n_ctx=512, n_seq=4, threads=1)
+        ours = LlamaCppBackbone.load(str(tiny), n_ctx=1024, n_seq=8, threads=1)
         yield reference, ours
     finally:
         if old is None:

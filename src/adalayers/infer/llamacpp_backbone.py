@@ -4,7 +4,8 @@
     SideTasks.from_backbone(base, ["runs/cola_gemma"]).predict(["The book was written by John."])
 
 LlamaCppBackbone is a Runtime (adalayers.infer.runtime) and its own base: a forward with layer taps as
-Backbone's (so TappedRuntime's pass), rows_per_pass (one llama_batch per pass) and decoder() (LlamaCppDecoder).
+Backbone's (so TappedRuntime's pass), rows_per_pass (one llama_batch per pass), decoder() (LlamaCppDecoder)
+and generation_room (the share of the one context that serve's continuous batching may hold).
 
 Texts are tokenized by the same Hugging Face tokenizer as on the default runtime (read from the GGUF's
 own metadata), so both runtimes see the same ids, BOS and template; each row of a batch becomes one
@@ -73,9 +74,26 @@ class LlamaCppBackbone(TappedRuntime):
             raise ModelError(f"cannot read the tokenizer of {path}: {str(e).splitlines()[0]}") from None
         return cls(engine, tokenizer, name, path)
 
+    # The context is shared: one pass over texts (/predict) and the running generations (serve's scheduler).
+    # It is split in two fixed shares, so neither can starve the other:
+    #   a pass holds at most  P_rows = n_seq // 2 sequences and  P_tok = max(n_ctx // 2, max_length) KV tokens
+    #       (rows_per_pass: max(1, min(wanted, n_seq // 2, (n_ctx // 2) // max_length)) rows of <= max_length);
+    #   generations hold at most  n_seq - P_rows  sequences and  n_ctx - P_tok  KV tokens (generation_room),
+    #       a row counted at its most: its prompt's tokens + its max_new_tokens (reserved while it runs).
     def rows_per_pass(self, max_length: int, wanted: int) -> int:
-        """At most `wanted` rows of up to max_length tokens that fit one llama_batch (one decode, one pass)."""
-        return max(1, min(wanted, self.engine.n_batch // max_length))
+        """At most `wanted` rows of up to max_length tokens, within the passes' share of the context (above)."""
+        share = min(self.engine.n_seq // 2, (self.engine.n_ctx // 2) // max_length, self.engine.n_batch // max_length)
+        return max(1, min(wanted, share))
+
+    def generation_room(self, max_length: int) -> tuple[int, int]:
+        """(sequences, KV tokens) of the context left to generations beside the passes' share (above)."""
+        engine = self.engine
+        return engine.n_seq - engine.n_seq // 2, max(0, engine.n_ctx - max(engine.n_ctx // 2, max_length))
+
+    @property
+    def continuous_batching(self) -> bool:
+        """Rows join and leave a running batch as llama.cpp sequences (Sequences: merged / select)."""
+        return True
 
     @property
     def base(self) -> "LlamaCppBackbone":

@@ -5,6 +5,8 @@
                                              classifier's ("classes" / "tokens", its labels)
     runtime.rows_per_pass(max_length, n)  -> how many rows of max_length tokens one pass takes (at most n)
     runtime.decoder()                     -> prefill and decode steps for generation (Decoder), or a ModelError
+    runtime.generation_room(max_length)   -> (rows, KV tokens) generation may hold at once beside the passes,
+                                             or None (no fixed room: transformers' cache grows in memory)
     runtime.base                          -> what the doors read of the base: name, tokenizer, fingerprint(),
                                              num_layers, hidden_size, device, is_causal
 
@@ -97,6 +99,11 @@ class Runtime(ABC):
     def decoder(self) -> Decoder:
         """Prefill and decode steps (generation); a base that cannot generate is refused."""
         raise ModelError(f"{self.base.name} is not a decoder LLM with an LM head: it cannot generate")
+
+    def generation_room(self, max_length: int) -> tuple[int, int] | None:
+        """(rows, KV tokens) that running generations may hold at once while passes over texts of up to
+        max_length tokens run beside them; None: no fixed room."""
+        return None
 
     @property
     def continuous_batching(self) -> bool:

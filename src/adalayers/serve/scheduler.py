@@ -14,6 +14,13 @@ has left. Every loaded head accumulates on every row (one pass feeds them all); 
 the heads it asked for. Sampling runs per request with its own generator, so a seed gives the same
 text whatever else runs beside it. A request whose consumer stops reading (client gone) leaves at the
 next step; a request whose prefill fails gets the error alone.
+
+Room. At most max_rows rows decode together. A runtime with a fixed context (llama.cpp: one context of
+n_seq sequences and n_ctx KV tokens, shared with /predict's passes) gives the room generations may hold,
+runtime.generation_room(max_length) = (rows, tokens): a request is admitted only while the running rows
+and it fit, each row counted at its most (its prompt's tokens + max_new_tokens), so the passes' share stays
+free. A request that does not fit now waits at the head of the queue (requests behind it wait too: first
+come, first served) until rows leave; one that can never fit is refused before it is queued (DataError).
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import sys
 import threading
 from typing import Iterator
 
-from adalayers.infer.batching import Batch
+from adalayers.errors import DataError
+from adalayers.infer.batching import Batch, Row
 from adalayers.infer.generate import Generation, Job
 from adalayers.infer.torch_runtime import as_runtime
 
@@ -35,26 +43,51 @@ __all__ = ["Scheduler", "Job"]
 class Scheduler:
     @staticmethod
     def supports(backbone) -> bool:
-        """A decoder whose runtime merges and splits KV caches between steps (transformers' DynamicCache);
-        other runtimes (llama.cpp) generate per request through infer/generate.stream."""
+        """A decoder whose runtime merges and splits KV caches between steps (transformers' DynamicCache,
+        llama.cpp's sequences); other runtimes generate per request through infer/generate.stream."""
         return bool(backbone.is_causal) and as_runtime(backbone).continuous_batching
 
     def __init__(self, side, max_rows: int = 64):
         self.side, self.max_rows = side, max_rows
+        self.room = side.runtime.generation_room(side.max_length)  # (rows, KV tokens) or None
+        if self.room is not None:
+            self.max_rows = min(max_rows, self.room[0])
         self.loop = Generation(side)
         self.waiting: queue.Queue = queue.Queue()
+        self._next: tuple[Job, int] | None = None  # taken from the queue, waiting for room
         self._thread, self._start = None, threading.Lock()
+        self.steps = self.rows_stepped = self.largest_step = 0
+
+    def stats(self) -> dict:
+        """Decode steps run, rows they decoded (together), the most rows in one step, requests waiting."""
+        return {"decode_steps": self.steps, "rows_decoded": self.rows_stepped, "largest_step_rows": self.largest_step,
+                "generations_waiting": self.waiting.qsize() + (self._next is not None)}
 
     def stream(self, prompts: list[str], **kw) -> Iterator[dict]:
         """infer/generate.stream's events for this request, decoded together with every other running one.
-        A bad request raises here (DataError, ModelError), before it is queued."""
+        A bad request, or one that can never fit the room, raises here (DataError, ModelError), before it is queued."""
         job = Job(self.side, prompts, **kw)
+        need = self._tokens(job)
+        if self.room is not None and (len(job.prompts) > self.room[0] or need > self.room[1]):
+            raise DataError(f"the request needs {len(job.prompts)} sequence(s) and {need} KV tokens (prompt tokens + "
+                            f"max_new_tokens per prompt); generations on this runtime hold at most {self.room[0]} "
+                            f"sequences and {self.room[1]} KV tokens (the context less /predict's share)")
         with self._start:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="adalayers-scheduler", daemon=True)
                 self._thread.start()
-        self.waiting.put(job)
+        self.waiting.put((job, need))
         return _events(job)
+
+    def _tokens(self, job: Job) -> int:
+        """The KV tokens the job's rows hold at most: each prompt's tokens (as the prefill cuts them) + max_new."""
+        if self.room is None:
+            return 0
+        ids = self.side.backbone.tokenizer(job.wrapped, truncation=True, max_length=self.side.max_length)["input_ids"]
+        return sum(len(i) + job.max_new for i in ids)
+
+    def _fits(self, rows: int, tokens: int) -> bool:
+        return rows <= self.max_rows and (self.room is None or tokens <= self.room[1])
 
     # --- the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -72,23 +105,31 @@ class Scheduler:
                 batch = None
 
     def _step(self, batch: Batch) -> Batch | None:
+        self.steps, self.rows_stepped = self.steps + 1, self.rows_stepped + len(batch.rows)
+        self.largest_step = max(self.largest_step, len(batch.rows))
         return self.loop.step(batch)
 
     def _admit(self, batch: Batch | None) -> Batch | None:
-        """Waiting requests prefilled together (one forward) and merged in, blocking while nothing runs;
-        rows of requests whose consumer left are dropped."""
+        """Waiting requests that fit (in order) prefilled together (one forward) and merged in, blocking while
+        nothing runs; rows of requests whose consumer left are dropped."""
         if batch is not None and any(r.owner.cancelled.is_set() for r in batch.rows):
             batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.owner.cancelled.is_set()])
             batch = batch if batch.rows else None
-        jobs, rows = [], len(batch.rows) if batch is not None else 0
-        while rows < self.max_rows:
-            try:
-                job = self.waiting.get(block=batch is None and not jobs)
-            except queue.Empty:
-                break
+        jobs, rows = [], batch.rows if batch is not None else []
+        held, tokens = len(rows), sum(_held(r) for r in rows)
+        while True:
+            if self._next is None:
+                try:
+                    self._next = self.waiting.get(block=batch is None and not jobs)
+                except queue.Empty:
+                    break
+            job, need = self._next
             if not job.cancelled.is_set():
+                if (batch is not None or jobs) and not self._fits(held + len(job.prompts), tokens + need):
+                    break  # waits (at the head of the queue) until rows leave
                 jobs.append(job)
-                rows += len(job.prompts)
+                held, tokens = held + len(job.prompts), tokens + need
+            self._next = None
         for new in self._prefilled(jobs):
             batch = new if batch is None else batch.merge(new)
         return batch
@@ -104,6 +145,11 @@ class Scheduler:
                 jobs[0].events.put(sys.exc_info()[1])
                 return []
         return [b for job in jobs for b in self._prefilled([job])]
+
+
+def _held(row: Row) -> int:
+    """The KV tokens a running row holds at most: its prompt's and its max_new_tokens."""
+    return len(row.prompt_ids) + row.owner.max_new
 
 
 def _events(job: Job) -> Iterator[dict]:

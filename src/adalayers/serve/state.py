@@ -32,13 +32,11 @@ def public_name(base: str) -> str:
     return path.name if path.is_absolute() or base.startswith(".") or path.exists() else base
 
 
-def decoder(side, cfg):
-    """How the service generates: the continuous-batching scheduler (serve/scheduler.py), or with
-    cfg.continuous_batching off, infer/generate.stream per request (each alone, taking turns between steps).
-    Either takes (prompts, **stream's options) and gives stream's events."""
-    if cfg.continuous_batching and Scheduler.supports(side.backbone):
-        return Scheduler(side, cfg.max_batch).stream
-    return functools.partial(stream, side)
+def scheduler(side, cfg) -> Scheduler | None:
+    """The continuous-batching scheduler (serve/scheduler.py) the service generates through, or None: with
+    cfg.continuous_batching off (or a runtime that cannot merge caches), infer/generate.stream per request
+    (each alone, taking turns between steps)."""
+    return Scheduler(side, cfg.max_batch) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
 
 
 @dataclass
@@ -51,12 +49,15 @@ class ServeState:
     decode: Callable
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
+    scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
 
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
         batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue))
-        return cls(side, cfg, batcher, decoder(side, cfg), public_name(side.backbone.name))
+        sched = scheduler(side, cfg)
+        decode = sched.stream if sched is not None else functools.partial(stream, side)
+        return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
 
     def busy(self) -> HTTPException:
         """The 503 of a full queue, with the Retry-After the batcher expects."""

@@ -27,4 +27,5 @@ def counters(state: ServeState) -> dict:
             "deadlines_passed": b.expired, "busy": b.busy, "largest_batch_tokens": b.largest_tokens,
             "base_rows_run": side.rows_run, "base_rows_skipped": side.rows_skipped,
             "generations_stopped": getattr(b, "generations_stopped", 0), "max_batch_tokens": b.max_batch_tokens,
-            "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000}
+            "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
+            **(state.scheduler.stats() if state.scheduler is not None else {})}
