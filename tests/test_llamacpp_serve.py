@@ -3,7 +3,8 @@
 Two servers (uvicorn subprocesses on 127.0.0.1) serve one tiny F32 GGUF written by the test, with the same two
 heads (a sequence and a token head): one on the default runtime (transformers, after the one conversion), one
 on llama.cpp. /predict, /generate and /generate/stream must agree (labels, tags, generated text, and values
-to the precision of llama.cpp's f16 KV cache).
+to the precision of llama.cpp's f16 KV cache). Concurrent generations on llama.cpp share decode steps within
+the generations' share of its context and answer as each alone.
 """
 from __future__ import annotations
 
@@ -82,3 +83,73 @@ def test_generate_stream_gives_the_same_events(servers):
     assert len(b) >= 3 and b[-1]["results"][0]["steps"]["acc"]  # prompt, steps, done
     assert [sorted(e) for e in a] == [sorted(e) for e in b]
     _close(a, b)
+
+
+COMPLETIONS = ["the cat sat on the", "a man in the other room", "there", "the other cat sat in a room"]
+
+
+def _health_until(server, ok, seconds=30):
+    """/health once `ok(health)` holds (a row's sequence is given back when its step ends), or the last one."""
+    import time
+
+    deadline = time.time() + seconds
+    while True:
+        h = server.health()
+        if ok(h) or time.time() > deadline:
+            return h
+        time.sleep(0.05)
+
+
+def test_concurrent_completions_share_decode_steps_on_llama_cpp(servers):
+    """Continuous batching on llama.cpp (serve/scheduler.py within LlamaCppBackbone.generation_room): four
+    concurrent greedy /v1/completions answer as each alone, while sharing decode steps; a /predict sent
+    meanwhile is answered as alone; every llama.cpp sequence is given back afterwards."""
+    import threading
+
+    llama = servers[1]
+    model = httpx.get(llama.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+    def complete(prompt):
+        return _post(llama, "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 40,
+                                                "temperature": 0})["choices"][0]["text"]
+
+    predict = {"texts": PROMPTS * 10}
+    alone = [complete(p) for p in COMPLETIONS]
+    predicted = _post(llama, "/predict", predict)
+    before = llama.health()
+    got, answered = [None] * len(COMPLETIONS), []
+    start = threading.Barrier(len(COMPLETIONS) + 1)
+
+    def client(i):
+        start.wait()
+        got[i] = complete(COMPLETIONS[i])
+
+    def predictor():
+        start.wait()
+        answered.append(_post(llama, "/predict", predict))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(COMPLETIONS))]
+    threads.append(threading.Thread(target=predictor))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    after = _health_until(llama, lambda h: h["llamacpp_sequences_free"] == h["llamacpp_sequences"])
+    assert got == alone
+    assert len(answered) == 1
+    _close(answered[0], predicted)
+    steps, rows = after["decode_steps"] - before["decode_steps"], after["rows_decoded"] - before["rows_decoded"]
+    assert rows > steps > 0  # some steps decoded rows of several requests together
+    assert after["largest_step_rows"] >= 2
+    assert after["llamacpp_sequences_free"] == after["llamacpp_sequences"]  # every sequence given back
+    assert after["generations_waiting"] == 0
+
+
+def test_a_generation_that_can_never_fit_the_context_is_refused(servers):
+    """More prompts than the sequences generations may hold on llama.cpp: one 400 line naming the limit."""
+    llama = servers[1]
+    room = llama.health()["llamacpp_sequences"] // 2  # the passes keep the other half (generation_room)
+    r = httpx.post(llama.url + "/generate", json={"prompts": ["the cat"] * (room + 1), "max_new_tokens": 2},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    assert f"at most {room} sequences" in r.json()["detail"]

@@ -266,6 +266,11 @@ class LlamaCpp:
         release may come from a garbage-collected generation, on any thread, even while a decode runs."""
         self._returned.extend(ids)  # list.extend is atomic under the GIL
 
+    @property
+    def free_sequences(self) -> int:
+        """Sequence ids neither a pass nor a generation holds (given back ones included)."""
+        return len(self._free) + len(self._returned)
+
     def _forget_returned(self) -> None:
         lib = _lib()
         while self._returned:

@@ -90,6 +90,9 @@ class LlamaCppBackbone(TappedRuntime):
         engine = self.engine
         return engine.n_seq - engine.n_seq // 2, max(0, engine.n_ctx - max(engine.n_ctx // 2, max_length))
 
+    def usage(self) -> dict:
+        return {"llamacpp_sequences": self.engine.n_seq, "llamacpp_sequences_free": self.engine.free_sequences}
+
     @property
     def continuous_batching(self) -> bool:
         """Rows join and leave a running batch as llama.cpp sequences (Sequences: merged / select)."""

@@ -7,6 +7,7 @@
     runtime.decoder()                     -> prefill and decode steps for generation (Decoder), or a ModelError
     runtime.generation_room(max_length)   -> (rows, KV tokens) generation may hold at once beside the passes,
                                              or None (no fixed room: transformers' cache grows in memory)
+    runtime.usage()                       -> what a fixed-size runtime holds now, for /health ({} by default)
     runtime.base                          -> what the doors read of the base: name, tokenizer, fingerprint(),
                                              num_layers, hidden_size, device, is_causal
 
@@ -104,6 +105,10 @@ class Runtime(ABC):
         """(rows, KV tokens) that running generations may hold at once while passes over texts of up to
         max_length tokens run beside them; None: no fixed room."""
         return None
+
+    def usage(self) -> dict:
+        """What the runtime holds now (e.g. free llama.cpp sequences), for /health; {} when nothing fixed."""
+        return {}
 
     @property
     def continuous_batching(self) -> bool:

@@ -28,4 +28,4 @@ def counters(state: ServeState) -> dict:
             "base_rows_run": side.rows_run, "base_rows_skipped": side.rows_skipped,
             "generations_stopped": getattr(b, "generations_stopped", 0), "max_batch_tokens": b.max_batch_tokens,
             "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
-            **(state.scheduler.stats() if state.scheduler is not None else {})}
+            **(state.scheduler.stats() if state.scheduler is not None else {}), **side.runtime.usage()}
