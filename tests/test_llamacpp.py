@@ -211,3 +211,49 @@ def test_requests_batched_together_on_llama_cpp_get_what_they_get_alone(both):
             assert_json_close(mine, alone, 1e-4)
     held = ours.engine.acquire(ours.engine.n_seq)  # every sequence was given back
     ours.engine.release(held)
+
+
+def test_generations_stay_within_their_share_of_the_context(both):
+    """Scheduler on llama.cpp (LlamaCppBackbone.generation_room): rows beyond the generations' share of the
+    sequences wait in the queue until rows leave, and then answer as alone; a request that can never fit
+    (too many prompts, or prompt + max_new_tokens beyond the KV tokens) is refused before it is queued."""
+    import threading
+    import time
+
+    from adalayers.errors import DataError
+    from adalayers.infer.sidetasks import SideTasks
+    from adalayers.serve.scheduler import Scheduler
+
+    reference, ours = both
+    side = SideTasks(ours, _heads(reference))
+    rows, tokens = ours.generation_room(side.max_length)
+    assert rows == ours.engine.n_seq - ours.engine.n_seq // 2 and 0 < tokens < ours.engine.n_ctx
+    scheduler = Scheduler(side, max_rows=ours.engine.n_seq)
+    sizes, step = [], scheduler._step
+    scheduler._step = lambda batch: (sizes.append(len(batch.rows)), step(batch))[1]
+    requests = [(["the cat", "a man", "there"][: rows - 1], dict(max_new_tokens=20, ignore_eos=True)),
+                (["the other room", "a cat"], dict(max_new_tokens=3, ignore_eos=True))]
+    got = [None] * len(requests)
+
+    def client(i):
+        got[i] = list(scheduler.stream(requests[i][0], **requests[i][1]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    threads[0].start()
+    deadline = time.time() + 30
+    while len(sizes) < 2 and time.time() < deadline:  # the first request decodes; the second comes, must wait
+        time.sleep(0.001)
+    threads[1].start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(requests[0][0]) + len(requests[1][0]) > rows  # both at once would not fit
+    assert sizes[0] == len(requests[0][0]) and max(sizes) <= rows and sizes[-1] == len(requests[1][0])
+    for (prompts, kw), events in zip(requests, got):
+        for mine, alone in zip(events[-1]["results"], side.generate(prompts, **kw)):
+            assert mine["token_ids"] == alone["token_ids"]
+    with pytest.raises(DataError, match=f"at most {rows} sequences"):
+        scheduler.stream(["a"] * (rows + 1), max_new_tokens=2)
+    with pytest.raises(DataError, match=f"{tokens} KV tokens"):
+        scheduler.stream(["a", "the cat"], max_new_tokens=tokens // 2 + 1)
+    held = ours.engine.acquire(ours.engine.n_seq)  # every sequence was given back
+    ours.engine.release(held)
