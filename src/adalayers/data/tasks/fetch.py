@@ -85,7 +85,7 @@ def data_folder(folder: str | None) -> Path:
     """--dir, else $ADALAYERS_DATA, else ../shared/data (the configs' task.data_dir)."""
     from adalayers.config import TaskConfig
 
-    return Path(folder or os.environ.get("ADALAYERS_DATA") or TaskConfig.data_dir).expanduser()
+    return Path(folder or os.environ.get("ADALAYERS_DATA") or TaskConfig.model_fields["data_dir"].default).expanduser()
 
 
 def sha256_bytes(data: bytes) -> str:
