@@ -97,6 +97,10 @@ class MixerConfig:
     gelu_after_sum: bool = _f(False, "Apply GELU to F after the weighted sum (original code).")
     positional: bool = _f(True, "Add sinusoidal positional embeddings to F.")
     pin_layer: int | None = _f(None, "Use this layer only (0 = embedding output): the single-layer baseline.")
+    layer_dropout: float = _f(0.0, "Training only: drop each layer from the mix with this probability per batch and "
+                                   "renormalise the kept weights (ELMo / UDify scalar-mix layer dropout); 0 = off.")
+    logit_lr_scale: float = _f(1.0, "The mixing logits p learn at train.lr times this (the rest of the head at "
+                                    "train.lr); 1 = one learning rate for everything.")
 
 
 @dataclass
@@ -507,6 +511,10 @@ def validate(cfg: Config) -> list[str]:
                  f"{cfg.tune.startup_trials} / {cfg.tune.warmup_epochs}")
     if cfg.mixer.pin_layer is not None and cfg.mixer.pin_layer < 0:
         p.append(f"mixer.pin_layer: must be a layer number >= 0, got {cfg.mixer.pin_layer}")
+    if not 0 <= cfg.mixer.layer_dropout < 1:
+        p.append(f"mixer.layer_dropout: must be in [0, 1), got {cfg.mixer.layer_dropout}")
+    if not cfg.mixer.logit_lr_scale > 0:
+        p.append(f"mixer.logit_lr_scale: must be positive, got {cfg.mixer.logit_lr_scale}")
     return p + _validate_sizes(cfg)
 
 
