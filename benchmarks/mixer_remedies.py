@@ -33,15 +33,20 @@ def settings(run: Path) -> str:
 
 
 def curve(run: Path, top: list[int]) -> list[str]:
-    lines = [f"| epoch | train loss | val MCC | max weight (layer) | " + " | ".join(f"w{i}" for i in top) + " |",
-             "|---|---|---|---|" + "---|" * len(top)]
+    """One row per epoch of run's log.jsonl; `top`: the layers whose weights get a column (none for a pinned
+    run, whose weights are one-hot)."""
+    cols = "".join(f" w{i} |" for i in top)
+    lines = [f"| epoch | train loss | val MCC | max weight (layer) | cut layers |{cols}",
+             "|---|---|---|---|---|" + "---|" * len(top)]
     for line in (run / "log.jsonl").read_text().splitlines():
         e = json.loads(line)
         w = e.get("layer_weights") or []
         big = max(range(len(w)), key=w.__getitem__) if w else None
         star = " *" if e.get("best") else ""
         lines.append(f"| {e['epoch']}{star} | {e['train_loss']:.4f} | {e['validation']['mcc']:.4f} | "
-                     + (f"{w[big]:.3f} ({big})" if w else "") + " | " + " | ".join(f"{w[i]:.3f}" for i in top) + " |")
+                     + (f"{w[big]:.3f} ({big})" if w else "") + " | "
+                     + (" ".join(str(i) for i, x in enumerate(w) if x == 0) if w and max(w) < 1 else "all others")
+                     + " |" + "".join(f" {w[i]:.3f} |" for i in top))
     return lines
 
 
@@ -62,11 +67,15 @@ def main(out: Path) -> str:
                   + " ".join(f"{x:.2f}" for x in weights) + " |")
     md.append(f"\nSeeds {', '.join(str(s) for s in next(iter(data.values()))['seeds'])} per row." if data else
               "\nNo finished rows.")
+    pinned = {int(d["settings"].split("pin_layer ")[1].split(",")[0]) for d in data.values()
+              if "pin_layer None" not in d["settings"]}
     for name in rows:
         m = json.loads((out / name / "metrics.json").read_text())
         first = out / name / m["runs"][0]
         w = data[name]["layer_weights"]
-        top = sorted(sorted(range(len(w)), key=lambda i: -w[i])[:5]) if len(w) > 1 and max(w) < 1 else []
+        # the 5 layers on top at the end, every pinned row's layer and the last layer
+        watch = set(sorted(range(len(w)), key=lambda i: -w[i])[:5]) | pinned | {len(w) - 1}
+        top = sorted(i for i in watch if i < len(w)) if len(w) > 1 and max(w) < 1 else []
         md += ["", f"## {name}, {m['runs'][0]}: epoch by epoch (* = best on validation so far)", ""]
         md += curve(first, top)
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
