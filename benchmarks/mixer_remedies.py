@@ -65,8 +65,13 @@ def main(out: Path) -> str:
         md.append(f"| {name} | {data[name]['settings']} | {cell(m['spread']['test']['mcc'])} | "
                   f"{cell(m['spread']['validation']['mcc'])} | {', '.join(map(str, best))} | "
                   + " ".join(f"{x:.2f}" for x in weights) + " |")
-    md.append(f"\nSeeds {', '.join(str(s) for s in next(iter(data.values()))['seeds'])} per row." if data else
-              "\nNo finished rows.")
+    base = data[rows[0]]["settings"].split(",")[0].removeprefix("base ") if data else "BASE"
+    md[:0] = [f"Made by `BASE={base} bash benchmarks/mixer_remedies.sh OUT {' '.join(rows)}`: each row is `adalayers "
+              "train configs/cola.yaml --seeds 3 --out OUT/ROW --set model.base=BASE --set train.num_threads=1 --set "
+              "cache.enabled=true` plus the row's --set (the script's ROWS), from the hidden-state cache, 1 torch "
+              "thread, one run at a time. Every setting not in the table is configs/cola.yaml's.", ""]
+    md.append("\n" + "; ".join(f"{n}: seeds {', '.join(map(str, d['seeds']))}" for n, d in data.items()) + "."
+              if data else "\nNo finished rows.")
     pinned = {int(d["settings"].split("pin_layer ")[1].split(",")[0]) for d in data.values()
               if "pin_layer None" not in d["settings"]}
     for name in rows:
