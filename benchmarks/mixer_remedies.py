@@ -53,7 +53,7 @@ def curve(run: Path, top: list[int]) -> list[str]:
 def main(out: Path) -> str:
     rows, data = row_names(out), {}
     md = ["| row | settings | test MCC median (min–max) | validation MCC median (min–max) | best epochs | "
-          "final layer weights (median over seeds) |", "|---|---|---|---|---|---|"]
+          "layer weights of the kept (best) epoch, median over seeds |", "|---|---|---|---|---|---|"]
     for name in rows:
         m = json.loads((out / name / "metrics.json").read_text())
         first = out / name / m["runs"][0]
