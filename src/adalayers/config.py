@@ -180,6 +180,11 @@ class MixerConfig(Section):
     positional: bool = setting(True, "Add sinusoidal positional embeddings to F.")
     pin_layer: int | None = setting(None, "Use this layer only (0 = embedding output): the single-layer baseline.",
                                     ge=0)
+    layer_dropout: Fraction = setting(0.0, "Training only: drop each layer from the mix with this probability per "
+                                           "batch and renormalise the kept weights (ELMo / UDify scalar-mix layer "
+                                           "dropout); 0 = off.")
+    logit_lr_scale: float = setting(1.0, "The mixing logits p learn at train.lr times this (the rest of the head at "
+                                         "train.lr); 1 = one learning rate for everything.", gt=0)
 
 
 class HeadConfig(Section):

@@ -2,6 +2,7 @@
 
     f_i     = LayerNorm_noaffine(GELU(Z_i) W_i^T)         W_i: d -> k, no bias
     weights = softmax(alpha * p); weights <= cutoff -> 0; renormalise
+    training, layer_dropout q > 0: weights_i m_i / sum_j weights_j m_j,  m_i ~ Bernoulli(1 - q) per batch
     F       = sum_i weights_i * f_i                        (B, T, k)
 
 F is accumulated one layer at a time (`add`), as the base computes: only one (B, T, k)
@@ -59,6 +60,25 @@ def layer_features(a: torch.Tensor, weight: torch.Tensor, k: int,
     return normalize(project(a, weight, train_dtype), k)
 
 
+def drop_layers(w: torch.Tensor, q: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Layer dropout over a mixture (ELMo's / UDify's scalar mix): each layer is kept with probability
+    1 - q, m_i ~ Bernoulli(1 - q), and the kept weights are renormalised,
+
+        w'_i = w_i m_i / sum_j w_j m_j
+
+    so the head sees a mix of a random subset of the layers and cannot lean on one layer's features alone.
+    When no layer with weight > 0 survives, the largest weight is kept (w' = one-hot): a pass always
+    mixes at least one layer. Without a cutoff, w' = softmax over the kept logits alone (UDify's -inf on
+    the dropped logits): the dropped layers' logits get no gradient from that pass."""
+    keep = torch.rand(w.shape, generator=generator, device=w.device) >= q
+    kept = torch.where(keep, w, torch.zeros_like(w))
+    if not bool((kept > 0).any()):
+        keep = torch.zeros_like(keep)
+        keep[int(torch.argmax(w))] = True
+        kept = torch.where(keep, w, torch.zeros_like(w))
+    return kept / kept.sum()
+
+
 class AdaLayersMixer(nn.Module):
     train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision; adalayers.model.bf16)
 
@@ -85,6 +105,14 @@ class AdaLayersMixer(nn.Module):
             keep = (w > self.cfg.cutoff) | (w == w.max())  # the largest weight always survives
             w = torch.where(keep, w, torch.zeros_like(w))
             w = w / w.sum()
+        return w
+
+    def pass_weights(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The weights one pass mixes with: layer_weights(), and in training with mixer.layer_dropout > 0
+        a draw of drop_layers (a new one per batch)."""
+        w = self.layer_weights()
+        if self.training and self.cfg.layer_dropout > 0:
+            w = drop_layers(w, self.cfg.layer_dropout, generator)
         return w
 
     def entropy(self, w: torch.Tensor | None = None) -> torch.Tensor:
@@ -150,7 +178,7 @@ class AdaLayersMixer(nn.Module):
     def forward(self, hidden_states: list[torch.Tensor]) -> torch.Tensor:
         """Convenience: mix a list of all layers' states at once (the accumulation path underneath)."""
         self.check_count(len(hidden_states))
-        w = self.layer_weights()
+        w = self.pass_weights()
         acc = None
         for i, z in enumerate(hidden_states):
             acc = self.add(acc, i, z, w)

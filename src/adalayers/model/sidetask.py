@@ -35,7 +35,7 @@ class SideTask(nn.Module):
 
     # --- streaming interface ----------------------------------------------------------------
     def begin(self) -> None:
-        self._w = self.mixer.layer_weights()
+        self._w = self.mixer.pass_weights()
         self._acc = None
 
     def tap(self, i: int, z: torch.Tensor, projected: torch.Tensor | None = None) -> None:
@@ -140,6 +140,16 @@ class SideTask(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return trainable(self)
+
+    def param_groups(self) -> list[dict]:
+        """Optimiser groups: the mixing logits p at train.lr * mixer.logit_lr_scale, the rest at the
+        optimiser's lr (train.lr); one group when the scale is 1."""
+        params, scale = self.trainable_parameters(), self.cfg.mixer.logit_lr_scale
+        logits = self.mixer.p
+        if scale == 1 or not any(q is logits for q in params):
+            return [{"params": params}]
+        return [{"params": [q for q in params if q is not logits]},
+                {"params": [logits], "lr": self.cfg.train.lr * scale}]
 
     def num_trainable(self) -> int:
         return count(self.trainable_parameters())

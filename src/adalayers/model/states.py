@@ -61,5 +61,8 @@ class Fed(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.task.trainable_parameters()
 
+    def param_groups(self) -> list[dict]:
+        return self.task.param_groups()
+
     def log_extra(self) -> dict:
         return {"layer_weights": [round(x, 6) for x in self.task.mixer.layer_weights().tolist()]}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 40: the mixer's remedies against the old default and the best single layer on one CoLA cell, each row
+# `adalayers train configs/cola.yaml --seeds SEEDS` from the hidden-state cache, one process with 1 torch thread,
+# rows one after another. A row whose folder holds finished seeds reuses them. Then the table (mixer_remedies.py).
+#   BASE=mpnet-base bash benchmarks/mixer_remedies.sh runs/mixer_remedies_mpnet default layer6 layer_dropout alpha8
+#   BASE=minilm-l6 bash benchmarks/mixer_remedies.sh runs/mixer_remedies_minilm default layer_dropout
+# Rows (the --set each adds to configs/cola.yaml; see ROWS below); SEEDS (default 3).
+set -euo pipefail
+OUT=${1:?output folder}; shift
+BASE=${BASE:-mpnet-base}; SEEDS=${SEEDS:-3}
+declare -A ROWS=(
+  [default]=""
+  [layer6]="--set mixer.pin_layer=6"
+  [layer3]="--set mixer.pin_layer=3"
+  [layer_dropout]="--set mixer.layer_dropout=0.2"
+  [layer_dropout4]="--set mixer.layer_dropout=0.4"
+  [alpha8]="--set mixer.alpha=8"
+  [logit_lr10]="--set mixer.logit_lr_scale=10"
+  [logit_lr01]="--set mixer.logit_lr_scale=0.1"
+  [entropy]="--set mixer.entropy_lambda=0.01"
+)
+mkdir -p "$OUT"
+for row in "$@"; do
+  [[ -v ROWS[$row] ]] || { echo "unknown row $row (known: ${!ROWS[*]})"; exit 2; }
+  # shellcheck disable=SC2086
+  adalayers train configs/cola.yaml --seeds "$SEEDS" --out "$OUT/$row" --set model.base="$BASE" \
+    --set train.num_threads=1 --set cache.enabled=true ${ROWS[$row]} > "$OUT/$row.log" 2>&1 \
+    || { echo "[mixer_remedies] $row failed: $OUT/$row.log"; tail -3 "$OUT/$row.log"; }
+done
+python3 "$(dirname "$0")/mixer_remedies.py" "$OUT"

@@ -1,0 +1,115 @@
+"""Issue 40's mixer options: layer dropout (against a longhand reference) and the mixing logits' own
+learning rate (the optimiser groups the engine builds from them)."""
+import math
+
+import pytest
+import torch
+
+from adalayers.config import Config, MixerConfig, validate
+from adalayers.engine.loop import FitSettings, adamw
+from adalayers.model.mixer import AdaLayersMixer, drop_layers
+from adalayers.model.sidetask import SideTask
+from adalayers.model.states import Fed
+
+
+def longhand_drop(w: list[float], uniforms: list[float], q: float) -> list[float]:
+    """Keep layer i when its uniform draw is >= q; renormalise the kept weights; none left -> the largest."""
+    kept = [x if u >= q else 0.0 for x, u in zip(w, uniforms)]
+    if not any(x > 0 for x in kept):
+        top = max(range(len(w)), key=lambda i: w[i])
+        kept = [w[i] if i == top else 0.0 for i in range(len(w))]
+    total = sum(kept)
+    return [x / total for x in kept]
+
+
+@pytest.mark.parametrize("q,seed", [(0.1, 0), (0.5, 1), (0.5, 2), (0.9, 3)])
+def test_drop_layers_matches_longhand(q, seed):
+    w = torch.softmax(torch.tensor([0.3, -1.0, 2.0, 0.5, 0.0, 1.2]), 0)
+    uniforms = torch.rand(6, generator=torch.Generator().manual_seed(seed)).tolist()
+    got = drop_layers(w, q, torch.Generator().manual_seed(seed))
+    expected = longhand_drop(w.tolist(), uniforms, q)
+    assert got.tolist() == pytest.approx(expected, abs=1e-7)
+    assert float(got.sum()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_when_every_layer_is_dropped_the_largest_weight_is_kept():
+    w = torch.tensor([0.2, 0.5, 0.3])
+    got = drop_layers(w, 0.999999, torch.Generator().manual_seed(0))
+    assert got.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_a_layer_cut_off_stays_out_and_kept_layers_are_kept_at_the_rate_asked():
+    w = torch.tensor([0.0, 0.25, 0.25, 0.5])  # layer 0 cut off by the cutoff
+    gen, kept, n = torch.Generator().manual_seed(0), torch.zeros(4), 4000
+    for _ in range(n):
+        kept += (drop_layers(w, 0.3, gen) > 0).float()
+    assert kept[0] == 0
+    assert ((kept[1:] / n) - 0.7).abs().max() < 0.03  # binomial sd at n=4000: 0.007
+
+
+def test_pass_weights_drop_only_in_training_and_the_gradient_reaches_kept_logits():
+    torch.manual_seed(0)
+    mixer = AdaLayersMixer(5, 8, MixerConfig(k=4, alpha=2.0, cutoff=0.0, layer_dropout=0.5))
+    with torch.no_grad():
+        mixer.p.copy_(torch.tensor([0.1, 0.9, 0.5, -0.4, 0.3]))
+    assert torch.equal(mixer.eval().pass_weights(), mixer.layer_weights())
+    mixer.train()
+    w = mixer.pass_weights(torch.Generator().manual_seed(5))
+    uniforms = torch.rand(5, generator=torch.Generator().manual_seed(5)).tolist()
+    assert w.tolist() == pytest.approx(longhand_drop(mixer.layer_weights().tolist(), uniforms, 0.5), abs=1e-7)
+    (w * torch.arange(5.0)).sum().backward()
+    dropped = [i for i, u in enumerate(uniforms) if u < 0.5]
+    # without a cutoff, w' is the softmax over the kept logits alone (the full softmax's denominator cancels):
+    # a dropped layer's logit gets no gradient, the kept ones do
+    assert dropped and all(abs(mixer.p.grad[i]) < 1e-6 for i in dropped)
+    assert all(abs(mixer.p.grad[i]) > 1e-3 for i in range(5) if i not in dropped)
+
+
+def test_layer_dropout_zero_is_the_default_mix():
+    torch.manual_seed(0)
+    mixer = AdaLayersMixer(4, 8, MixerConfig(k=4)).train()
+    assert torch.equal(mixer.pass_weights(), mixer.layer_weights())
+
+
+def task_with(**mixer) -> SideTask:
+    cfg = Config()
+    cfg.mixer.k, cfg.head.num_heads, cfg.train.lr = 8, 2, 1e-3
+    for key, value in mixer.items():
+        setattr(cfg.mixer, key, value)
+    return SideTask(cfg, 4, 12, ["a", "b"])
+
+
+def test_logit_lr_scale_one_is_one_group():
+    task = task_with()
+    groups = Fed(task, None).param_groups()
+    assert len(groups) == 1 and groups[0]["params"] == task.trainable_parameters()
+
+
+def test_logit_lr_scale_moves_the_logits_that_much_faster_in_adams_first_step():
+    """Adam's first step moves every parameter by about lr * sign(grad): p by 1e-3 * 10, the rest by 1e-3."""
+    torch.manual_seed(0)
+    task = task_with(logit_lr_scale=10.0, cutoff=0.0)
+    groups = Fed(task, None).param_groups()
+    flat = [q for g in groups for q in g["params"]]
+    assert len(flat) == len(task.trainable_parameters()) == len({id(q) for q in flat})
+    opt = adamw(groups, FitSettings(lr=1e-3, max_epochs=1), torch.device("cpu"))
+    before_p, w_before = task.mixer.p.detach().clone(), task.mixer.proj[0].weight.detach().clone()
+    states, mask = [torch.randn(3, 5, 12) for _ in range(4)], torch.ones(3, 5, dtype=torch.long)
+    task.loss(task(states, mask), torch.tensor([0, 1, 1])).backward()
+    opt.step()
+    p_step = (task.mixer.p.detach() - before_p).abs()
+    w_step = (task.mixer.proj[0].weight.detach() - w_before).abs()
+    assert p_step.max().item() == pytest.approx(1e-2, rel=1e-3)
+    assert w_step.max().item() == pytest.approx(1e-3, rel=1e-3)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("layer_dropout", 1.0, "mixer.layer_dropout: must be in [0, 1), got 1.0"),
+    ("layer_dropout", -0.1, "mixer.layer_dropout: must be in [0, 1), got -0.1"),
+    ("logit_lr_scale", 0.0, "mixer.logit_lr_scale: must be positive, got 0.0"),
+    ("logit_lr_scale", math.nan, "mixer.logit_lr_scale: must be a finite number, got nan"),
+])
+def test_out_of_range_options_are_one_line_errors(field, value, message):
+    cfg = Config()
+    setattr(cfg.mixer, field, value)
+    assert message in validate(cfg)
