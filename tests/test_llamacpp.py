@@ -171,12 +171,35 @@ def test_generation_reads_heads_as_one_pass_over_prompt_and_answer(both):
     ours.engine.release(held)
 
 
-def test_requests_batched_together_on_llama_cpp_get_what_they_get_alone(both):
-    """The one generation loop on llama.cpp's sequences: requests that join a decoding batch and rows that leave it
-    early (infer/batching through the runtime's Cache: Sequences.merged / select) answer as each request alone."""
+def _stream_together(scheduler, requests: list) -> tuple[list[int], list]:
+    """Every request streamed by the scheduler from its own thread: the first starts alone, the others once it
+    decodes (so they join a running batch, or wait for room). Returns the rows of every decode step and each
+    request's events."""
     import threading
     import time
 
+    sizes, step = [], scheduler._step
+    scheduler._step = lambda batch: (sizes.append(len(batch.rows)), step(batch))[1]
+    got = [None] * len(requests)
+
+    def client(i):
+        got[i] = list(scheduler.stream(requests[i][0], **requests[i][1]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    threads[0].start()
+    deadline = time.time() + 30
+    while len(sizes) < 2 and time.time() < deadline:  # the first request decodes; the others come
+        time.sleep(0.001)
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return sizes, got
+
+
+def test_requests_batched_together_on_llama_cpp_get_what_they_get_alone(both):
+    """The one generation loop on llama.cpp's sequences: requests that join a decoding batch and rows that leave it
+    early (infer/batching through the runtime's Cache: Sequences.merged / select) answer as each request alone."""
     from adalayers.infer.sidetasks import SideTasks
     from adalayers.serve.scheduler import Scheduler
 
@@ -188,22 +211,7 @@ def test_requests_batched_together_on_llama_cpp_get_what_they_get_alone(both):
                 (["there"], dict(max_new_tokens=2, tasks=["tags"], ignore_eos=True)),
                 (["the other room"], dict(max_new_tokens=4, answer_only=["mean"], ignore_eos=True))]
     scheduler = Scheduler(side, max_rows=ours.engine.n_seq)
-    sizes, step = [], scheduler._step
-    scheduler._step = lambda batch: (sizes.append(len(batch.rows)), step(batch))[1]
-    got = [None] * len(requests)
-
-    def client(i):
-        got[i] = list(scheduler.stream(requests[i][0], **requests[i][1]))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
-    threads[0].start()
-    deadline = time.time() + 30
-    while len(sizes) < 2 and time.time() < deadline:  # the first request decodes; the others join it
-        time.sleep(0.001)
-    for t in threads[1:]:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    sizes, got = _stream_together(scheduler, requests)
     assert sizes[0] == sizes[-1] == 2 and max(sizes) >= 3  # rows joined, then left before the first one ended
     for (prompts, kw), events in zip(requests, got):
         for mine, alone in zip(events[-1]["results"], side.generate(prompts, **kw)):
@@ -217,9 +225,6 @@ def test_generations_stay_within_their_share_of_the_context(both):
     """Scheduler on llama.cpp (LlamaCppBackbone.generation_room): rows beyond the generations' share of the
     sequences wait in the queue until rows leave, and then answer as alone; a request that can never fit
     (too many prompts, or prompt + max_new_tokens beyond the KV tokens) is refused before it is queued."""
-    import threading
-    import time
-
     from adalayers.errors import DataError
     from adalayers.infer.sidetasks import SideTasks
     from adalayers.serve.scheduler import Scheduler
@@ -229,23 +234,9 @@ def test_generations_stay_within_their_share_of_the_context(both):
     rows, tokens = ours.generation_room(side.max_length)
     assert rows == ours.engine.n_seq - ours.engine.n_seq // 2 and 0 < tokens < ours.engine.n_ctx
     scheduler = Scheduler(side, max_rows=ours.engine.n_seq)
-    sizes, step = [], scheduler._step
-    scheduler._step = lambda batch: (sizes.append(len(batch.rows)), step(batch))[1]
     requests = [(["the cat", "a man", "there"][: rows - 1], dict(max_new_tokens=20, ignore_eos=True)),
                 (["the other room", "a cat"], dict(max_new_tokens=3, ignore_eos=True))]
-    got = [None] * len(requests)
-
-    def client(i):
-        got[i] = list(scheduler.stream(requests[i][0], **requests[i][1]))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
-    threads[0].start()
-    deadline = time.time() + 30
-    while len(sizes) < 2 and time.time() < deadline:  # the first request decodes; the second comes, must wait
-        time.sleep(0.001)
-    threads[1].start()
-    for t in threads:
-        t.join(timeout=60)
+    sizes, got = _stream_together(scheduler, requests)
     assert len(requests[0][0]) + len(requests[1][0]) > rows  # both at once would not fit
     assert sizes[0] == len(requests[0][0]) and max(sizes) <= rows and sizes[-1] == len(requests[1][0])
     for (prompts, kw), events in zip(requests, got):
