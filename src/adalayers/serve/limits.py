@@ -17,6 +17,7 @@ connection is closed. Once a request has arrived whole the deadline no longer ap
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
@@ -65,6 +66,8 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         refused = framing_problem(scope)
         if refused:
+            if refused[0] == 431:  # the head was read whole: read a body that fits too, so that closing the
+                await _drain(receive, self.max_bytes)  # connection does not reset it before the answer is read
             return await _answer(send, *refused)
         size = dict(scope["headers"]).get(b"content-length", b"")
         if size.isdigit() and int(size) > self.max_bytes:
@@ -97,6 +100,21 @@ class BodyLimit:
 
     async def _refuse(self, send, what: str) -> None:
         await _answer(send, 413, f"{what}; the limit is {self.max_bytes} bytes{self.hint}")
+
+
+async def _drain(receive, max_bytes: int, timeout_s: float = 1.0) -> None:
+    """Read and drop the request's body, at most `max_bytes` and `timeout_s`: a client still sending when the
+    server closes gets a TCP reset, which can arrive before it has read the answer."""
+    seen = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while seen <= max_bytes:
+                message = await receive()
+                seen += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    return
+    except TimeoutError:
+        return
 
 
 async def _answer(send, status: int, detail: str) -> None:
