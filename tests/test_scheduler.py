@@ -36,13 +36,25 @@ def test_requests_joining_between_steps_get_what_they_get_alone(kind, stagger, t
     side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3),
                                           make_run(tmp_path / "ner", base, "token", NER, seed=4)])
     scheduler = Scheduler(side)
-    rows_per_step = []
-    step = scheduler._step
-    scheduler._step = lambda batch: (rows_per_step.append(len(batch.rows)), step(batch))[1]
+    rows_per_step, step = [], scheduler._step
+    two_queued, queued, count = threading.Event(), [], threading.Lock()
+
+    def recorded(batch):  # the first step waits until a second request is queued, so one joins a running batch
+        if not rows_per_step:  # whatever the machine's speed (the tiny model may finish a request in 20 ms)
+            two_queued.wait(timeout=60)
+        rows_per_step.append(len(batch.rows))
+        return step(batch)
+
+    scheduler._step = recorded
     got = [None] * len(REQUESTS)
 
     def client(i):
-        got[i] = list(scheduler.stream(REQUESTS[i][0], **REQUESTS[i][1]))
+        events = scheduler.stream(REQUESTS[i][0], **REQUESTS[i][1])  # queued when stream() returns
+        with count:
+            queued.append(i)
+            if len(queued) >= 2:
+                two_queued.set()
+        got[i] = list(events)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
     for t in threads:  # staggered: later requests join a batch that is already decoding
