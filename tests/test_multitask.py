@@ -343,3 +343,25 @@ def test_progressive_adalayers_head_reads_frozen_upstream_outputs():
     assert all(p.grad is None for p in task.upstream.parameters())
     assert task.extra.weight.grad is not None and task.mixer.p.grad is not None
     assert task.num_trainable() == plain.num_trainable() + 3 + 1
+
+
+def test_a_task_may_cap_its_own_training_rows():
+    """tasks[i].max_train_examples wins over the run's (a QQP subset beside SST-5 in full), for the fine-tuned
+    variants' data and the AdaLayers heads' run configs alike; a cap below 1 and an unknown device are refused."""
+    from adalayers.lab.multitask.adalayers import head_config
+    from adalayers.lab.multitask.compare import markdown
+    from adalayers.lab.multitask.trainer import load_tasks
+
+    tasks = mt_config()["tasks"]
+    tasks[1]["max_train_examples"] = 5
+    cfg = from_dict(mt_config(tasks=tasks, max_train_examples=12))
+    assert {t: len(d.splits["train"]) for t, d in load_tasks(cfg).items()} == {"t-sent": 12, "t-para": 5, "t-sim": 12}
+    assert [head_config(cfg, t, 1, 1).task.max_train_examples for t in ("t-sent", "t-para")] == [12, 5]
+    summary = {"main_metric": {"t-sent": "accuracy"}, "config": cfg.to_dict(), "command": "c", "variants": [],
+               "torch_threads": 1, "base_params": 1}
+    assert "Train rows per task t-sent 12, t-para 5, t-sim 12," in markdown(summary)
+    tasks[1]["max_train_examples"] = 0
+    with pytest.raises(ConfigError, match=r"tasks\[1\]\.max_train_examples: must be at least 1"):
+        from_dict(mt_config(tasks=tasks))
+    with pytest.raises(ConfigError, match="device: must be auto, cpu or cuda"):
+        from_dict(mt_config(device="gpu"))

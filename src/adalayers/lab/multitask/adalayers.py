@@ -40,10 +40,10 @@ def head_config(mcfg, task: str, max_epochs: int, patience: int, lr: float = HEA
     """
     cfg = Config()
     cfg.task.name, cfg.task.data_dir = task, mcfg.data_dir
-    cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.max_train_examples, mcfg.max_eval_examples
+    cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.train_rows(task), mcfg.max_eval_examples
     cfg.model.base, cfg.model.max_length = mcfg.base, mcfg.max_length
     cfg.train.max_epochs, cfg.train.batch_size, cfg.train.seed = max_epochs, mcfg.batch_size, mcfg.seed
-    cfg.train.lr = lr
+    cfg.train.lr, cfg.train.device = lr, mcfg.device
     cfg.train.early_stopping = max(1, min(patience, max_epochs))
     cfg.train.lr_patience = max(1, cfg.train.early_stopping - 1)
     return cfg

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from adalayers.store import run as runlib
+from adalayers.core import pick_device
 from adalayers.errors import ConfigError
 from adalayers.lab.multitask.adalayers import HEAD_LR
 from adalayers.lab.multitask.config import stored as config_stored
@@ -134,7 +135,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     todo = [n for n in variants if n not in done] if train else []
     if done:
         log.info("finished earlier (kept from %s): %s", out / RESULTS, ", ".join(done))
-    backbone = backbone or Backbone.load(mcfg.base)
+    backbone = backbone or Backbone.load(mcfg.base, device=pick_device(mcfg.device))
     datas = trainer.load_tasks(mcfg)
     main = {t: d.main_metric for t, d in datas.items()}
     if todo and estimate:
@@ -168,12 +169,20 @@ def _summary(mcfg, rows, main, command, backbone) -> dict:
             "sizes": {"train_rows": mcfg.max_train_examples, "eval_rows": mcfg.max_eval_examples}}
 
 
+def _train_rows(c: dict) -> str:
+    """'all', '500', or per task where a task has its own cap: 'sst5 all, qqp 4000, stsb all'."""
+    own = {t["name"]: t.get("max_train_examples") for t in c["tasks"]}
+    if all(v is None for v in own.values()):
+        return str(c["max_train_examples"] or "all")
+    return ", ".join(f"{t} {v if v is not None else (c['max_train_examples'] or 'all')}" for t, v in own.items())
+
+
 def markdown(s: dict) -> str:
     tasks = list(s["main_metric"])
     c = config_stored(s["config"])
     head = " | ".join(f"{t} dev {s['main_metric'][t]} | {t} test {s['main_metric'][t]}" for t in tasks)
     lines = [f"# Multi-task comparison on {c['base']}", "", f"Command: `{s['command']}`", "",
-             f"Train rows per task {c['max_train_examples'] or 'all'}, eval rows {c['max_eval_examples'] or 'all'}, "
+             f"Train rows per task {_train_rows(c)}, eval rows {c['max_eval_examples'] or 'all'}, "
              f"epochs {c['max_epochs']}, batch {c['batch_size']}, max_length {c['max_length']}, lr {c['lr']} "
              f"(heads {c['head_lr']}), schedule {c['schedule']}, seed {c['seed']}, torch threads "
              f"{s['torch_threads']}. Base parameters {s['base_params']:,}.", "",

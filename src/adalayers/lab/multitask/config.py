@@ -21,6 +21,8 @@ class TaskSpec(Section):
     depends_on: list = _f([], "Tasks whose head outputs this head also reads (progressive sharing).")
     hidden: int = _f(256, "Hidden width of the sentiment head / projection width of bilinear and cosine heads.")
     dropout: float = _f(0.1, "Dropout inside the head.")
+    max_train_examples: int | None = _f(None, "Use only the first N training rows of this task (default: the "
+                                              "run's max_train_examples), e.g. a subset of QQP beside SST-5 in full.")
 
 
 class SmartConfig(Section):
@@ -55,9 +57,15 @@ class MultitaskConfig(OptimSettings):
     max_train_examples: int | None = _f(None, "Use only the first N training rows of each task.")
     max_eval_examples: int | None = _f(None, "Use only the first N validation and test rows of each task.")
     data_dir: str = _f("../shared/data", "Folder of the datasets; ADALAYERS_DATA wins.")
+    device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda.")
 
     def specs(self) -> list[TaskSpec]:
         return self.tasks
+
+    def train_rows(self, task: str) -> int | None:
+        """The training rows a task uses: its own max_train_examples, else the run's (None: all)."""
+        own = next(s.max_train_examples for s in self.tasks if s.name == task)
+        return self.max_train_examples if own is None else own
 
 
 def validate(cfg: MultitaskConfig) -> list[str]:
@@ -74,6 +82,8 @@ def validate(cfg: MultitaskConfig) -> list[str]:
             p.append(f"tasks[{i}].head: must be one of {', '.join(HEADS)}, got {t.head!r}")
         if t.weight < 0:
             p.append(f"tasks[{i}].weight: must be at least 0, got {t.weight}")
+        if t.max_train_examples is not None and t.max_train_examples < 1:
+            p.append(f"tasks[{i}].max_train_examples: must be at least 1 (or null: the run's), got {t.max_train_examples}")
         if t.hidden < 1 or not 0 <= t.dropout < 1:
             p.append(f"tasks[{i}]: hidden must be at least 1 and dropout in [0, 1)")
         for d in t.depends_on:
@@ -84,6 +94,8 @@ def validate(cfg: MultitaskConfig) -> list[str]:
     if not (cfg.freeze in ("none", "all") or (cfg.freeze.startswith("top:") and cfg.freeze[4:].isdigit()
                                                and int(cfg.freeze[4:]) >= 1)):
         p.append(f"freeze: must be none, all or top:N (N >= 1), got {cfg.freeze!r}")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        p.append(f"device: must be auto, cpu or cuda, got {cfg.device!r}")
     if cfg.max_length < 1:
         p.append(f"max_length: must be at least 1, got {cfg.max_length}")
     if cfg.smart.eps <= 0 or cfg.smart.steps < 0 or not 0 <= cfg.smart.beta < 1:

@@ -57,6 +57,7 @@ class MultitaskModel(nn.Module):
             self.heads[name] = head
             widths[name] = head.output.width(n)
             self.forms[name] = input_form(head.sides, data.splits["train"][0].text_pair is not None, name)
+        self.to(backbone.device)  # the heads beside the base (SMART's EMA copies them where they are)
 
     def _unfreeze(self, freeze: str) -> None:
         core = self.model.base_model

@@ -35,7 +35,7 @@ def load_tasks(mcfg) -> dict:
     for s in mcfg.tasks:
         cfg = Config()
         cfg.task.name, cfg.task.data_dir = s.name, mcfg.data_dir
-        cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.max_train_examples, mcfg.max_eval_examples
+        cfg.task.max_train_examples, cfg.task.max_eval_examples = mcfg.train_rows(s.name), mcfg.max_eval_examples
         datas[s.name] = load_task(cfg)
     return datas
 
