@@ -236,6 +236,10 @@ def test_compare_multitask_tiny_run(tmp_path):
     assert by["adalayers-progressive"]["results"]["t-sent"] == by["adalayers"]["results"]["t-sent"]
     md = (out / "compare_multitask.md").read_text()
     assert "| smart |" in md and "t-sim dev pearson" in md
+    # the start-up estimate is kept (out/estimate.json) and shown beside each variant's measured time
+    estimates = json.loads((out / "estimate.json").read_text())
+    assert set(estimates) == set(by) and all(v > 0 for v in estimates.values())
+    assert f"| {by['smart']['train_seconds']:.0f} | {estimates['smart']:.0f} |" in md and "estimated s" in md
     assert (out / "compare_multitask.png").stat().st_size > 1000
     with pytest.raises(ConfigError, match="unknown"):
         from adalayers.lab.multitask.compare import compare

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 VARIANTS = ("baseline", "progressive", "pcgrad", "smart", "freeze-top3", "adalayers", "adalayers-progressive")
 FROZEN = ("adalayers", "adalayers-progressive")  # frozen base: cheap once the hidden-state cache is built
 RESULTS = "variants"  # out/variants/<name>.json: one finished variant each, written atomically
+ESTIMATES = "estimate.json"  # out/estimate.json: the start-up estimate of each variant, in seconds
 
 
 def variant_config(mcfg, name: str):
@@ -87,19 +88,21 @@ def finished(out: Path, name: str, want: dict) -> dict | None:
     return row
 
 
-def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int, probe_steps: int = 2) -> float:
-    """Measure a few steps of every variant still to run and print the scaled-up time (an estimate)."""
+def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int,
+                   probe_steps: int = 2) -> dict[str, float]:
+    """Measure a few steps of every variant still to run and print the scaled-up time (an estimate); returns
+    the seconds per variant."""
     from adalayers.lab.multitask import estimate
 
     sizes = estimate.rows(datas)
-    total, lines = 0.0, []
+    total, lines, secs_of = 0.0, [], {}
     for name in todo:
         if name in FROZEN:
             continue
         secs = estimate.finetune_seconds(estimate.finetune_costs(variant_config(mcfg, name), backbone, datas,
                                                                  probe_steps), sizes, mcfg.max_epochs)
         lines.append(f"  {name:22s} ~{secs / 60:7.1f} min ({mcfg.max_epochs} epochs)")
-        total += secs
+        total, secs_of[name] = total + secs, secs
     frozen = [n for n in todo if n in FROZEN]
     if frozen:
         costs = estimate.adalayers_costs(mcfg, backbone, datas, probe_steps)
@@ -107,11 +110,11 @@ def print_estimate(mcfg, backbone, datas, todo: list[str], adalayers_epochs: int
             secs = estimate.adalayers_seconds(costs, sizes, adalayers_epochs, cache_built=i > 0)
             lines.append(f"  {name:22s} <{secs / 60:7.1f} min (at most {adalayers_epochs} epochs"
                          f"{', the first builds the hidden-state cache unless it exists' if i == 0 else ''})")
-            total += secs
+            total, secs_of[name] = total + secs, secs
     log.info("estimate for the %d variant(s) still to run, scaled from %d measured steps per task "
              "(an estimate: the machine's load changes it):\n%s\n  total ~%.1f h",
              len(todo), probe_steps, "\n".join(lines), total / 3600)
-    return total
+    return secs_of
 
 
 def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = None, backbone=None,
@@ -138,8 +141,10 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     backbone = backbone or Backbone.load(mcfg.base, device=pick_device(mcfg.device))
     datas = trainer.load_tasks(mcfg)
     main = {t: d.main_metric for t, d in datas.items()}
-    if todo and estimate:
-        print_estimate(mcfg, backbone, datas, todo, ada_epochs)
+    estimates = _read_json(out / ESTIMATES)
+    if todo and estimate:  # kept beside the results: the table shows each estimate next to the measured time
+        estimates.update({n: round(s, 1) for n, s in print_estimate(mcfg, backbone, datas, todo, ada_epochs).items()})
+        runlib.write_json(out / ESTIMATES, estimates)
     for name in todo:
         log.info("[%s] starting", name)
         if name in FROZEN:
@@ -154,6 +159,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     rows = [done[n] for n in variants if n in done]
     summary = _summary(mcfg, rows, main, command, backbone)
     summary["adalayers"] = {"max_epochs": ada_epochs, "early_stopping": patience, "lr": adalayers_lr}
+    summary["estimate_s"] = {n: estimates[n] for n in variants if n in estimates}
     summary["not_run"] = [n for n in variants if n not in done]
     summary["partial"] = {n: p for n in summary["not_run"] if n in FROZEN
                           and (p := adalayers.finished_heads(mcfg, out / n, ada_epochs, patience, adalayers_lr))}
@@ -161,6 +167,14 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     runlib.atomic_write(out / "compare_multitask.md", markdown(summary))
     chart(summary, out / "compare_multitask.png")
     return summary
+
+
+def _read_json(path: Path) -> dict:
+    """A small JSON file's mapping, or {} when there is none yet."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not JSON ({e}); remove it") from None
 
 
 def _summary(mcfg, rows, main, command, backbone) -> dict:
@@ -186,8 +200,10 @@ def markdown(s: dict) -> str:
              f"epochs {c['max_epochs']}, batch {c['batch_size']}, max_length {c['max_length']}, lr {c['lr']} "
              f"(heads {c['head_lr']}), schedule {c['schedule']}, seed {c['seed']}, torch threads "
              f"{s['torch_threads']}. Base parameters {s['base_params']:,}.", "",
-             f"| variant | {head} | trainable params | train s |",
-             "|---|" + "---:|---:|" * len(tasks) + "---:|---:|"]
+             f"| variant | {head} | trainable params | train s | estimated s |",
+             "|---|" + "---:|---:|" * len(tasks) + "---:|---:|---:|"]
+    est = s.get("estimate_s", {})
+    guess = lambda name: f"{est[name]:.0f}" if name in est else "-"  # noqa: E731
     for r in s["variants"]:
         cells = []
         for t in tasks:
@@ -195,12 +211,12 @@ def markdown(s: dict) -> str:
             cells += [f"{res['validation'][s['main_metric'][t]]:.3f}", f"{res['test'][s['main_metric'][t]]:.3f}"
                       if "test" in res else "-"]
         lines.append(f"| {r['variant']} | " + " | ".join(cells) + f" | {r['trainable_params']:,} | "
-                     f"{r['train_seconds']:.0f} |")
+                     f"{r['train_seconds']:.0f} | {guess(r['variant'])} |")
     partial = s.get("partial", {})
     for name in s.get("not_run", []):
         p = partial.get(name)
         if p is None:
-            lines.append(f"| {name} | " + " | ".join(["not run"] * 2 * len(tasks)) + " | - | - |")
+            lines.append(f"| {name} | " + " | ".join(["not run"] * 2 * len(tasks)) + f" | - | - | {guess(name)} |")
             continue
         cells = []
         for t in tasks:
@@ -208,7 +224,8 @@ def markdown(s: dict) -> str:
             cells += ["not run"] * 2 if res is None else [f"{res[split][s['main_metric'][t]]:.3f}" if split in res
                                                           else "-" for split in ("validation", "test")]
         lines.append(f"| {name} (unfinished: {', '.join(p['tasks'])} only) | " + " | ".join(cells)
-                     + f" | {p['trainable_params']:,} ({', '.join(p['tasks'])}) | {p['train_seconds']:.0f} |")
+                     + f" | {p['trainable_params']:,} ({', '.join(p['tasks'])}) | {p['train_seconds']:.0f} | "
+                     f"{guess(name)} |")
     if s.get("not_run"):
         lines += ["", f"Not run (or unfinished): {', '.join(s['not_run'])}. The same command continues with them "
                       "(finished variants are kept in the output folder's variants/, finished AdaLayers heads in "
@@ -228,6 +245,10 @@ def markdown(s: dict) -> str:
               "Dev = the task's validation split (SST: dev.txt; QQP: 10% of the subset; STS-B: 10% of train); "
               "test = SST test.txt, QQP's other 10%, STS-B GLUE dev. The best epoch is picked on the mean dev "
               "metric (adalayers: per task)."]
+    if est:
+        lines += ["", "Estimated s: the start-up estimate (a few measured steps scaled to the data, "
+                      "lab/multitask/estimate.py) under the load of that moment; for AdaLayers an upper bound (every "
+                      "epoch run, the first variant building the hidden-state cache). Train s: measured."]
     return "\n".join(lines) + "\n"
 
 
