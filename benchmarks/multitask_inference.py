@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -97,7 +98,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=os.environ.get("ADALAYERS_DATA", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--out", default="benchmarks/results/multitask/inference",
                     help="writes OUT.json and OUT.md")
     args = ap.parse_args()
