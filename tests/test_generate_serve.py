@@ -108,3 +108,36 @@ def test_stream_over_real_http_and_a_client_that_leaves(side):
             t0 = time.time()
             again = c.post("/generate", json={"prompts": ["a book"], "max_new_tokens": 2})
             assert again.status_code == 200 and time.time() - t0 < 25
+
+
+def test_streams_count_against_the_queue_of_predictions_while_they_stream(tmp_path, monkeypatch):
+    """/generate/stream and /v1 generations count under --max-queue (2 here) with /predict's requests, as
+    /generate does: two open streams fill the queue (a /predict, a third stream and a /v1 completion are 503
+    with Retry-After); once their clients leave, the slots come back. Over real HTTP (uvicorn); each decode step
+    is slowed to 50 ms and the text runs to max_new_tokens, so the streams last seconds while the refusals take
+    milliseconds, whatever the machine's load."""
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    monkeypatch.setattr(type(side.runtime.decoder()), "eos_ids", lambda self: set())
+    app = create_app(side, ServeConfig(max_queue=2, request_timeout_s=60))
+    scheduler = app.state.serve.scheduler
+    step = scheduler._step
+    scheduler._step = lambda batch: (time.sleep(0.05), step(batch))[1]
+    body = {"prompts": ["the dog runs"], "max_new_tokens": 256}
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        model = c.get("/v1/models").json()["data"][0]["id"]
+        with c.stream("POST", "/generate/stream", json=body) as one, c.stream("POST", "/generate/stream",
+                                                                               json=body) as two:
+            assert one.status_code == two.status_code == 200
+            next(one.iter_lines()), next(two.iter_lines())  # both running
+            assert c.get("/health").json()["pending"] == 2
+            refused = [c.post("/predict", json={"texts": ["the dog runs"]}), c.post("/generate/stream", json=body),
+                       c.post("/v1/completions", json={"model": model, "prompt": "the dog", "max_tokens": 2})]
+            assert [r.status_code for r in refused] == [503] * 3, [r.text[:200] for r in refused]
+            for r in refused:
+                assert "queue is full" in r.text and int(r.headers["retry-after"]) >= 1
+        deadline = time.time() + 60
+        while c.get("/health").json()["pending"]:  # each stream ends at its next decode step once its client left
+            assert time.time() < deadline, c.get("/health").json()
+            time.sleep(0.05)
+        assert c.post("/predict", json={"texts": ["the dog runs"]}).status_code == 200

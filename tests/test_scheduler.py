@@ -82,3 +82,38 @@ def test_a_bad_request_fails_alone_before_it_is_queued(tmp_path):
     next(events)
     events.close()  # a consumer that leaves: its rows leave at the next step
     assert list(scheduler.stream(["a book"], max_new_tokens=2))[-1]["results"][0]["tokens"] <= 2
+
+
+def test_a_request_waiting_for_room_is_cancelled_at_once(tmp_path):
+    """Stream.cancel() (a deadline, a client gone) from another thread: a consumer blocked on a request that
+    still waits for room gets Cancelled at once, not when the request is admitted, and the request never runs."""
+    from adalayers.errors import Cancelled
+
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    scheduler = Scheduler(side, max_rows=1)  # one row at a time: a second request waits for room
+    go, step = threading.Event(), scheduler._step
+    scheduler._step = lambda batch: (go.wait(timeout=60), step(batch))[1]  # the first request holds the room
+    first = scheduler.stream(["the dog runs"], max_new_tokens=8, ignore_eos=True)
+    assert next(first)["event"] == "prompt"
+    second = scheduler.stream(["a book"], max_new_tokens=2)
+    got = []
+
+    def consume():
+        try:
+            got.append(next(second))
+        except Cancelled as e:
+            got.append(e)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    second.cancel("its deadline passed")
+    reader.join(timeout=10)
+    assert not reader.is_alive() and isinstance(got[0], Cancelled) and "deadline" in str(got[0])
+    go.set()
+    events = list(first)
+    assert events[-1]["event"] == "done" and events[-1]["results"][0]["tokens"] == 8
+    deadline = time.time() + 30  # the loop takes the cancelled request from the queue once the first has left
+    while scheduler.stats()["generations_waiting"] and time.time() < deadline:
+        time.sleep(0.01)
+    assert scheduler.stats()["largest_step_rows"] == 1 and scheduler.stats()["generations_waiting"] == 0

@@ -510,3 +510,4 @@ def test_a_request_nobody_waits_for_is_skipped_inside_a_shared_pass(runs):
         assert got["tasks"]["acc"]["probabilities"]["bad"] == pytest.approx(ref["tasks"]["acc"]["probabilities"]["bad"],
                                                                              abs=1e-4)
     assert side.rows_skipped > 10 and side.rows_run < 20  # 4 + 2 plain rows and the first batch, no windows
+

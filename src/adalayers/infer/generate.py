@@ -31,7 +31,7 @@ from typing import Iterator
 
 import torch
 
-from adalayers.errors import DataError
+from adalayers.errors import Cancelled, DataError
 from adalayers.infer.batching import Batch, Row
 from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
@@ -101,8 +101,32 @@ class Job:
         self.step, self.results, self.prompt_json = 0, [None] * len(prompts), None
 
 
+class Stream:
+    """A generation's events, iterated by one consumer; cancel() ends it from any other thread (a deadline, a
+    client gone): the request leaves the queue, or its rows leave at the next decode step, and a consumer
+    waiting for its next event gets Cancelled at once instead of when the request is admitted."""
+
+    def __init__(self, events: Iterator[dict], job: Job):
+        self._events, self.job = events, job
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._events)
+
+    def close(self) -> None:
+        """The consumer stops reading (call it from the consuming thread; cancel() from any other)."""
+        self._events.close()
+        self.job.cancelled.set()
+
+    def cancel(self, why: str = "the generation was cancelled") -> None:
+        self.job.cancelled.set()
+        self.job.events.put(Cancelled(why))
+
+
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
-           **kw) -> Iterator[dict]:
+           **kw) -> Stream:
     """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}], "token_ids": [per prompt]}
     after the prefill, {"event": "step", "step", "tokens": [text piece per prompt, None once ended],
     "ids": [token id per prompt, None once ended], "values": {task: [per prompt, None once ended]}} per token,
@@ -119,16 +143,25 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     thread (or drops it when the client leaves), and requests of others run between two steps.
     """
     job = Job(side, prompts, max_new_tokens, tasks, **kw)
+    return Stream(_alone(side, job), job)
+
+
+def _alone(side, job: Job) -> Iterator[dict]:
+    """One request's loop, run by its consumer between reads; a cancel() stops it before the next step."""
     loop = Generation(side, [side.heads[n] for n in job.names])
     batch = loop.prefill([job])
     while True:
         while not job.events.empty():
             event = job.events.get_nowait()
+            if isinstance(event, BaseException):
+                raise event
             yield event
             if event["event"] == "done":
                 return
         if batch is None:
             raise RuntimeError("generation ended without a result")  # unreachable: the last step sends "done"
+        if job.cancelled.is_set():
+            raise Cancelled("the generation was cancelled")
         batch = loop.step(batch)
 
 

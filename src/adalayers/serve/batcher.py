@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.sidetasks import SideTasks
@@ -62,6 +63,7 @@ class Batcher:
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
     pending: int = 0     # requests queued or running whose answer is still awaited
     generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
+    _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `pending` changes from threads too
 
     def __post_init__(self):
         self.queue = asyncio.Queue()
@@ -74,27 +76,31 @@ class Batcher:
             self.refused += 1
             raise Busy()
         job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs)
-        self.pending += 1
+        with self._count:
+            self.pending += 1
         job.future.add_done_callback(self._settled)
         self.queue.put_nowait(job)
         return job
 
     def _settled(self, _future) -> None:
-        self.pending -= 1
+        with self._count:
+            self.pending -= 1
 
     def admit(self):
         """Count work that does not go through the queue (a generation) as pending, under the same
         --max-queue: returns the function that ends its count, or None when max_queue requests are pending."""
-        if self.pending >= self.max_queue:
-            self.refused += 1
-            return None
-        self.pending += 1
+        with self._count:
+            if self.pending >= self.max_queue:
+                self.refused += 1
+                return None
+            self.pending += 1
         ended = []
 
-        def release() -> None:
-            if not ended:
-                ended.append(True)
-                self.pending -= 1
+        def release() -> None:  # from any thread (a stream ends in Starlette's worker thread), at most once
+            with self._count:
+                if not ended:
+                    ended.append(True)
+                    self.pending -= 1
         return release
 
     def retry_after_s(self) -> int:

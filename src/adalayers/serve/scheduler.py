@@ -32,12 +32,12 @@ from typing import Iterator
 
 from adalayers.errors import DataError
 from adalayers.infer.batching import Batch, Row
-from adalayers.infer.generate import Generation, Job
+from adalayers.infer.generate import Generation, Job, Stream
 from adalayers.infer.torch_runtime import as_runtime
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Scheduler", "Job"]
+__all__ = ["Scheduler", "Job", "Stream"]
 
 
 class Scheduler:
@@ -63,7 +63,7 @@ class Scheduler:
         return {"decode_steps": self.steps, "rows_decoded": self.rows_stepped, "largest_step_rows": self.largest_step,
                 "generations_waiting": self.waiting.qsize() + (self._next is not None)}
 
-    def stream(self, prompts: list[str], **kw) -> Iterator[dict]:
+    def stream(self, prompts: list[str], **kw) -> Stream:
         """infer/generate.stream's events for this request, decoded together with every other running one.
         A bad request, or one that can never fit the room, raises here (DataError, ModelError), before it is queued."""
         job = Job(self.side, prompts, **kw)
@@ -77,7 +77,7 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._loop, name="adalayers-scheduler", daemon=True)
                 self._thread.start()
         self.waiting.put((job, need))
-        return _events(job)
+        return Stream(_events(job), job)
 
     def _tokens(self, job: Job) -> int:
         """The KV tokens the job's rows hold at most: each prompt's tokens (as the prefill cuts them) + max_new."""

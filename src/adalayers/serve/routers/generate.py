@@ -9,9 +9,10 @@
 Same limits and text rules as /predict (--max-texts prompts of at most --max-chars characters, no
 lone surrogates or blank prompts, no NaN/Infinity; body limit, API key and read timeout from the app), max_new_tokens at
 most MAX_NEW_TOKENS; a bad request is answered 4xx with one line naming the problem before any
-token is generated. A client that leaves a stream stops its generation at the next token. POST /generate
-counts under --max-queue as a /predict request does (503 when full), is bounded by --request-timeout
-(503), and a client that leaves it stops it at the next decode step. Concurrent requests share decode
+token is generated. A client that leaves a stream stops its generation at the next token. Both routes
+count under --max-queue as a /predict request does (503 when full; a stream while it streams); POST /generate
+is bounded by --request-timeout (503) and a stream's first event (its prefill, after any wait for room)
+too; a client that leaves stops the generation at the next decode step. Concurrent requests share decode
 steps (serve/scheduler.py; ServeState.decode) unless --no-continuous-batching.
 """
 from __future__ import annotations
@@ -20,11 +21,13 @@ import asyncio
 import json
 import threading
 import time
+import weakref
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from adalayers.errors import AdaLayersError, Cancelled, ModelError
+from adalayers.serve.deadlines import within
 from adalayers.serve.limits import client_gone
 from adalayers.serve.protocol import GenerateRequest
 from adalayers.serve.state import ServeState
@@ -98,6 +101,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
             gone.cancel()
         if not work.done():
             stop.set()
+            events.cancel("nobody waits for this generation any more")  # also when it still waits for room
             batcher.generations_stopped = getattr(batcher, "generations_stopped", 0) + 1
             if gone.done() and not gone.cancelled():
                 return JSONResponse(status_code=499, content={"detail": "client disconnected"})  # never sent
@@ -109,15 +113,31 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.post("/generate/stream")
     async def generate_stream(req: GenerateRequest):
+        """Counted under --max-queue while it streams, as /generate is; its first event (the prefill, after
+        any wait for room) within --request-timeout, else 503; a client that leaves ends it at the next step."""
+        arrived, batcher = time.perf_counter(), state.batcher
         _check(req, side, cfg)
-        events = None
-        try:  # the prefill runs here: a bad request is still answered 4xx, not inside the stream
+        try:
             events = decode(req.prompts, **_kwargs(req))
-            first = await asyncio.to_thread(next, events)
         except (ModelError, AdaLayersError) as e:
-            if events is not None:
-                events.close()
             raise HTTPException(400, str(e)) from None
+        release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)
+        if release is None:
+            events.close()
+            raise state.busy()
+
+        def finish():
+            events.close()
+            release()
+        try:  # the prefill runs here: a bad request is still answered 4xx, not inside the stream
+            left = cfg.request_timeout_s - (time.perf_counter() - arrived)
+            ok, first = await within(lambda: next(events), events, left, finish)
+        except (ModelError, AdaLayersError) as e:
+            finish()
+            raise HTTPException(400, str(e)) from None
+        if not ok:
+            batcher.generations_stopped = getattr(batcher, "generations_stopped", 0) + 1
+            raise state.expired()
 
         def sse():  # iterated in a worker thread by Starlette; closing it ends the generation
             try:
@@ -125,9 +145,11 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
                 for event in events:
                     yield _sse(event)
             finally:
-                events.close()
+                finish()
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        body = sse()
+        weakref.finalize(body, release)  # a stream never started still gives its slot back
+        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _sse(event: dict) -> str:

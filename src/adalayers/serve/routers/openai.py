@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from adalayers.errors import AdaLayersError
 from adalayers.kinds import TaskKind
 from adalayers.serve.completions import Completion
+from adalayers.serve.deadlines import within
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
 from adalayers.serve.state import ServeState
@@ -42,7 +43,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
     """GET /v1/models and the two generation routes (the pooling ones are routers/pooling.py)."""
     side, cfg, name, generate = state.side, state.cfg, state.name, state.decode  # /generate's decoder, shared
     install_errors(app)
-    slots, started = Slots(cfg.max_queue), int(time.time())
+    slots, started = Slots(cfg.max_queue, state.batcher), int(time.time())
     template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
 
     @app.get("/v1/models")
@@ -57,7 +58,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         _check(req, side, name)
         prompt = _chat_prompt(req.messages, side, cfg, template)
         return await _generate(generate, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
-                                                                           side.backbone.tokenizer))
+                                                                           side.backbone.tokenizer),
+                               cfg.request_timeout_s)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -66,7 +68,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         for i, p in enumerate(prompts):
             _fits(side, p, f"prompt {i + 1}", "prompt")
         return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
-                                                                          side.backbone.tokenizer))
+                                                                          side.backbone.tokenizer),
+                               cfg.request_timeout_s)
 
 
 def install_errors(app: FastAPI) -> None:
@@ -80,13 +83,22 @@ def install_errors(app: FastAPI) -> None:
 
 
 class Slots:
-    """At most `limit` generations at once; one more is a 503 with Retry-After."""
+    """At most `limit` generations at once; one more is a 503 with Retry-After. With the service's batcher
+    (serve/batcher.Batcher.admit), generations count under --max-queue together with /predict's requests and
+    /generate's, as one queue."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, batcher=None):
         self.limit, self.active, self._lock = limit, 0, threading.Lock()
+        self.batcher = batcher if hasattr(batcher, "admit") else None
 
     def take(self):
         """A slot, or OpenAIError 503; returns its release function (safe to call twice)."""
+        if self.batcher is not None:
+            release = self.batcher.admit()
+            if release is None:
+                raise OpenAIError(503, f"the queue is full ({self.batcher.max_queue} requests pending, --max-queue); "
+                                       "retry later", headers={"Retry-After": str(self.batcher.retry_after_s())})
+            return release
         with self._lock:
             if self.active >= self.limit:
                 raise OpenAIError(503, f"{self.active} generations are running (--max-queue {self.limit}); "
@@ -196,9 +208,13 @@ def _fits(side, text: str, what: str, param: str) -> None:
                                "(--max-length, or the heads' model.max_length)", param, "context_length_exceeded")
 
 
-async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion):
+async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion,
+                    timeout_s: float):
     """Run `generate` (Scheduler.stream, or infer/generate.stream) for the prompts; a bad request is a 400
-    before any token is generated."""
+    before any token is generated. Its start (the prefill, after any wait for room) within timeout_s
+    (--request-timeout), else 503 and the request leaves the queue; once it runs, it runs to its end (or until
+    its client leaves), as OpenAI-style servers do."""
+    arrived = time.perf_counter()
     opts = req.adalayers
     shape.side_tasks, shape.stops = opts is not None, req.stops()
     shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
@@ -207,15 +223,20 @@ async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[st
                   answer_only=opts.answer_only if opts else [],
                   guard={n: (g.label, g.threshold) for n, g in ((opts.guard or {}) if opts else {}).items()})
     release, events = slots.take(), None
+    late = OpenAIError(503, f"not answered within {timeout_s:g} s (--request-timeout); retry later",
+                       headers={"Retry-After": "1"})
     try:  # the prefill runs here: a bad request is answered before the response starts
         events = generate(prompts, **kwargs)
-        first = await asyncio.to_thread(next, events)
+        ok, first = await within(lambda: next(events), events, timeout_s - (time.perf_counter() - arrived),
+                                 lambda: _close(events, release))
     except AdaLayersError as e:
         _close(events, release)
         raise OpenAIError(400, str(e), "adalayers") from None
     except BaseException:
         _close(events, release)
         raise
+    if not ok:
+        raise late
     if not req.stream:
         try:
             body = await asyncio.to_thread(shape.response, itertools.chain([first], events))
