@@ -82,3 +82,47 @@ def test_the_heads_last_step_ends_after_their_deepest_layer():
         one = torch.softmax(task.end(batch["attention_mask"]), -1)[0]
     torch.testing.assert_close(torch.tensor(list(r["tasks"]["early"]["probabilities"].values())), one,
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_decode_steps_heads_run_every_layer_at_once_with_the_same_numbers():
+    """FusedTap(defer=...): a small pass's states held and run in flush() as one batched product over the
+    layers per group of heads (k 8 and 16, one head pinned to a layer) equal each head's own tap (1e-5)."""
+    from torch.overrides import TorchFunctionMode
+
+    from adalayers.model.sidetask import shared_tap
+
+    class Count(TorchFunctionMode):
+        calls: dict = {}
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls[func.__name__] = Count.calls.get(func.__name__, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(3)
+    heads = []
+    for k, pin in [(8, None), (16, None), (8, 2), (8, None)]:
+        cfg = Config()
+        cfg.mixer.k, cfg.head.num_heads, cfg.mixer.pin_layer = k, 2, pin
+        task = SideTask(cfg, 5, 12, ["a", "b"]).eval()
+        with torch.no_grad():
+            task.mixer.p.copy_(torch.randn(5))
+        heads.append(task)
+    with torch.no_grad():
+        heads[3].mixer.p[4] = -1e4  # the last layer unused by this one head only
+    states = [torch.randn(3, 1, 12) for _ in range(5)]
+    mask = torch.ones(3, 1, dtype=torch.long)
+    with torch.inference_mode():
+        alone = [h(states, mask) for h in heads]
+        for h in heads:
+            h.begin()
+        tap = shared_tap(heads, defer=3)
+        Count.calls = {}
+        with Count():
+            for i, z in enumerate(states):
+                tap(i, z)
+            assert "linear" not in Count.calls and "bmm" not in Count.calls  # nothing ran yet: held
+            tap.flush()
+        assert Count.calls.get("bmm") == 2 and "linear" not in Count.calls  # one product per group (k 8, k 16)
+        assert 4 not in heads[3].used_layers() and 4 in heads[0].used_layers() + heads[2].used_layers()
+        for a, h in zip(alone, heads):
+            assert (a - h.end(mask)).abs().max() <= 1e-5
