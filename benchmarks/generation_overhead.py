@@ -100,7 +100,8 @@ def main() -> None:
                             "machine": platform.processor() or platform.machine(), "base_load_s": round(load_s, 1),
                             "base_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
                             "decoding": "greedy, eos ignored", "heads": "configs/cola.yaml, initial weights, "
-                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter; cpu_vs_gen is insensitive to the load"},
+                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter; cpu_vs_gen depends "
+                            "less on the load than wall time, yet moves by a few percent between repeats"},
                "batches": {}}
     tok = backbone.tokenizer
     for bs in [int(b) for b in args.batch.split(",")]:

@@ -5,7 +5,7 @@
 
 After the prompts' prefill, one decode step is run again and again from a copy of the same KV cache:
 alone, with the heads tapping it, and as the heads' last step (the step that feeds them the last generated
-token: no row needs logits), in rotating order (`--paired` rounds, after one warm-up round). Reported:
+token: no row needs logits), and with layer hooks that do nothing, in rotating order (`--paired` rounds, after one warm-up round). Reported:
 medians of each one's process CPU time and of the paired differences (what the heads add to a step, free
 of the drift between whole generations). Then `--profiled` pairs of steps (alone, with heads) run under
 torch.profiler, each alone in its own profile; the table gives each operator's median self CPU time alone
@@ -49,12 +49,15 @@ def paired_steps(side: SideTasks, prompts: list[str], names: list[str], repeats:
     attn = torch.cat([enc["attention_mask"], torch.ones_like(nxt)], 1)
     skips = "logits_for" in inspect.signature(decoder.step).parameters
     last_kw = {"logits_for": [], "stop_after": side.backbone.num_layers - 1} if skips else {}
-    kinds = {"alone": ([], {}), "heads": (heads, {}), "heads_last_step": (heads, last_kw)}
+    kinds = {"alone": ([], {}), "heads": (heads, {}), "heads_last_step": (heads, last_kw), "empty_hooks": ([], {})}
 
     def step(kind: str) -> None:
         tapping, kw = kinds[kind]
         mine = copy.deepcopy(cache)
-        side.tapped(tapping, lambda tap: decoder.step(nxt, attn, mine, tap, **kw))
+        if kind == "empty_hooks":  # the layer hooks with a tap that does nothing: their own cost
+            side.tapped([], lambda tap: decoder.step(nxt, attn, mine, lambda i, z: None))
+        else:
+            side.tapped(tapping, lambda tap: decoder.step(nxt, attn, mine, tap, **kw))
 
     times: dict[str, list[float]] = {k: [] for k in kinds}
     order = list(kinds)
@@ -66,7 +69,7 @@ def paired_steps(side: SideTasks, prompts: list[str], names: list[str], repeats:
             times[kind].append((time.process_time() - c0) * 1e6)
     times = {k: v[1:] for k, v in times.items()}
     out = {f"{k}_us": round(statistics.median(v)) for k, v in times.items()}
-    for k in ("heads", "heads_last_step"):
+    for k in ("heads", "heads_last_step", "empty_hooks"):
         out[f"{k}_added_us"] = round(statistics.median(a - b for a, b in zip(times[k], times["alone"])))
     ops: dict[str, dict[str, list[float]]] = {}
     for r in range(profiled):

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 import torch
@@ -157,8 +158,13 @@ def cache_of(out):
 
 
 def _parameters(model) -> frozenset[str]:
-    """The names model.forward takes."""
-    return frozenset(inspect.signature(model.forward).parameters)
+    """The names model.forward takes (read once per model class, not at every decode step)."""
+    return _forward_parameters(type(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(cls) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters) - {"self"}
 
 
 def _as_list(x) -> list:
