@@ -5,10 +5,10 @@
 
 After the prompts' prefill, one decode step is run again and again from a copy of the same KV cache:
 alone, with the heads tapping it, and as the heads' last step (the step that feeds them the last generated
-token: no row needs logits), and with layer hooks that do nothing, in rotating order (`--paired` rounds, after one warm-up round). Reported:
-medians of each one's process CPU time and of the paired differences (what the heads add to a step, free
-of the drift between whole generations). Then `--profiled` pairs of steps (alone, with heads) run under
-torch.profiler, each alone in its own profile; the table gives each operator's median self CPU time alone
+token: no row needs logits), and with layer hooks that do nothing, in rotating order (`--paired` rounds,
+after one warm-up round). Reported: medians of each one's process CPU time and of the paired differences
+(what the heads add to a step, free of the drift between whole generations). Then `--profiled` pairs of
+steps (alone, with heads) run under torch.profiler, each alone in its own profile; the table gives each operator's median self CPU time alone
 and with the heads, sorted by the difference. Heads as in benchmarks/generation_overhead.py
 (configs/cola.yaml, every layer used). One torch thread. On code without the last step's shortcut, that step
 is a full step with the heads. The code profiled is this checkout's src/, or the one PYTHONPATH names.
@@ -107,11 +107,11 @@ def main() -> None:
     total = {"alone_us": round(sum(v[0] for v in ops.values())), "heads_us": round(sum(v[1] for v in ops.values()))}
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_json(Path(args.out), {"settings": {**settings, "torch": torch.__version__, "threads": 1,
-                                             "code": "PYTHONPATH" if os.environ.get("PYTHONPATH") else "this checkout's src",
-                                             "unit": "self CPU microseconds per decode step"},
+                                             "code": "PYTHONPATH" if os.environ.get("PYTHONPATH")
+                                             else "this checkout's src", "unit": "CPU microseconds, one decode step"},
                                 "paired_step": paired, "total": total, "ops": table})
-    print(f"one decode step, self CPU us of the operators: alone {total['alone_us']}, with {args.heads} heads {total['heads_us']} "
-          f"(+{total['heads_us'] - total['alone_us']})")
+    print(f"one decode step, self CPU us of the operators: alone {total['alone_us']}, "
+          f"with {args.heads} heads {total['heads_us']} (+{total['heads_us'] - total['alone_us']})")
     print("| operator | alone | with heads | added |\n|---|---|---|---|")
     for r in table[:args.top]:
         print(f"| {r['op']} | {r['alone_us']} | {r['heads_us']} | {r['added_us']:+d} |")
