@@ -4,14 +4,15 @@
     nice -n 10 python benchmarks/generation_profile.py --base gemma3-270m --batch 1 --heads 4
 
 After the prompts' prefill, one decode step is run again and again from a copy of the same KV cache:
-alone, with the heads tapping it, and as the heads' last step (the step that feeds them the last generated
-token: no row needs logits), and with layer hooks that do nothing, in rotating order (`--paired` rounds,
-after one warm-up round). Reported: medians of each one's process CPU time and of the paired differences
-(what the heads add to a step, free of the drift between whole generations). Then `--profiled` pairs of
-steps (alone, with heads) run under torch.profiler, each alone in its own profile; the table gives each operator's median self CPU time alone
-and with the heads, sorted by the difference. Heads as in benchmarks/generation_overhead.py
-(configs/cola.yaml, every layer used). One torch thread. On code without the last step's shortcut, that step
-is a full step with the heads. The code profiled is this checkout's src/, or the one PYTHONPATH names.
+alone, with the heads tapping it, as the heads' last step (the step that feeds them the last generated
+token: no row needs logits), and with layer hooks that do nothing, in rotating order (`--paired`
+rounds, after one warm-up round). Reported: medians of each one's process CPU time and of the paired
+differences (what the heads add to a step, free of the drift between whole generations). Then
+`--profiled` pairs of steps (alone, with heads) run under torch.profiler, each in its own profile;
+the table gives each operator's median self CPU time alone and with the heads, sorted by the
+difference. Heads as in benchmarks/generation_overhead.py (configs/cola.yaml, every layer used).
+One torch thread. On code without the last step's shortcut, that step is a full step with the
+heads. The code profiled is this checkout's src/, or the one PYTHONPATH names.
 """
 from __future__ import annotations
 
