@@ -4,6 +4,7 @@
     gen+1      generate with 1 head   (prompt prediction from the prefill, one accumulator column per
     gen+4      generate with 4 heads   step, the final prediction on prompt + answer)
     gen+1/steps   1 head with per-step values (the head re-run on F after every token: a streaming guard)
+    gen+4/steps   4 heads with per-step values
     gen+sep    generate alone, then the prompt classified by a separate pass (SideTasks.predict):
                what one pays without reading the generation pass
 
@@ -12,7 +13,12 @@ rotating order (drift in a shared machine's load hits all alike); reported: medi
 and each configuration's time relative to `gen` in the same repeat (median of the ratios). With one
 torch thread the process's CPU time is the work itself, whatever else the machine runs: it is
 reported beside the wall time (`cpu_vs_gen`), the figure to quote from a busy machine. Greedy
-decoding, a fixed number of new tokens (eos ignored: all rows run to the end).
+decoding, a fixed number of new tokens (eos ignored: all rows run to the end). `head_us_per_step`:
+the configuration's CPU time less `gen`'s in the same repeat, per decode step of the batch
+(microseconds, median over repeats): what the heads add to one step, the extra step at the end included.
+
+The code measured is this checkout's src/, or the one PYTHONPATH names when it is set (so another
+checkout's code runs under the same benchmark: PYTHONPATH=../main/src python benchmarks/...).
 
 Heads have configs/cola.yaml's settings and freshly initialised weights with uniform layer weights:
 every layer is projected, the most work a head can add (the weights do not change the work).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -34,7 +41,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers import config as config_mod  # noqa: E402
 from adalayers.model.backbone import Backbone  # noqa: E402
@@ -77,6 +85,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/generation_overhead.json")
+    ap.add_argument("--label", default="", help="what code this run measures (kept in the settings)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -84,12 +93,15 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     side = SideTasks(backbone, heads_for(backbone, 4), primary=False, max_length=64)
     configs = {"gen": ([], False), "gen+1": (["head0"], False), "gen+4": (["head0", "head1", "head2", "head3"], False),
-               "gen+1/steps": (["head0"], True), "gen+sep": ([], False)}
-    results = {"settings": {**vars(args), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+               "gen+1/steps": (["head0"], True), "gen+4/steps": (["head0", "head1", "head2", "head3"], True),
+               "gen+sep": ([], False)}
+    results = {"settings": {**vars(args), "torch_threads": torch.get_num_threads(),
+                            "code": "PYTHONPATH" if os.environ.get("PYTHONPATH") else "this checkout's src", "torch": torch.__version__,
                             "machine": platform.processor() or platform.machine(), "base_load_s": round(load_s, 1),
                             "base_layers": backbone.num_layers, "hidden_size": backbone.hidden_size,
                             "decoding": "greedy, eos ignored", "heads": "configs/cola.yaml, initial weights, "
-                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter; cpu_vs_gen is insensitive to the load"},
+                            "all layers used", "note": "shared 2-core machine: ratios within a repeat matter; cpu_vs_gen depends "
+                            "less on the load than wall time, yet moves by a few percent between repeats"},
                "batches": {}}
     tok = backbone.tokenizer
     for bs in [int(b) for b in args.batch.split(",")]:
@@ -98,6 +110,7 @@ def main() -> None:
         cpus = {c: [] for c in configs}
         ratios = {c: [] for c in configs if c != "gen"}
         cpu_ratios = {c: [] for c in configs if c != "gen"}
+        step_us = {c: [] for c in configs if c != "gen"}
         tokens = {}
         order = list(configs)
         for rep in range(args.repeats):
@@ -117,6 +130,7 @@ def main() -> None:
             for c in ratios:
                 ratios[c].append(mine[c] / mine["gen"])
                 cpu_ratios[c].append(mine_cpu[c] / mine_cpu["gen"])
+                step_us[c].append((mine_cpu[c] - mine_cpu["gen"]) / args.new * 1e6)
             print(f"batch {bs} repeat {rep + 1}: " + ", ".join(f"{c} {mine[c]:.2f}s (cpu {mine_cpu[c]:.2f}s)"
                                                                for c in configs), flush=True)
         # memory per head: parameters + the accumulator after the last step (B, prompt + new, k) fp32
@@ -131,6 +145,7 @@ def main() -> None:
             "time_vs_gen": {c: round(statistics.median(v), 3) for c, v in ratios.items()},
             "median_cpu_seconds": {c: round(statistics.median(v), 3) for c, v in cpus.items()},
             "cpu_vs_gen": {c: round(statistics.median(v), 3) for c, v in cpu_ratios.items()},
+            "head_us_per_step": {c: round(statistics.median(v)) for c, v in step_us.items()},
             "memory_per_head_bytes": {"parameters": head_params, "accumulator": bs * T * k * 4,
                                       "accumulator_shape": [bs, T, k]},
         }

@@ -42,7 +42,7 @@ class Batch:
     real: torch.Tensor            # (B, T) bool: the columns the heads read
     accs: dict                    # head name -> (B, T, k)
     cache: Cache                  # the runtime decoder's KV cache of these rows
-    logits: torch.Tensor          # (B, V): the next token's logits
+    logits: torch.Tensor | None   # (B, V): the next token's logits (None only inside a step, rows ending)
 
     @property
     def width(self) -> int:
@@ -73,7 +73,7 @@ class Batch:
         at = torch.tensor(idx, dtype=torch.long, device=self.attn.device)
         kept = Batch([self.rows[i] for i in idx], self.attn.index_select(0, at), self.real.index_select(0, at),
                      {n: v.index_select(0, at) for n, v in self.accs.items()}, self.cache.select(idx),
-                     self.logits.index_select(0, at))
+                     None if self.logits is None else self.logits.index_select(0, at))
         return kept._trimmed()
 
     def _trimmed(self) -> "Batch":

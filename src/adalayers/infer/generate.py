@@ -14,7 +14,10 @@ step then feeds one token per row with the KV cache on; the hooks see Z_i of tha
 each head's accumulator grows by one column. Mixer and projections act per token and a decoder
 token never sees later ones, so after the last step F equals what one pass over the whole text
 gives, and so does every head's prediction (tests/test_generate.py checks 1e-5). The last
-generated token is fed once more (one extra decode step) so that the heads also read it.
+generated token is fed once more (one extra decode step) so that the heads also read it; no row
+needs a next token then, so that step skips the LM head (Gemma 3 270M's, 640 x 262,144, is more
+work per token than the rest of the model) and ends after the deepest layer a head reads. In any
+step, the LM head runs only on the rows that go on (a row of a shared batch may be ending).
 
 A row leaves the batch as soon as it ends (end-of-text token, max tokens, stop string, guard); the
 rows of several requests share one batch (adalayers.infer.batching), so one loop (Generation: prefill,
@@ -35,6 +38,7 @@ from adalayers.errors import Cancelled, DataError
 from adalayers.infer.batching import Batch, Row
 from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
+from adalayers.model.states import deepest_layer
 
 
 def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
@@ -183,6 +187,7 @@ class Generation:
         self.side, self.tok = side, side.backbone.tokenizer
         self.heads = list(side.heads.values()) if heads is None else heads
         self.decoder = side.runtime.decoder()
+        self.deepest = deepest_layer([h.task for h in self.heads]) if self.heads else None
 
     def prefill(self, jobs: list[Job]) -> Batch:
         """The jobs' prompts as one left-padded batch, one forward with the heads' hooks on; each job gets its
@@ -230,11 +235,10 @@ class Generation:
         self._finish(batch, [i for i, ok in enumerate(live) if not ok])  # end of text: that token is not read
         going = [i for i, ok in enumerate(live) if ok]
         batch, nxt = batch.keep(going), nxt[going]
-        if batch.rows and (self.heads or not all(r.finish for r in batch.rows)):  # heads read the last token too
-            batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=nxt.device))
-            (batch.logits, batch.cache), new = self.side.tapped(
-                self.heads, lambda tap: self.decoder.step(nxt.unsqueeze(1), batch.attn, batch.cache, tap))
-            batch.accs = {n: torch.cat([batch.accs[n], v], 1) for n, v in new.items()}
+        go_on = [i for i, r in enumerate(batch.rows) if not r.finish]  # the rows that need next-token logits
+        logits = None
+        if batch.rows and (self.heads or go_on):  # heads read the last token too
+            logits = self._decode(batch, nxt, go_on)
         self._step_values(batch, nxt, events)
         for job in jobs:
             job.events.put({"event": "step", "step": job.step, **events[job]})
@@ -244,8 +248,25 @@ class Generation:
         for job in jobs:
             if all(r is not None for r in job.results):
                 job.events.put({"event": "done", "results": job.results})
-        batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.finish]) if done else batch
+        keep = [i for i, r in enumerate(batch.rows) if not r.finish]
+        batch = batch.keep(keep) if done else batch
+        if batch.rows and batch.logits is None:  # the LM head ran on go_on's rows only
+            batch.logits = logits[[go_on.index(i) for i in keep]]
         return batch if batch.rows else None
+
+    def _decode(self, batch: Batch, nxt: torch.Tensor, go_on: list[int]) -> torch.Tensor | None:
+        """Feed every row its token, the heads tapping the step (their accumulators grow by one column). The
+        LM head runs on the rows that go on only (-> their logits, in go_on's order); when none does (the step
+        that feeds the heads the last generated tokens), not at all, and the pass ends after the deepest
+        state a head reads. batch.logits: every row's logits, or None when some row's were not computed."""
+        batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=nxt.device))
+        everyone = len(go_on) == len(batch.rows)
+        (logits, batch.cache), new = self.side.tapped(self.heads, lambda tap: self.decoder.step(
+            nxt.unsqueeze(1), batch.attn, batch.cache, tap, logits_for=None if everyone else go_on,
+            stop_after=None if go_on else self.deepest))
+        batch.accs = {n: torch.cat([batch.accs[n], v], 1) for n, v in new.items()}
+        batch.logits = logits if everyone else None
+        return logits
 
     def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict) -> None:
         """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""

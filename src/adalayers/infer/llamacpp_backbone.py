@@ -184,13 +184,19 @@ class LlamaCppDecoder:
         seqs = Sequences(self.base.engine, input_ids.shape[0])
         return self.base.run(input_ids, attention.bool(), seqs.ids, [tap] if tap is not None else []), seqs
 
-    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "Sequences", tap
-             ) -> tuple[torch.Tensor, "Sequences"]:
-        """One token per row appended to its sequence, after the tokens it holds (its attention's ones)."""
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "Sequences", tap,
+             logits_for: list[int] | None = None, stop_after: int | None = None
+             ) -> tuple[torch.Tensor | None, "Sequences"]:
+        """One token per row appended to its sequence, after the tokens it holds (its attention's ones).
+        logits_for=[]: the graph ends after state stop_after (default: the final norm), LM head skipped. Other
+        rows' logits cannot be skipped alone here: llama.cpp's last layer computes only the rows whose output is
+        asked for, and the heads read every row's final state; the rows of logits_for are picked afterwards."""
         step = attention[:, -input_ids.shape[1]:].bool()
         start = attention.sum(1) - input_ids.shape[1]
-        logits = self.base.run(input_ids, step, cache.ids, [tap] if tap is not None else [], start=start)
-        return logits, cache
+        none = logits_for is not None and not logits_for
+        stop = (self.base.num_layers - 1 if stop_after is None else stop_after) if none else None
+        logits = self.base.run(input_ids, step, cache.ids, [tap] if tap is not None else [], stop, start=start)
+        return (logits if logits_for is None or none else logits[logits_for]), cache
 
 
 class Sequences:

@@ -39,6 +39,10 @@ from adalayers.kinds import TaskKind
 from adalayers.model.sidetask import shared_tap
 from adalayers.textcheck import check_texts
 
+# generation's passes of at most this many positions (its decode steps, small prefills) run the heads' work
+# for every layer at once after the pass (adalayers.model.fused.FusedTap's defer)
+STEP_POSITIONS = 64
+
 
 class Predictor:
     def __init__(self, runtime: Runtime, heads: list[Head], primary: bool = True,
@@ -231,7 +235,10 @@ class Predictor:
         with self._lock, torch.no_grad():
             for h in heads:
                 h.task.begin()
-            out = run(shared_tap([h.task for h in heads]) if heads else None)
+            tap = shared_tap([h.task for h in heads], defer=STEP_POSITIONS) if heads else None
+            out = run(tap)
+            if tap is not None:
+                tap.flush()  # a decode step's states: every layer at once
             return out, {h.name: h.task.take() for h in heads}
 
     def forward(self, batch: dict, heads: list[Head]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:

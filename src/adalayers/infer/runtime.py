@@ -65,14 +65,20 @@ class Decoder(Protocol):
 
         logits, cache = decoder.prefill(ids, attn, tap)              # (B, T) left-padded -> logits (B, vocab)
         logits, cache = decoder.step(nxt[:, None], attn, cache, tap) # one token per row, attn grown by a column
+        logits, cache = decoder.step(..., logits_for=[0, 2])         # the LM head on rows 0 and 2 only: (2, vocab)
+        None, cache = decoder.step(..., logits_for=[], stop_after=i) # no LM head, the pass may end after state i
+
+    logits_for=[] is the step that only feeds the heads (the last generated tokens, read once more): every
+    row ends with it, so the cache it returns is only dropped (layers after stop_after never saw the token).
     """
 
     def eos_ids(self) -> set[int]: ...
 
     def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, Cache]: ...
 
-    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: Cache, tap
-             ) -> tuple[torch.Tensor, Cache]: ...
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: Cache, tap,
+             logits_for: list[int] | None = None, stop_after: int | None = None
+             ) -> tuple[torch.Tensor | None, Cache]: ...
 
 
 class Runtime(ABC):

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 
 import torch
@@ -60,9 +62,19 @@ class TorchDecoder:
     def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, "KVCache"]:
         return self.step(input_ids, attention, None, tap)
 
-    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "KVCache | None", tap
-             ) -> tuple[torch.Tensor, "KVCache"]:
-        out = torch_forward(self.backbone, input_ids, attention, None if cache is None else cache.cache, tap)
+    def step(self, input_ids: torch.Tensor, attention: torch.Tensor, cache: "KVCache | None", tap,
+             logits_for: list[int] | None = None, stop_after: int | None = None
+             ) -> tuple[torch.Tensor | None, "KVCache"]:
+        """One forward (adalayers.infer.runtime.Decoder.step): the LM head runs on the rows of logits_for
+        only, and not at all when it is empty; the pass then ends after state stop_after (default: the last)."""
+        if logits_for is not None and not logits_for:
+            if cache is None:
+                raise ModelError("a prefill always computes next-token logits")
+            stop = self.backbone.num_layers - 1 if stop_after is None else stop_after
+            torch_forward(self.backbone, input_ids, attention, cache.cache, tap, stop)
+            return None, cache  # extended in place, complete up to the layer of state `stop`
+        with _lm_head_rows(self.model, logits_for):
+            out = torch_forward(self.backbone, input_ids, attention, None if cache is None else cache.cache, tap)
         return out.logits[:, -1], KVCache(cache_of(out))
 
 
@@ -110,14 +122,33 @@ def _pad(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.pad(x, (0, 0, size - x.shape[-2], 0)) if x.shape[-2] < size else x
 
 
+@contextlib.contextmanager
+def _lm_head_rows(model, rows: list[int] | None):
+    """While open, the model's LM head reads only these rows of its input (None: all of them), so its
+    logits are (len(rows), ...) and whatever the model does after it (e.g. Gemma's soft-capping) runs on those."""
+    if rows is None:
+        yield
+        return
+    at = torch.tensor(rows, dtype=torch.long)
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _module, args: (args[0].index_select(0, at.to(args[0].device)), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
-def torch_forward(backbone: Backbone, input_ids: torch.Tensor, attention: torch.Tensor, cache, tap):
+def torch_forward(backbone: Backbone, input_ids: torch.Tensor, attention: torch.Tensor, cache, tap,
+                  stop_after: int | None = None):
     """One forward of a transformers decoder (prefill: cache None; decode: one token per row), KV cache on,
-    `tap` on its layers (None: no hooks): the model's output."""
+    `tap` on its layers (None: no hooks): the model's output. stop_after=i ends it after state i (-> None;
+    the cache passed in holds the new position in the layers that ran)."""
     cache_arg = "cache" if "cache" in _parameters(backbone.model) else "past_key_values"  # renamed in transformers 5.2x
-    with backbone.hooked(tap):
-        return backbone.model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
-                              position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1)
+    return backbone.call_tapped(
+        lambda: backbone.model(input_ids=input_ids, attention_mask=attention, use_cache=True, **{cache_arg: cache},
+                               position_ids=positions(attention)[:, -input_ids.shape[1]:], logits_to_keep=1),
+        tap, stop_after)
 
 
 def cache_of(out):
@@ -127,8 +158,13 @@ def cache_of(out):
 
 
 def _parameters(model) -> frozenset[str]:
-    """The names model.forward takes."""
-    return frozenset(inspect.signature(model.forward).parameters)
+    """The names model.forward takes (read once per model class, not at every decode step)."""
+    return _forward_parameters(type(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(cls) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters) - {"self"}
 
 
 def _as_list(x) -> list:

@@ -233,6 +233,22 @@ class Backbone(nn.Module):
             for h in handles:
                 h.remove()
 
+    def call_tapped(self, call: Callable[[], object], emit: Tap | None, stop_after: int | None = None):
+        """call() (one forward of self.model) with emit(i, Z_i) hooked on its layers (hooked). stop_after=i
+        ends the forward right after state i (early exit: the layers after it and any head on top, e.g. a
+        decoder's LM head, are not run) -> None; else call()'s result."""
+        def emit_then_stop(i, hidden):
+            if emit is not None:
+                emit(i, hidden)
+            if i >= stop_after:
+                raise _StopForward
+
+        try:
+            with self.hooked(emit if stop_after is None else emit_then_stop):
+                return call()
+        except _StopForward:
+            return None
+
     @torch.no_grad()
     def forward(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
         """Run the base; each tap sees (layer index, hidden state) as the layer computes it.
@@ -242,17 +258,13 @@ class Backbone(nn.Module):
         def emit(i, hidden):
             for tap in taps:
                 tap(i, hidden)
-            if stop_after is not None and i >= stop_after:
-                raise _StopForward
 
         inputs = self.model_inputs(batch)
         if self.is_encoder_decoder:  # the main model runs whole: decoder fed the shifted input
             inputs.pop("token_type_ids", None)
             inputs["decoder_input_ids"] = self._decoder_inputs(inputs["input_ids"])
-        try:
-            with self.hooked(emit if taps or stop_after is not None else None):
-                out = self.model(**inputs)
-        except _StopForward:
+        out = self.call_tapped(lambda: self.model(**inputs), emit if taps else None, stop_after)
+        if out is None:
             return BaseOutput(None, None, None)
         last = getattr(out, "last_hidden_state", None)
         if last is None and getattr(out, "encoder_last_hidden_state", None) is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adalayers.model.mixer import activate, layer_features
+from adalayers.model.mixer import activate, layer_features, normalize
 
 _CACHE: "OrderedDict[tuple, tuple[list[torch.Tensor], list[int], torch.Tensor]]" = OrderedDict()
 _CACHE_SIZE = 256
@@ -96,20 +96,63 @@ def accumulate(acc: torch.Tensor | None, f: torch.Tensor, plan: LayerPlan, heads
     return acc.index_add_(acc.dim() - 2, torch.tensor(plan.live, device=acc.device), f.mul_(w))
 
 
+def all_layers(z: torch.Tensor, group: list, weights: torch.Tensor, layers: list[int], k: int,
+               dtype: torch.dtype) -> torch.Tensor | None:
+    """sum_i w_i^(h) LayerNorm(GELU(Z_i) W_i^(h)T) for every head h of a group and the layers i of `layers` at
+    once: z (L, ..., d) holds Z_i for those layers, weights (H, L_all) -> (..., H, k); None: no head uses them.
+
+    One GELU over all the layers, one batched product (L, N, d) x (L, d, H k) with the stacked
+    [W_i^(1); ...; W_i^(H)], one LayerNorm, one weighted sum over the layers: the per-layer arithmetic of
+    `normalized` and `accumulate` in a few calls (a decode step's states are small: the calls, not the
+    arithmetic, cost). Layers no head of the group uses are left out; a head's w_i = 0 zeroes its part.
+    """
+    w = weights[:, layers]  # (H, L)
+    used = [j for j, u in enumerate((w != 0).any(0).tolist()) if u]
+    if not used:
+        return None
+    if len(used) < len(layers):
+        z, w = z[used], w[:, used]
+    stacked = concat_weights([group[h].mixer.proj[layers[j]].weight for j in used for h in range(len(group))])
+    a = activate(z, dtype).flatten(1, -2)  # (L, N, d)
+    f = normalize(torch.bmm(a, stacked.view(len(used), -1, a.shape[-1]).transpose(1, 2)), k)  # (L, N, H, k)
+    acc = (f * w.t().to(f.dtype)[:, None, :, None]).sum(0)
+    return acc.view(*z.shape[1:-1], len(group), k)
+
+
 class FusedTap:
     """tap(i, Z_i) for several SideTasks (after each one's begin()); their end() reads the result.
 
     For inference: no gradient is meant to flow through the shared accumulator, and projection
-    dropout (a training-time option) is not applied.
+    dropout (a training-time option) is not applied. `defer`: a pass of at most that many token
+    positions (a decode step) keeps its states until flush(), which runs every layer at once
+    (all_layers); call flush() after such a pass, before the heads' end() or take().
     """
 
-    def __init__(self, tasks: list) -> None:
+    def __init__(self, tasks: list, defer: int = 0) -> None:
         self.groups = group_heads(tasks)
+        self.defer = defer
         self._acc: dict[tuple, torch.Tensor] = {}
+        self._held: list[tuple[int, torch.Tensor]] = []
         self._weights = {key: torch.stack([t.pass_weights for t in group])  # (H, L)
                          for key, group in self.groups.items()}
 
+    def flush(self) -> None:
+        """The held states' contribution to every head's accumulator (nothing when none is held)."""
+        if not self._held:
+            return
+        layers, z = [i for i, _ in self._held], torch.stack([z for _, z in self._held])
+        self._held = []
+        for key, group in self.groups.items():
+            k, dtype, _ = key
+            acc = all_layers(z, group, self._weights[key], layers, k, dtype)
+            if acc is not None:
+                for h, t in enumerate(group):
+                    t.receive(acc[..., h, :])
+
     def __call__(self, i: int, z: torch.Tensor) -> None:
+        if z.shape[:-1].numel() <= self.defer:
+            self._held.append((i, z.clone()))  # a copy: the base may reuse or change its buffer later in the pass
+            return
         gelu: dict[torch.dtype, torch.Tensor] = {}
         for key, group in self.groups.items():
             plan = layer_plan(group, self._weights[key], i)

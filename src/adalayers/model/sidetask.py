@@ -155,10 +155,11 @@ class SideTask(nn.Module):
         return count(self.trainable_parameters())
 
 
-def shared_tap(tasks: list[SideTask]):
+def shared_tap(tasks: list[SideTask], defer: int = 0):
     """One tap for several heads (after each one's begin()): GELU(Z_i) once per layer and one GEMM
-    for every head's W_i (adalayers.model.fused); each head's end() then reads its own accumulator."""
+    for every head's W_i (adalayers.model.fused); each head's end() then reads its own accumulator.
+    defer > 0: passes of at most that many positions run all layers at once in tap.flush() (FusedTap)."""
     from adalayers.model.fused import FusedTap
 
     # an ensemble (adalayers.model.ensemble) taps through its members
-    return FusedTap([m for t in tasks for m in getattr(t, "members", [t])])
+    return FusedTap([m for t in tasks for m in getattr(t, "members", [t])], defer)
