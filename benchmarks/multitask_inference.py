@@ -115,8 +115,9 @@ def main() -> None:
     fine_tuned = [AutoModelForSequenceClassification.from_pretrained(resolve(args.base), num_labels=n).eval()
                   for n in (5, 2, 1)]
     shared_base = fine_tuned[0].base_model
+    shared = one_pass(backbone, tasks, primary=False)  # the pass users run: Predictor.forward, every head tapping it
     run = {"a": lambda: [backbone(x) for x in cross],
-           "s": lambda: [one_pass(backbone, x, tasks, primary=False) for x in cross],
+           "s": lambda: [shared(x) for x in cross],
            "f": lambda: [m(**x).logits for x in cross for m in fine_tuned],
            "m": lambda: [shared_base(**x) for x in singles]}
     settings = {"base": args.base, "pairs": args.pairs, "batch": args.batch, "max_length": args.max_length,

@@ -29,9 +29,11 @@ FROZEN = ("adalayers", "adalayers-progressive")
 SERVED_AS = {"adalayers": "s", "adalayers-progressive": "s"}  # every other variant: "m"
 
 
-def load(folder: Path) -> dict:
+def load(folder: Path, complete: bool = True) -> dict:
+    """A compare-multitask summary (write it with the run's command and --report-only); `complete`: every variant
+    finished, else exit naming the ones that did not."""
     summary = json.loads((folder / "compare_multitask.json").read_text(encoding="utf-8"))
-    if summary.get("not_run"):
+    if complete and summary.get("not_run"):
         sys.exit(f"{folder}: not finished ({', '.join(summary['not_run'])} not run); run its command to the end")
     return summary
 
@@ -53,9 +55,10 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="*", default=[], help="the same config's folders at other seeds")
     ap.add_argument("--inference", required=True, help="benchmarks/multitask_inference.py's OUT.json")
     ap.add_argument("--out", required=True, help="writes OUT.md and OUT.json")
+    ap.add_argument("--partial", action="store_true", help="--run may have unfinished variants: listed as such")
     args = ap.parse_args()
 
-    main_run = load(Path(args.run))
+    main_run = load(Path(args.run), complete=not args.partial)
     seed_runs = [load(Path(f)) for f in args.seeds]
     for s in seed_runs:
         if {k: v for k, v in s["config"].items() if k != "seed"} != {k: v for k, v in main_run["config"].items()
@@ -82,6 +85,10 @@ def main() -> None:
         rows.append({"variant": name, "results": v["results"], "trainable_params": v["trainable_params"],
                      "train_seconds": v["train_seconds"], "estimate_seconds": est.get(name),
                      "serving_ratio": served})
+    for name in main_run.get("not_run", []):
+        lines.append(f"| {name} | " + " | ".join(["not finished"] * 2 * len(tasks)) + f" | - | - | "
+                     f"{est[name]:.0f} | {cost[SERVED_AS.get(name, 'm')]:.2f} |" if name in est else
+                     f"| {name} | " + " | ".join(["not finished"] * 2 * len(tasks)) + " | - | - | - | - |")
     st = inference["settings"]
     lines += ["", f"Serving (benchmarks/multitask_inference.py, `{st['command']}`): {st['pairs']} STS-B pairs, "
                   f"batch {st['batch']}, {st['threads']} thread(s), {st['repeats']} rotating repeats, AdaLayers heads "
