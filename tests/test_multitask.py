@@ -369,3 +369,25 @@ def test_a_task_may_cap_its_own_training_rows():
         from_dict(mt_config(tasks=tasks))
     with pytest.raises(ConfigError, match="device: must be auto, cpu or cuda"):
         from_dict(mt_config(device="gpu"))
+
+
+@pytest.mark.parametrize("use_pcgrad", [False, True])
+def test_estimate_times_the_trainers_own_steps_of_its_schedule(monkeypatch, use_pcgrad):
+    """The fine-tuned estimate times trainer.Steps' steps (PCGrad's projection included) of each kind the
+    schedule takes, and counts them from the schedule's own plan of an epoch."""
+    from adalayers.lab.multitask import estimate
+    from adalayers.lab.multitask.trainer import load_tasks, schedule_kind
+
+    cfg = from_dict(mt_config(pcgrad=use_pcgrad))
+    datas = load_tasks(cfg)
+    combined = []
+    monkeypatch.setattr(pcgrad, "combine", lambda grads: (combined.append(len(grads)), sum(grads))[1])
+    costs = estimate.finetune_costs(cfg, tiny_backbone(), datas, probe_steps=2)
+    assert costs["kind"] == schedule_kind(cfg) == ("joint" if use_pcgrad else "round_robin")
+    want_shapes = [("t-sent", "t-para", "t-sim")] if use_pcgrad else [("t-sent",), ("t-para",), ("t-sim",)]
+    assert list(costs["step_s"]) == want_shapes and all(s > 0 for s in costs["step_s"].values())
+    assert combined == ([3] * 3 if use_pcgrad else [])  # a warm-up and two timed joint steps, each projecting 3
+    # the schedule's steps at their measured costs: here 24 train rows per task in batches of 8
+    costs = {**costs, "step_s": {k: 1.0 for k in costs["step_s"]}, "eval_row_s": {t: 0.0 for t in datas}}
+    sizes = estimate.rows(datas)
+    assert estimate.finetune_seconds(costs, sizes, epochs=2) == 2 * (3 if use_pcgrad else 9)

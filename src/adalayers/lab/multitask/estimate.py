@@ -1,10 +1,12 @@
 """How long a compare-multitask run will take: a few measured steps, scaled to the data. An estimate.
 
-Fine-tuned variants: `probe_steps` training batches of every task through the variant's own loss
-(SMART, PCGrad's per-task gradients and freezing included) and one evaluation batch per task give
-seconds per training row and per evaluated row, per task (a bi-encoded pair costs two passes):
+Fine-tuned variants: `probe_steps` of the trainer's own steps (trainer.Steps, with SMART, PCGrad's
+per-task gradients and freezing) of each kind the schedule takes (one task's batch; every task's batch
+at once for PCGrad's joint schedule) and one evaluation batch per task give seconds per step and per
+evaluated row (a bi-encoded pair costs two passes); the schedule's own plan of an epoch says how many
+steps of each kind there are:
 
-    seconds ~ epochs * sum_t (train_rows_t * s_train_t + val_rows_t * s_eval_t) + sum_t test_rows_t * s_eval_t
+    seconds ~ epochs * (sum over the epoch's steps of s_step + sum_t val_rows_t * s_eval_t) + sum_t test_rows_t * s_eval_t
 
 Frozen-base (AdaLayers) variants: one base pass per row builds the hidden-state cache (when it is
 not built yet), then each epoch runs only the heads:
@@ -20,10 +22,10 @@ import time
 
 import torch
 
-from adalayers.lab.multitask import pcgrad, smart
-from adalayers.engine.predict import in_order
-from adalayers.lab.multitask.data import collate, encode_rows
+from adalayers.lab.multitask import smart
+from adalayers.lab.multitask.data import encode_rows
 from adalayers.lab.multitask.model import MultitaskModel
+from adalayers.lab.multitask.schedule import plan
 
 
 def _timed(fn, repeats: int) -> float:
@@ -34,35 +36,41 @@ def _timed(fn, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def _probe_rows(data, backbone, vcfg, form, split: str, n: int):
+    return encode_rows(data.splits[split][:n], backbone.tokenizer, vcfg.max_length, form, data.kind, data.labels)
+
+
 def finetune_costs(vcfg, backbone, datas: dict, probe_steps: int = 2) -> dict:
-    """Seconds per training row and per evaluated row of each task for one fine-tuned variant."""
+    """Seconds of one training step of each kind the variant's schedule takes, and per evaluated row of each task.
+
+    The steps are the trainer's own (trainer.Steps: forward, backward with PCGrad's per-task gradients when on,
+    the AdamW step, SMART's EMA update): a single-task step per task for round_robin / proportional, one
+    step over every task at once for the joint schedule PCGrad uses.
+    """
     from adalayers.lab.multitask import trainer
 
     model = MultitaskModel(backbone, vcfg.tasks, datas, vcfg.freeze, vcfg.freeze_upstream)
-    shared = model.shared_parameters()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=vcfg.lr)
+    bs, ebs = vcfg.batch_size, vcfg.eval_batch_size
+    rows = {t: {"train": _probe_rows(d, backbone, vcfg, model.forms[t], "train", bs)} for t, d in datas.items()}
     ema = smart.EMA(model, vcfg.smart.beta) if vcfg.smart.enabled and vcfg.smart.mu else None
-    bs, ebs, costs = vcfg.batch_size, vcfg.eval_batch_size, {}
+    steps = trainer.Steps(model, vcfg, rows, {s.name: s.weight for s in vcfg.tasks}, ema)
+    opt = torch.optim.AdamW(steps.param_groups(), lr=vcfg.lr)
+
+    def step(tasks: tuple[str, ...]):
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        steps.backward(steps({"steps": [(t, list(range(len(rows[t]["train"])))) for t in tasks]}))
+        opt.step()
+        steps.after_step()
+
+    kind = trainer.schedule_kind(vcfg)
+    shapes = [tuple(datas)] if kind == "joint" else [(t,) for t in datas]
+    eval_row_s = {}
     for t, data in datas.items():
-        train = encode_rows(data.splits["train"][:bs], backbone.tokenizer, vcfg.max_length, model.forms[t],
-                            data.kind, data.labels)
-        val = encode_rows(data.splits["validation"][:ebs], backbone.tokenizer, vcfg.max_length, model.forms[t],
-                          data.kind, data.labels)
-        batch = collate(train, in_order(len(train), bs)[0], model.pad_id)
-
-        def step():
-            model.train()
-            opt.zero_grad(set_to_none=True)
-            trainer.task_loss(model, t, batch, vcfg, 1.0, ema).backward()
-            if vcfg.pcgrad and shared:
-                pcgrad.flat_grad(shared)
-            opt.step()
-            if ema:
-                ema.update(model)
-
-        costs[t] = {"train_row_s": _timed(step, probe_steps) / len(train),
-                    "eval_row_s": _timed(lambda: trainer.predict(model, t, val, ebs), 1) / len(val)}
-    return costs
+        val = _probe_rows(data, backbone, vcfg, model.forms[t], "validation", ebs)
+        eval_row_s[t] = _timed(lambda: trainer.predict(model, t, val, ebs), 1) / len(val)
+    return {"kind": kind, "batch_size": bs, "seed": vcfg.seed, "eval_row_s": eval_row_s,
+            "step_s": {shape: _timed(lambda: step(shape), probe_steps) for shape in shapes}}
 
 
 def adalayers_costs(mcfg, backbone, datas: dict, probe_steps: int = 2) -> dict:
@@ -108,8 +116,13 @@ def rows(datas: dict) -> dict:
 
 
 def finetune_seconds(costs: dict, sizes: dict, epochs: int) -> float:
-    return sum(epochs * (sizes[t]["train"] * c["train_row_s"] + sizes[t].get("validation", 0) * c["eval_row_s"])
-               + sizes[t].get("test", 0) * c["eval_row_s"] for t, c in costs.items())
+    """epochs * (the schedule's steps of an epoch, each at its measured cost + the validation rows) + the test rows."""
+    train = {t: n["train"] for t, n in sizes.items()}
+    epoch_steps = plan(costs["kind"], train, costs["batch_size"], costs["seed"])
+    step_s = sum(costs["step_s"][tuple(t for t, _ in step)] for step in epoch_steps)
+    evaluate = sum(sizes[t].get("validation", 0) * s for t, s in costs["eval_row_s"].items())
+    test = sum(sizes[t].get("test", 0) * s for t, s in costs["eval_row_s"].items())
+    return epochs * (step_s + evaluate) + test
 
 
 def adalayers_seconds(costs: dict, sizes: dict, max_epochs: int, cache_built: bool) -> float:

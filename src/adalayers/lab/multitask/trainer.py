@@ -56,6 +56,11 @@ def task_loss(model, name: str, batch: dict, mcfg, weight: float, ema) -> torch.
     return weight * loss
 
 
+def schedule_kind(mcfg) -> str:
+    """The schedule a config trains with: PCGrad needs every task's gradient in one step (joint)."""
+    return "joint" if mcfg.pcgrad else mcfg.schedule
+
+
 class Steps(nn.Module):
     """The multi-task model as an adalayers.engine Trainable. A batch is one step of the schedule,
     {"steps": [(task, batch), ...]}; its outputs are the tasks' weighted losses (SMART's terms need
@@ -177,7 +182,7 @@ def train(mcfg, backbone, datas: dict | None = None, log=None) -> dict:
     settings = FitSettings(lr=mcfg.lr, max_epochs=mcfg.max_epochs, weight_decay=mcfg.weight_decay,
                            grad_clip=mcfg.grad_clip, precision=mcfg.precision, seed=mcfg.seed, schedule="constant",
                            desc="multitask")
-    summary = fit(steps, _Plan("joint" if mcfg.pcgrad else mcfg.schedule, sizes, mcfg, validate), settings,
+    summary = fit(steps, _Plan(schedule_kind(mcfg), sizes, mcfg, validate), settings,
                   device, keep_best=True)
     results = {t: {split: score(model, t, rows[t][split], datas[t], mcfg.eval_batch_size, autocast)
                    for split in ("validation", "test") if split in rows[t]} for t in rows}
