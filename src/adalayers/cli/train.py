@@ -24,6 +24,8 @@ def cmd_train(args) -> int:
     from adalayers.cli import recipes
 
     cfg = load_config(args)
+    if args.select_layers is not None:
+        return _select(cfg, args)
     metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None, overwrite=args.overwrite)
     from adalayers.engine import distributed
 
@@ -38,6 +40,25 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _select(cfg, args) -> int:
+    import sys
+
+    from adalayers.recipes.select import select_layers
+
+    if args.resume:
+        raise AdaLayersError("--resume: with --select-layers, run the same command again (finished candidates "
+                             "are reused)")
+    out = Path(args.out)
+    select_layers(cfg, out, args.select_layers, command="adalayers " + " ".join(sys.argv[1:]),
+                  overwrite=args.overwrite)
+    from adalayers.engine import distributed
+
+    if distributed.is_main():
+        print((out / "selection.md").read_text(encoding="utf-8"))
+        print(f"run folder: {out} (the chosen candidate; every candidate is in {out / 'candidates'})")
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("train", help="train a side-task head on a frozen base")
     add_config_args(p, optional=True)
@@ -47,6 +68,10 @@ def add_commands(sub) -> None:
                         "holds an unfinished run)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished run in --out; the old run stays intact until the new one has finished")
+    p.add_argument("--select-layers", type=int, metavar="K",
+                   help="train the mixer, then its K most favoured single layers alone (from the same base "
+                        "pass or cache), and keep the best on validation as --out's run; OUT/selection.md says "
+                        "which won and why")
     from adalayers.data.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config

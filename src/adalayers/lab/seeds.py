@@ -172,6 +172,9 @@ def cmd_train(train, args) -> int:
         return train(args)
     from adalayers.cli.train import load_config
 
+    if getattr(args, "select_layers", None) is not None:
+        raise ConfigError("--select-layers: not with --seeds; select on one seed, then run the chosen layer's "
+                          "config with --seeds")
     if args.ensemble and (args.seeds or 1) < 2:
         raise ConfigError("--ensemble: needs --seeds N with N >= 2")
     if args.resume:

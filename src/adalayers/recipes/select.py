@@ -1,0 +1,162 @@
+"""`adalayers train CONFIG --out OUT --select-layers K`: the mixer and its K most favoured single layers,
+each trained from the same prepared base and data, the best on validation kept as OUT's run.
+
+1. The mixer (AdaLayers over every layer) trains into OUT/candidates/adalayers/.
+2. Its candidates: the K layers with the largest peak weight in its epoch log (log.jsonl, every epoch up to
+   its best). The peak, not the final weight: the mix concentrates in its first epochs on the layers that
+   help, and may then drift towards the layers that fit the training sentences (docs/results.md, "Where the
+   mixer loses to a single layer").
+3. Each candidate layer trains alone (mixer.pin_layer = i) into OUT/candidates/layer_<i>/.
+4. The candidate with the highest validation main metric wins (a tie goes to the mixer, then to the lower
+   layer); its run files are copied into OUT, which is then a run folder like any other (predict, serve,
+   export). OUT/selection.json and OUT/selection.md list every candidate with its validation (and test)
+   metric and training time, and say which won and why. Test never takes part in the choice.
+
+A candidate folder that holds a finished run of the same settings is reused, so an interrupted selection
+resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from adalayers import config as config_mod
+from adalayers.engine import distributed
+from adalayers.errors import ConfigError, RunError
+from adalayers.files import atomic_write, write_json
+from adalayers.store import run as runlib
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = "candidates"
+SELECTION = "selection.json"
+# settings that do not change what a run learns: a finished candidate is reused even if they differ
+_IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}}
+
+
+@dataclass
+class Candidate:
+    name: str                      # "adalayers" or "layer <i>"
+    folder: str                    # relative to OUT
+    pin_layer: int | None
+    validation: float
+    test: float | None
+    train_seconds: float
+
+
+def peak_weights(log_entries: list[dict], best_epoch: int | None) -> list[float]:
+    """Each layer's largest weight over the epochs up to the best one (all epochs when it is unknown)."""
+    rows = [e["layer_weights"] for e in log_entries
+            if e.get("layer_weights") and (best_epoch is None or e["epoch"] <= best_epoch)]
+    if not rows:
+        raise RunError("the mixer's epoch log holds no layer weights; cannot rank its layers")
+    return [max(col) for col in zip(*rows)]
+
+
+def candidate_layers(peaks: list[float], k: int) -> list[int]:
+    """The k layers of largest peak weight (ties: the lower layer), in layer order."""
+    ranked = sorted(range(len(peaks)), key=lambda i: (-peaks[i], i))
+    return sorted(ranked[:k])
+
+
+def choose(candidates: list[Candidate]) -> Candidate:
+    """Highest validation; a tie goes to the mixer (no choice made on the data), then to the lower layer."""
+    return max(candidates, key=lambda c: (c.validation, c.pin_layer is None, -(c.pin_layer or 0)))
+
+
+def _read_log(run_dir: Path) -> list[dict]:
+    path = run_dir / "log.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _train_or_reuse(cfg, run_dir: Path, prepared) -> dict:
+    from adalayers.cli import recipes
+
+    if (run_dir / "metrics.json").is_file():
+        stored = runlib.read_config(run_dir)["config"]
+        if not config_mod.differences(stored, cfg.to_dict(), _IGNORED):
+            log.info("select-layers: %s holds a finished run of these settings; reusing it", run_dir)
+            return json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    return recipes.train(cfg, run_dir, prepared=prepared, overwrite=True)
+
+
+def _candidate(name: str, out: Path, run_dir: Path, metrics: dict, main: str, pin: int | None) -> Candidate:
+    test = metrics.get("test", {}).get(main)
+    return Candidate(name, str(run_dir.relative_to(out)), pin, float(metrics["validation"][main]),
+                     None if test is None else float(test), float(metrics.get("train_seconds", 0.0)))
+
+
+def _copy_run(src: Path, out: Path) -> None:
+    """The winner's run files into `out`, each by rename from a temporary copy, metrics.json last (a run is
+    finished when it has one); `out`'s own older run files that the winner lacks are removed first."""
+    names = sorted(p.name for p in src.iterdir() if p.is_file())
+    (out / "metrics.json").unlink(missing_ok=True)
+    for p in out.iterdir():
+        if p.is_file() and p.name not in names and p.name not in (SELECTION, "selection.md"):
+            p.unlink()
+    for name in sorted(names, key=lambda n: n == "metrics.json"):
+        tmp = out / f".{name}.tmp"
+        shutil.copy2(src / name, tmp)
+        os.replace(tmp, out / name)
+
+
+def table(summary: dict) -> str:
+    main, chosen = summary["metric"], summary["chosen"]
+    lines = [f"Command: `{summary['command']}`", "",
+             f"Candidates: the mixer and its {summary['k']} layers of largest peak weight "
+             f"(peaks over its epochs up to its best: {', '.join(f'layer {i} {w:.3f}' for i, w in summary['peaks'])}).",
+             "", f"| candidate | validation {main} | test {main} | training s |", "|---|---:|---:|---:|"]
+    for c in summary["candidates"]:
+        mark = " **(chosen)**" if c["name"] == chosen else ""
+        test = "-" if c["test"] is None else f"{c['test']:.4f}"
+        lines.append(f"| {c['name']}{mark} | {c['validation']:.4f} | {test} | {c['train_seconds']:.1f} |")
+    lines += ["", summary["why"], ""]
+    return "\n".join(lines)
+
+
+def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = False) -> dict:
+    """Train the candidates, copy the winner's run into `out`, write selection.json/.md; returns the summary."""
+    from adalayers.cli import recipes
+
+    if k < 1:
+        raise ConfigError(f"--select-layers: must be at least 1 (candidate single layers), got {k}")
+    if cfg.mixer.pin_layer is not None:
+        raise ConfigError("--select-layers: the config pins mixer.pin_layer; selection trains the mixer and "
+                          "picks the layers itself (leave mixer.pin_layer unset)")
+    out = Path(out)
+    if (out / "metrics.json").is_file() and not (out / SELECTION).is_file() and not overwrite:
+        raise RunError(f"{out} holds a finished run that no selection made; give --overwrite to replace it, or "
+                       f"choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    prepared = recipes.prepare(cfg)
+    main = prepared[1].main_metric
+    cands = out / CANDIDATES
+    mix_dir = cands / "adalayers"
+    mix = _train_or_reuse(cfg, mix_dir, prepared)
+    peaks = peak_weights(_read_log(mix_dir), mix.get("best_epoch"))
+    layers = candidate_layers(peaks, min(k, len(peaks)))
+    log.info("select-layers: the mixer's peak layer weights rank layers %s first; training each alone", layers)
+    found = [_candidate("adalayers", out, mix_dir, mix, main, None)]
+    for i in layers:
+        run_dir = cands / f"layer_{i}"
+        cfg_i = config_mod.from_dict(cfg.to_dict(), [f"mixer.pin_layer={i}"])
+        found.append(_candidate(f"layer {i}", out, run_dir, _train_or_reuse(cfg_i, run_dir, prepared), main, i))
+    best = choose(found)
+    runner_up = max((c for c in found if c is not best), key=lambda c: c.validation, default=None)
+    why = (f"Chosen: {best.name}, the highest validation {main} ({best.validation:.4f}"
+           + (f"; next {runner_up.name}, {runner_up.validation:.4f}" if runner_up else "") + ").")
+    summary = {"command": command, "metric": main, "k": len(layers),
+               "peaks": [(i, round(w, 6)) for i, w in sorted(enumerate(peaks), key=lambda p: -p[1])[:len(layers)]],
+               "candidates": [asdict(c) for c in found], "chosen": best.name, "chosen_folder": best.folder,
+               "why": why, "train_seconds_total": round(sum(c.train_seconds for c in found), 2)}
+    if distributed.is_main():
+        _copy_run(out / best.folder, out)
+        write_json(out / SELECTION, summary)
+        atomic_write(out / "selection.md", table(summary))
+    distributed.barrier()
+    log.info("select-layers: %s", why)
+    return summary

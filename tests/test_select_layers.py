@@ -1,0 +1,94 @@
+"""`adalayers train --select-layers K`: the mixer and its K most favoured single layers, the best on validation
+kept as the run (tiny runs of a random 2-layer BERT)."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adalayers import cli
+from adalayers.cli import recipes
+from adalayers.errors import ConfigError
+from adalayers.recipes import select
+from adalayers.recipes.select import Candidate, candidate_layers, choose, peak_weights
+
+from tinymodels import imdb_tarball, tiny_bert, tiny_config
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    model = tiny_bert(root / "model")
+    imdb_tarball(root / "data", per_class=12, test_per_class=6)
+    return model, root / "data"
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv("ADALAYERS_DATA", raising=False)
+
+
+def test_peaks_are_taken_up_to_the_best_epoch_and_rank_the_layers():
+    log = [{"epoch": 1, "layer_weights": [0.1, 0.6, 0.3]},
+           {"epoch": 2, "layer_weights": [0.2, 0.3, 0.5]},
+           {"epoch": 3, "layer_weights": [0.9, 0.05, 0.05]}]  # after the best epoch: not counted
+    assert peak_weights(log, best_epoch=2) == [0.2, 0.6, 0.5]
+    assert peak_weights(log, best_epoch=None) == [0.9, 0.6, 0.5]
+    assert candidate_layers([0.2, 0.6, 0.5], 2) == [1, 2]
+    assert candidate_layers([0.5, 0.2, 0.5], 1) == [0]  # a tie goes to the lower layer
+
+
+def test_the_highest_validation_wins_and_a_tie_goes_to_the_mixer_then_the_lower_layer():
+    def c(name, pin, val):
+        return Candidate(name, name, pin, val, None, 1.0)
+    assert choose([c("adalayers", None, 0.5), c("layer 1", 1, 0.6), c("layer 2", 2, 0.55)]).name == "layer 1"
+    assert choose([c("layer 2", 2, 0.6), c("adalayers", None, 0.6), c("layer 1", 1, 0.6)]).name == "adalayers"
+    assert choose([c("layer 2", 2, 0.6), c("layer 1", 1, 0.6)]).name == "layer 1"
+
+
+def test_select_layers_trains_the_candidates_keeps_the_best_as_the_run_and_resumes(world, tmp_path, monkeypatch):
+    model, data = world
+    out = tmp_path / "sel"
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 2})
+    trained = []
+    real_train = recipes.train
+    monkeypatch.setattr(recipes, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
+    s = select.select_layers(cfg, out, 2, command="adalayers train x --select-layers 2")
+    assert trained[0] == "adalayers" and sorted(trained[1:]) == sorted(f"layer_{i}" for i in
+                                                                     (c["pin_layer"] for c in s["candidates"][1:]))
+    assert len(s["candidates"]) == 3 and s["k"] == 2
+    # the candidates are the mixer's two largest peak weights up to its best epoch
+    log = [json.loads(x) for x in (out / "candidates/adalayers/log.jsonl").read_text().splitlines()]
+    best_epoch = json.loads((out / "candidates/adalayers/metrics.json").read_text())["best_epoch"]
+    peaks = peak_weights(log, best_epoch)
+    assert [c["pin_layer"] for c in s["candidates"][1:]] == candidate_layers(peaks, 2)
+    # the winner has the highest validation metric, and OUT is its run, file for file
+    vals = {c["name"]: c["validation"] for c in s["candidates"]}
+    assert vals[s["chosen"]] == max(vals.values())
+    winner = out / s["chosen_folder"]
+    for f in winner.iterdir():
+        if f.is_file():
+            assert (out / f.name).read_bytes() == f.read_bytes(), f.name
+    assert recipes.evaluate(out)["mcc"] == json.loads((winner / "metrics.json").read_text())["test"]["mcc"]
+    md = (out / "selection.md").read_text(encoding="utf-8")
+    assert f"| {s['chosen']} **(chosen)** |" in md and "Chosen: " in md
+    assert json.loads((out / "selection.json").read_text())["chosen"] == s["chosen"]
+    # a second call reuses every finished candidate
+    trained.clear()
+    assert select.select_layers(cfg, out, 2)["chosen"] == s["chosen"] and trained == []
+
+
+def test_select_layers_refuses_what_it_cannot_do(world, tmp_path, capsys):
+    model, data = world
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()), encoding="utf-8")
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "o"), "--select-layers", "0"]) == 2
+    assert "--select-layers: must be at least 1" in capsys.readouterr().err
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "o"), "--select-layers", "2",
+                     "--set", "mixer.pin_layer=1"]) == 2
+    assert "leave mixer.pin_layer unset" in capsys.readouterr().err
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "o"), "--select-layers", "2", "--seeds", "2"]) == 2
+    assert "not with --seeds" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        select.select_layers(cfg, tmp_path / "o", -1)
