@@ -18,6 +18,8 @@ declare -A ROWS=(
   [logit_lr10]="--set mixer.logit_lr_scale=10"
   [logit_lr01]="--set mixer.logit_lr_scale=0.1"
   [entropy]="--set mixer.entropy_lambda=0.01"
+  [freeze2]="--set mixer.freeze_after=2"
+  [freeze3]="--set mixer.freeze_after=3"
 )
 mkdir -p "$OUT"
 for row in "$@"; do

@@ -113,3 +113,41 @@ def test_out_of_range_options_are_one_line_errors(field, value, message):
     cfg = Config()
     setattr(cfg.mixer, field, value)
     assert message in validate(cfg)
+
+
+def test_freeze_after_stops_the_layer_weights_and_nothing_else_also_across_a_resume(tmp_path, monkeypatch):
+    """mixer.freeze_after=1: the layer weights of epochs 2-3 are epoch 1's, while the head goes on learning; a run
+    stopped after epoch 2 and resumed freezes them too; without the option they move."""
+    import json
+
+    from adalayers.cli import recipes
+    from tinymodels import imdb_tarball, tiny_bert, tiny_config
+
+    monkeypatch.delenv("ADALAYERS_DATA", raising=False)
+    model = tiny_bert(tmp_path / "model")
+    imdb_tarball(tmp_path / "data", per_class=12, test_per_class=6)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_2(epoch, metric):
+        if epoch == 2:
+            raise Stop
+
+    def weights(run, on_epoch=None, **train):
+        cfg = tiny_config(model, tmp_path / "data", "imdb", train={"early_stopping": 100, **train},
+                          mixer={"freeze_after": 1} if run != "free" else {})
+        recipes.train(cfg, tmp_path / run, resume=None, on_epoch=on_epoch)
+        log = [json.loads(x) for x in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+        return [e["layer_weights"] for e in log], [e["train_loss"] for e in log]
+
+    frozen, losses = weights("frozen", max_epochs=3)
+    assert frozen[1] == frozen[0] and frozen[2] == frozen[0] and len(set(losses)) == 3
+    free, _ = weights("free", max_epochs=3)
+    assert free[1] != free[0]
+    assert free[0] == frozen[0]  # the first epoch is the same run
+    # stopped after epoch 2, then resumed: the weights stay frozen
+    with pytest.raises(Stop):
+        weights("resumed", on_epoch=stop_after_2, max_epochs=3)
+    resumed, _ = weights("resumed", max_epochs=3)
+    assert resumed == frozen

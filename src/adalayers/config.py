@@ -185,6 +185,10 @@ class MixerConfig(Section):
                                            "dropout); 0 = off.")
     logit_lr_scale: float = setting(1.0, "The mixing logits p learn at train.lr times this (the rest of the head at "
                                          "train.lr); 1 = one learning rate for everything.", gt=0)
+    freeze_after: int | None = setting(None, "Training only: the mixing logits p stop learning after this many "
+                                             "epochs (the layer weights stay as they were then; the projections "
+                                             "and the head go on learning); None = they learn throughout.", ge=0,
+                                       le=1_000_000)
 
 
 class HeadConfig(Section):

@@ -107,6 +107,10 @@ class AdaLayersMixer(nn.Module):
             w = w / w.sum()
         return w
 
+    def learn_weights(self, on: bool) -> None:
+        """Whether the mixing logits p learn (mixer.freeze_after turns them off between epochs)."""
+        self.p.requires_grad_(on)
+
     def pass_weights(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """The weights one pass mixes with: layer_weights(), and in training with mixer.layer_dropout > 0
         a draw of drop_layers (a new one per batch)."""

@@ -60,8 +60,23 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
                            main_metric=data.main_metric)
 
     feed = SplitFeed(encoded["train"], tc.batch_size, pad_id, validate)
+    if cfg.mixer.freeze_after is not None:
+        feed = FreezeMix(feed, task.mixer, cfg.mixer.freeze_after)
     return engine_fit(Fed(task, source), feed, FitSettings.of(tc), backbone.device, run_dir=run_dir,
                       resume_key=cfg.to_dict(), differences=resume_differences, resume=resume, on_best=save_best, on_epoch=on_epoch)
+
+
+class FreezeMix:
+    """A training feed whose epochs after `after` run with the mixing logits frozen (mixer.freeze_after). The
+    switch is made as each epoch starts, so a resumed run freezes them too."""
+
+    def __init__(self, feed, mixer, after: int):
+        self.feed, self.mixer, self.after = feed, mixer, after
+        self.steps, self.validate = feed.steps, feed.validate
+
+    def epoch(self, epoch: int, generator):
+        self.mixer.learn_weights(epoch <= self.after)
+        return self.feed.epoch(epoch, generator)
 
 
 def _flat(m: dict) -> dict:
