@@ -117,3 +117,49 @@ def test_a_request_waiting_for_room_is_cancelled_at_once(tmp_path):
     while scheduler.stats()["generations_waiting"] and time.time() < deadline:
         time.sleep(0.01)
     assert scheduler.stats()["largest_step_rows"] == 1 and scheduler.stats()["generations_waiting"] == 0
+
+
+@pytest.mark.parametrize("where", ["sample", "output", "stop"])
+def test_a_request_whose_own_step_work_fails_fails_alone(where, tmp_path, monkeypatch):
+    """One request's own part of a shared decode step (its sampling, its heads' outputs, its stop strings) raises:
+    that request gets the error and its rows leave; the requests decoding beside it get what they get alone."""
+    from adalayers.infer import generate as gen
+
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    good = [(["the dog runs quickly and"], dict(max_new_tokens=6, steps=True)),
+            (["a book", "she loves"], dict(max_new_tokens=5, ignore_eos=True))]
+    alone = [generate(side, p, **kw) for p, kw in good]
+    bad_kw = dict(max_new_tokens=6, ignore_eos=True, temperature=0.5, do_sample=True, seed=1)
+    if where == "stop":
+        bad_kw["stop"] = ["zzz"]
+    broken = RuntimeError(f"one request's {where} failed")
+    if where == "sample":
+        real = gen.sample
+        monkeypatch.setattr(gen, "sample", lambda logits, do, temp, *a: (_ for _ in ()).throw(broken)
+                            if temp == 0.5 else real(logits, do, temp, *a))
+    elif where == "output":
+        real_output = gen._output
+        monkeypatch.setattr(gen, "_output", lambda head, values, offsets, text, answer=None:
+                            (_ for _ in ()).throw(broken) if text.startswith("mary") and answer
+                            else real_output(head, values, offsets, text, answer))
+    else:
+        real_text = gen.answer_text
+        monkeypatch.setattr(gen, "answer_text", lambda tok, p, g: (_ for _ in ()).throw(broken)
+                            if "mary" in tok.decode(p) else real_text(tok, p, g))
+    scheduler = Scheduler(side)
+    go, step = threading.Event(), scheduler._step
+    scheduler._step = lambda batch: (go.wait(timeout=60), step(batch))[1]  # all three prefilled before step 1
+    streams = [scheduler.stream(p, **kw) for p, kw in good] + [scheduler.stream(["mary sees"], **bad_kw)]
+    firsts = [next(s) for s in streams]  # every request's prefill has run
+    go.set()
+    assert all(f["event"] == "prompt" for f in firsts)
+    with pytest.raises(RuntimeError, match=f"one request's {where} failed"):
+        list(streams[2])
+    for s, ref in zip(streams[:2], alone):
+        events = list(s)
+        assert events[-1]["event"] == "done"
+        for mine, want in zip(events[-1]["results"], ref):
+            assert mine["text"] == want["text"]
+            _close(mine, want)
+    assert scheduler.stats()["largest_step_rows"] == 4  # the three requests did share steps

@@ -214,45 +214,52 @@ class Generation:
 
     def step(self, batch: Batch) -> Batch | None:
         """One token for every row; rows that end leave; each request gets its step (and done) event.
-        -> the rows still going (None: none)."""
-        rows = batch.rows
+        -> the rows still going (None: none). What is one request's own (sampling, stop strings, its heads'
+        outputs) fails that request alone: it gets the error and its rows leave; the forward is everyone's."""
+        rows, failed = batch.rows, {}
         nxt = torch.empty(len(rows), dtype=torch.long, device=batch.logits.device)
         for job, idx in _by_job(rows).items():
-            nxt[idx] = sample(batch.logits[idx], *job.sampling)
-        live = [int(t) not in r.owner.eos for t, r in zip(nxt.tolist(), rows)]
+            _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], *job.sampling)))
+        live = [r.owner not in failed and int(t) not in r.owner.eos for t, r in zip(nxt.tolist(), rows)]
         for r, t, ok in zip(rows, nxt.tolist(), live):
-            if not ok:
+            if ok:
+                _own(failed, r.owner, lambda: self._next_token(r, t))
+            elif r.owner not in failed:
                 r.finish = "eos"
-                continue
-            r.generated.append(t)
-            if r.owner.stop and any(s in answer_text(self.tok, r.prompt_ids, r.generated) for s in r.owner.stop):
-                r.finish = "stop"
-            elif len(r.generated) >= r.owner.max_new:
-                r.finish = "length"
-        jobs = {id(r.owner): r.owner for r in rows}.values()
-        events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
-                      "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
-        self._finish(batch, [i for i, ok in enumerate(live) if not ok])  # end of text: that token is not read
-        going = [i for i, ok in enumerate(live) if ok]
+        self._finish(batch, [i for i, r in enumerate(rows) if r.finish == "eos"], failed)  # that token is not read
+        going = [i for i, (ok, r) in enumerate(zip(live, rows)) if ok and r.owner not in failed]
         batch, nxt = batch.keep(going), nxt[going]
         go_on = [i for i, r in enumerate(batch.rows) if not r.finish]  # the rows that need next-token logits
         logits = None
         if batch.rows and (self.heads or go_on):  # heads read the last token too
             logits = self._decode(batch, nxt, go_on)
-        self._step_values(batch, nxt, events)
+        jobs = [j for j in {id(r.owner): r.owner for r in rows}.values() if j not in failed]
+        events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
+                      "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
+        self._step_values(batch, nxt, events, failed)
+        self._finish(batch, [i for i, r in enumerate(batch.rows) if r.finish], failed)
         for job in jobs:
+            if job in failed:
+                continue
             job.events.put({"event": "step", "step": job.step, **events[job]})
             job.step += 1
-        done = [i for i, r in enumerate(batch.rows) if r.finish]
-        self._finish(batch, done)
-        for job in jobs:
             if all(r is not None for r in job.results):
                 job.events.put({"event": "done", "results": job.results})
-        keep = [i for i, r in enumerate(batch.rows) if not r.finish]
-        batch = batch.keep(keep) if done else batch
+        for job, error in failed.items():
+            job.events.put(error)
+            job.cancelled.set()
+        keep = [i for i, r in enumerate(batch.rows) if not r.finish and r.owner not in failed]
+        batch = batch.keep(keep)
         if batch.rows and batch.logits is None:  # the LM head ran on go_on's rows only
             batch.logits = logits[[go_on.index(i) for i in keep]]
         return batch if batch.rows else None
+
+    def _next_token(self, r: Row, t: int) -> None:
+        r.generated.append(t)
+        if r.owner.stop and any(s in answer_text(self.tok, r.prompt_ids, r.generated) for s in r.owner.stop):
+            r.finish = "stop"
+        elif len(r.generated) >= r.owner.max_new:
+            r.finish = "length"
 
     def _decode(self, batch: Batch, nxt: torch.Tensor, go_on: list[int]) -> torch.Tensor | None:
         """Feed every row its token, the heads tapping the step (their accumulators grow by one column). The
@@ -268,20 +275,23 @@ class Generation:
         batch.logits = logits if everyone else None
         return logits
 
-    def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict) -> None:
+    def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict, failed: dict) -> None:
         """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""
         needed = sorted({n for r in batch.rows for n in r.owner.stepped})
         values = {n: self._read(batch, n, list(range(len(batch.rows)))) for n in needed}
         for i, (r, t) in enumerate(zip(batch.rows, nxt.tolist())):
-            ev = events[r.owner]
-            ev["tokens"][r.index], ev["ids"][r.index] = self.tok.decode([t]), t
-            for n in r.owner.stepped:
-                v = values[n][i].tolist()
-                ev["values"][n][r.index] = v
-                r.steps.setdefault(n, []).append(v)
-            for n, (label, threshold) in r.owner.guard.items():
-                if values[n][i][self.side.heads[n].task.labels.index(label)] >= threshold:
-                    r.finish = "guard"
+            _own(failed, r.owner, lambda: self._row_values(r, t, {n: v[i] for n, v in values.items()},
+                                                         events[r.owner]))
+
+    def _row_values(self, r: Row, t: int, values: dict, ev: dict) -> None:
+        ev["tokens"][r.index], ev["ids"][r.index] = self.tok.decode([t]), t
+        for n in r.owner.stepped:
+            v = values[n].tolist()
+            ev["values"][n][r.index] = v
+            r.steps.setdefault(n, []).append(v)
+        for n, (label, threshold) in r.owner.guard.items():
+            if values[n][self.side.heads[n].task.labels.index(label)] >= threshold:
+                r.finish = "guard"
 
     def _read(self, batch: Batch, name: str, idx: list[int]) -> torch.Tensor:
         """Head `name` on the rows at idx: those whose request reads the answer alone under the answer mask."""
@@ -295,24 +305,38 @@ class Generation:
                     out[i] = v
         return torch.stack([out[i] for i in idx])
 
-    def _finish(self, batch: Batch, idx: list[int]) -> None:
+    def _finish(self, batch: Batch, idx: list[int], failed: dict) -> None:
         """The results of the rows at idx (they leave the batch after this)."""
         for i in idx:
-            r, job = batch.rows[i], batch.rows[i].owner
-            text, spans = answer(self.tok, r.prompt_ids, r.generated)
-            wrapped = job.wrapped[r.index]
-            res = {"prompt": job.prompts[r.index], "text": cut(text, job.stop), "tokens": len(r.generated),
-                   "token_ids": r.generated, "finish": r.finish or "length", "prompt_tasks": job.prompt_json[r.index],
-                   "tasks": {}}
-            for n in job.names:
-                value = self._read(batch, n, [i])[0]
-                if self.side.heads[n].kind == TaskKind.TOKENS:
-                    value = value[r.start:]
-                res["tasks"][n] = _output(self.side.heads[n], value, r.offsets, wrapped + text,
-                                          [(len(wrapped) + a, len(wrapped) + e) for a, e in spans])
-            if job.stepped:
-                res["steps"] = {n: r.steps.get(n, []) for n in job.stepped}
-            job.results[r.index] = res
+            _own(failed, batch.rows[i].owner, lambda: self._result(batch, i))
+
+    def _result(self, batch: Batch, i: int) -> None:
+        r, job = batch.rows[i], batch.rows[i].owner
+        text, spans = answer(self.tok, r.prompt_ids, r.generated)
+        wrapped = job.wrapped[r.index]
+        res = {"prompt": job.prompts[r.index], "text": cut(text, job.stop), "tokens": len(r.generated),
+               "token_ids": r.generated, "finish": r.finish or "length", "prompt_tasks": job.prompt_json[r.index],
+               "tasks": {}}
+        for n in job.names:
+            value = self._read(batch, n, [i])[0]
+            if self.side.heads[n].kind == TaskKind.TOKENS:
+                value = value[r.start:]
+            res["tasks"][n] = _output(self.side.heads[n], value, r.offsets, wrapped + text,
+                                      [(len(wrapped) + a, len(wrapped) + e) for a, e in spans])
+        if job.stepped:
+            res["steps"] = {n: r.steps.get(n, []) for n in job.stepped}
+        job.results[r.index] = res
+
+
+def _own(failed: dict, job: Job, work) -> None:
+    """Run one request's own part of a step; an error fails that request (recorded in `failed`), not the step.
+    A request that has failed already is skipped."""
+    if job in failed:
+        return
+    try:
+        work()
+    except Exception as e:  # noqa: BLE001  (any error of one request's own work is that request's answer)
+        failed[job] = e
 
 
 def _by_job(rows: list[Row]) -> dict:
