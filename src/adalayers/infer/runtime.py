@@ -30,7 +30,7 @@ import torch
 
 from adalayers.errors import ModelError
 from adalayers.infer.heads import Head
-from adalayers.model.sidetask import shared_tap
+from adalayers.model.sidetask import end_all, shared_tap
 
 
 class Base(Protocol):
@@ -138,6 +138,6 @@ class TappedRuntime(Runtime):
         for t in tasks:
             t.begin()
         out = self.base(batch, taps=[shared_tap(tasks)], stop_after=stop)
-        logits = [t.end(batch["attention_mask"]).float().cpu() for t in tasks]
+        logits = [y.float().cpu() for y in end_all(tasks, batch["attention_mask"])]
         own = None if stop is not None else (out.logits if out.logits is not None else out.pooled)
         return own, logits
