@@ -3,6 +3,8 @@
     (a)  the base alone
     (b)  the base + N side heads in one pass (one tap: GELU(Z_i) once and one GEMM per layer for all
          heads, adalayers.model.fused)
+    (l)  as (b), the fused tap at every layer during the pass even when the pass is small (the runtime
+         holds a pass of at most SMALL_PASS positions and runs all layers at once after it)
     (u)  as (b), but each head taps on its own (its own GELU, GEMM and LayerNorm per layer): the
          per-head path the fused one replaces, side by side with it
     (h)  the heads' own work without the base: the fused tap over the base's stored hidden states,
@@ -54,7 +56,7 @@ from adalayers.model.sidetask import SideTask, end_all, shared_tap  # noqa: E402
 from adalayers.infer.heads import Head  # noqa: E402
 from adalayers.infer.predictor import Predictor  # noqa: E402
 
-ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,h4,p4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
+ALL = "a,b1,b2,b4,b8,mixed4,l4,lmixed4,u4,umixed4,h4,p4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
 
 
 def imdb_rows(data: Path, tokenizer, batch: int, length: int) -> dict:
@@ -97,6 +99,15 @@ def one_pass(backbone, heads, primary=True):
     named = [Head(f"h{i}", t, Path("."), 512) for i, t in enumerate(heads)]
     predictor = Predictor(backbone, named, primary=primary)
     return lambda batch: predictor.forward(batch, named)[1]
+
+
+def layer_by_layer(backbone, batch, heads):
+    """(l): as (b), the fused tap run during the pass at every layer even for a small pass (the runtime holds a
+    pass of at most SMALL_PASS positions and runs every layer at once after it), then end_all."""
+    for t in heads:
+        t.begin()
+    backbone(batch, taps=[shared_tap(heads)])
+    return end_all(heads, batch["attention_mask"])
 
 
 def per_head(backbone, batch, heads):
@@ -215,6 +226,8 @@ def main() -> None:
             states = backbone.model(**batch, output_hidden_states=True).hidden_states  # Z_0..Z_L for (h), (t)
         run = {"a": lambda: backbone(batch),
                "mixed4": lambda: passes["mixed4"](batch),
+               "l4": lambda: layer_by_layer(backbone, batch, seq[:4]),
+               "lmixed4": lambda: layer_by_layer(backbone, batch, mixed),
                "u4": lambda: per_head(backbone, batch, seq[:4]),
                "h4": lambda: replay(states, batch["attention_mask"], seq[:4]),
                "p4": lambda: replay(states, batch["attention_mask"], seq[:4], batched=False),
@@ -272,6 +285,8 @@ def main() -> None:
 
 
 LABELS = {"a": "(a) base alone", "mixed4": "(b) base + 4 mixed heads (cola, imdb, conll-token, stsb)",
+          "l4": "(l) as (b), 4 sequence heads, tapped at every layer during the pass (no deferral)",
+          "lmixed4": "(l) as (b), 4 mixed heads, tapped at every layer during the pass (no deferral)",
           "u4": "(u) base + 4 sequence heads, one pass, a tap per head (not fused)",
           "umixed4": "(u) base + 4 mixed heads, a tap per head (not fused)",
           "h4": "(h) 4 sequence heads alone on stored states: fused tap + heads",
