@@ -3,10 +3,13 @@
     (a)  the base alone
     (b)  the base + N side heads in one pass (one tap: GELU(Z_i) once and one GEMM per layer for all
          heads, adalayers.model.fused)
+    (l)  as (b), the fused tap at every layer during the pass even when the pass is small (the runtime
+         holds a pass of at most SMALL_PASS positions and runs all layers at once after it)
     (u)  as (b), but each head taps on its own (its own GELU, GEMM and LayerNorm per layer): the
          per-head path the fused one replaces, side by side with it
     (h)  the heads' own work without the base: the fused tap over the base's stored hidden states,
-         then every head's end() (t: the tap alone: GELU, the per-layer GEMM, LayerNorm, mixing); as
+         then the heads' end() (the sequence heads' attention batched, sidetask.end_all; (p): each head's
+         own end(), side by side) (t: the tap alone: GELU, the per-layer GEMM, LayerNorm, mixing); as
          a ratio to (a) it splits the one-pass overhead into projection and head, with the base's
          noise out of the measured interval
     (c)  N separately fine-tuned copies of the base (N full passes, each copy with its own classifier)
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -48,11 +52,11 @@ from adalayers.model.backbone import Backbone, resolve  # noqa: E402
 from adalayers.config import Config  # noqa: E402
 from adalayers.model.precision import autocast_for  # noqa: E402
 from adalayers.store.run import write_json, atomic_write  # noqa: E402
-from adalayers.model.sidetask import SideTask, shared_tap  # noqa: E402
+from adalayers.model.sidetask import SideTask, end_all, shared_tap  # noqa: E402
 from adalayers.infer.heads import Head  # noqa: E402
 from adalayers.infer.predictor import Predictor  # noqa: E402
 
-ALL = "a,b1,b2,b4,b8,mixed4,u4,umixed4,h4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
+ALL = "a,b1,b2,b4,b8,mixed4,l4,lmixed4,u4,umixed4,h4,p4,hmixed4,t4,tmixed4,c1,c2,d1,d4,e"
 
 
 def imdb_rows(data: Path, tokenizer, batch: int, length: int) -> dict:
@@ -97,6 +101,15 @@ def one_pass(backbone, heads, primary=True):
     return lambda batch: predictor.forward(batch, named)[1]
 
 
+def layer_by_layer(backbone, batch, heads):
+    """(l): as (b), the fused tap run during the pass at every layer even for a small pass (the runtime holds a
+    pass of at most SMALL_PASS positions and runs every layer at once after it), then end_all."""
+    for t in heads:
+        t.begin()
+    backbone(batch, taps=[shared_tap(heads)])
+    return end_all(heads, batch["attention_mask"])
+
+
 def per_head(backbone, batch, heads):
     """(u): one pass, every head its own tap (SideTask.tap: its own GELU, GEMM and LayerNorm)."""
     for t in heads:
@@ -105,14 +118,17 @@ def per_head(backbone, batch, heads):
     return [t.end(batch["attention_mask"]) for t in heads]
 
 
-def replay(states, mask, heads, end=True):
-    """(h)/(t): the fused tap over stored hidden states (no base pass), then each head's end()."""
+def replay(states, mask, heads, end=True, batched=True):
+    """(h)/(t): the fused tap over stored hidden states (no base pass), then the heads' end() (end_all: the
+    sequence heads of one shape batched, as in the one pass)."""
     for t in heads:
         t.begin()
     tap = shared_tap(heads)
     for i, z in enumerate(states):
         tap(i, z)
-    return [t.end(mask) for t in heads] if end else None
+    if not end:
+        return None
+    return end_all(heads, mask) if batched else [t.end(mask) for t in heads]
 
 
 def stacked(backbone, batch, heads):
@@ -166,7 +182,7 @@ def main() -> None:
     ap.add_argument("--early-layer", type=int, default=2, help="(e): the deepest layer its heads use")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     ap.add_argument("--profile", action="store_true",
-                    help="also split the (h) rows by operator (torch.profiler, self CPU time over 3 runs)")
+                    help="also split the (h) and (p) rows by operator (torch.profiler, self CPU time over 3 runs)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: base and heads under bf16 autocast (worth it on CPUs with AVX512-BF16 or AMX)")
@@ -210,8 +226,11 @@ def main() -> None:
             states = backbone.model(**batch, output_hidden_states=True).hidden_states  # Z_0..Z_L for (h), (t)
         run = {"a": lambda: backbone(batch),
                "mixed4": lambda: passes["mixed4"](batch),
+               "l4": lambda: layer_by_layer(backbone, batch, seq[:4]),
+               "lmixed4": lambda: layer_by_layer(backbone, batch, mixed),
                "u4": lambda: per_head(backbone, batch, seq[:4]),
                "h4": lambda: replay(states, batch["attention_mask"], seq[:4]),
+               "p4": lambda: replay(states, batch["attention_mask"], seq[:4], batched=False),
                "hmixed4": lambda: replay(states, batch["attention_mask"], mixed),
                "t4": lambda: replay(states, batch["attention_mask"], seq[:4], end=False),
                "tmixed4": lambda: replay(states, batch["attention_mask"], mixed, end=False),
@@ -224,6 +243,7 @@ def main() -> None:
         times = {c: [] for c in configs}
         with torch.inference_mode(), autocast():
             run["a"]()  # warm-up
+            load = [round(os.getloadavg()[0], 2)]  # the machine's load before and after the timed repeats
             t_start = time.perf_counter()
             for r in range(args.repeats):
                 order = configs[r % len(configs):] + configs[: r % len(configs)]
@@ -234,7 +254,8 @@ def main() -> None:
                 print(f"T={T} repeat {r + 1}/{args.repeats}: " + "  ".join(f"{c} {times[c][-1]:.2f}s" for c in configs),
                       flush=True)
             timing_s = time.perf_counter() - t_start
-            profiles = {c: operator_shares(run[c]) for c in configs if args.profile and c.startswith("h")}
+            load.append(round(os.getloadavg()[0], 2))
+            profiles = {c: operator_shares(run[c]) for c in configs if args.profile and c[0] in "hp"}
             memory = {}
             if not args.no_memory:
                 for c in [c for c in ("a", "b1", "b4", "d1", "d4", "e") if c in configs]:
@@ -252,7 +273,7 @@ def main() -> None:
                 row["extra_mib"] = (memory[c] - memory["a"]) / 2**20
             rows.append(row)
         result = {"settings": {**settings, "length": T, "batch": B, "layers": L, "hidden": d, "k": k,
-                               "timing_seconds": round(timing_s, 1),
+                               "timing_seconds": round(timing_s, 1), "load_average_1min": load,
                                "accumulator_mib_per_head": B * T * k * 4 / 2**20,
                                "all_states_mib": L * B * T * d * 4 / 2**20},
                   "rows": rows, "profiles": profiles}
@@ -264,9 +285,12 @@ def main() -> None:
 
 
 LABELS = {"a": "(a) base alone", "mixed4": "(b) base + 4 mixed heads (cola, imdb, conll-token, stsb)",
+          "l4": "(l) as (b), 4 sequence heads, tapped at every layer during the pass (no deferral)",
+          "lmixed4": "(l) as (b), 4 mixed heads, tapped at every layer during the pass (no deferral)",
           "u4": "(u) base + 4 sequence heads, one pass, a tap per head (not fused)",
           "umixed4": "(u) base + 4 mixed heads, a tap per head (not fused)",
           "h4": "(h) 4 sequence heads alone on stored states: fused tap + heads",
+          "p4": "(p) as (h), 4 sequence heads, each head's end() on its own (attention not batched)",
           "hmixed4": "(h) 4 mixed heads alone on stored states: fused tap + heads",
           "t4": "(t) 4 sequence heads: the fused tap alone (GEMM, LayerNorm, mixing)",
           "tmixed4": "(t) 4 mixed heads: the fused tap alone",
@@ -289,6 +313,9 @@ def table(result: dict) -> str:
         peak = f"{r['peak_mib']:.1f}" if "peak_mib" in r else "-"
         extra = f"{r['extra_mib']:.1f}" if "extra_mib" in r and r["config"] != "a" else "-"
         lines.append(f"| {label} | {t} | {ratio} | {peak} | {extra} |")
+    if "load_average_1min" in s:
+        lines += ["", "Load average (1 min) before and after the timed repeats: "
+                  f"{' and '.join(str(x) for x in s['load_average_1min'])} (on {os.cpu_count()} cores)."]
     lines += ["", f"One accumulator (B x T x k floats) = {s['accumulator_mib_per_head']:.1f} MiB; "
               f"all {s['layers']} hidden states (B x T x d) = {s['all_states_mib']:.1f} MiB."]
     rows = {r["config"]: r for r in result["rows"]}

@@ -164,3 +164,24 @@ def test_entity_spans_from_iob2_tags():
     assert out["tags"] == tags
     assert out["entities"] == [{"type": "PER", "text": "John  Smith", "start": 0, "end": 11, "words": [0, 2]},
                                {"type": "LOC", "text": "New York", "start": 21, "end": 29, "words": [4, 6]}]
+
+
+def test_small_passes_equal_the_batched_pass(side, monkeypatch):
+    """A pass of at most SMALL_PASS token positions runs every layer's projections after the base (FusedTap's
+    defer, adalayers.model.fused.all_layers): one text at a time gives the answers of the batched pass."""
+    from adalayers.model import fused
+
+    held = []
+    real = fused.all_layers
+    monkeypatch.setattr(fused, "all_layers", lambda z, *a: held.append(z.shape) or real(z, *a))
+    combined = side.predict(TEXTS)
+    assert held == []  # the batch of every text is over SMALL_PASS positions: tapped layer by layer
+    for i, text in enumerate(TEXTS[:4]):
+        one = side.predict([text])[0]["tasks"]
+        got = combined[i]["tasks"]
+        assert one["score"]["value"] == pytest.approx(got["score"]["value"], abs=1e-5)
+        assert [one["acc"]["probabilities"][k] for k in ("bad", "good", "meh")] == pytest.approx(
+            [got["acc"]["probabilities"][k] for k in ("bad", "good", "meh")], abs=1e-5)
+        assert one["ner"]["tags"] == got["ner"]["tags"]
+        assert one["ner"]["scores"] == pytest.approx(got["ner"]["scores"], abs=2e-4)
+    assert held  # the single texts' passes ran all layers at once

@@ -30,7 +30,7 @@ import torch
 
 from adalayers.errors import ModelError
 from adalayers.infer.heads import Head
-from adalayers.model.sidetask import shared_tap
+from adalayers.model.sidetask import end_all, shared_tap
 
 
 class Base(Protocol):
@@ -122,9 +122,16 @@ class Runtime(ABC):
         return False
 
 
+# a pass of at most this many token positions holds its states and runs the heads' projections for every
+# layer at once after the base (FusedTap's defer): at a batch of 1 x 32 tokens that is several points of the
+# base's time cheaper than a few small calls per layer (benchmarks/one_pass.py, docs/export.md)
+SMALL_PASS = 64
+
+
 class TappedRuntime(Runtime):
     """A base called as base(batch, taps=[...], stop_after=L) that hands every layer's Z_i to the taps and
-    returns a BaseOutput (logits, pooled): every task's accumulator is fed by one shared tap."""
+    returns a BaseOutput (logits, pooled): every task's accumulator is fed by one shared tap; then the heads'
+    end(), sequence heads of one shape batched (end_all)."""
 
     def __init__(self, base):
         self._base = base
@@ -137,7 +144,9 @@ class TappedRuntime(Runtime):
         tasks = [h.task for h in heads]
         for t in tasks:
             t.begin()
-        out = self.base(batch, taps=[shared_tap(tasks)], stop_after=stop)
-        logits = [t.end(batch["attention_mask"]).float().cpu() for t in tasks]
+        tap = shared_tap(tasks, defer=SMALL_PASS)
+        out = self.base(batch, taps=[tap], stop_after=stop)
+        tap.flush()
+        logits = [y.float().cpu() for y in end_all(tasks, batch["attention_mask"])]
         own = None if stop is not None else (out.logits if out.logits is not None else out.pooled)
         return own, logits

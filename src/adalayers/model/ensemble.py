@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from adalayers.kinds import TaskKind
+from adalayers.model.sidetask import end_all
 
 
 class _MeanWeights:
@@ -59,7 +60,7 @@ class EnsembleTask(nn.Module):
         return sorted(set().union(*(m.used_layers() for m in self.members)))
 
     def end(self, mask: torch.Tensor) -> torch.Tensor:
-        outs = [m.end(mask).float() for m in self.members]
+        outs = [y.float() for y in end_all(list(self.members), mask)]  # the members' heads batched
         if self.kind == TaskKind.REGRESSION:
             return torch.stack(outs).mean(0)
         probs = torch.stack([torch.softmax(o, -1) for o in outs]).mean(0)

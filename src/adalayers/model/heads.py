@@ -7,6 +7,8 @@ token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per
 regression:            the sequence head with one output, in the training targets' units:
                        mean + std * out (head.target_mean / target_std; the loss divides by std^2)
 A new head kind is one class here and one line in HEADS.
+Serving several sequence / regression heads of one shape: sequence_heads runs their attention in one call
+(SideTask's end_all groups them).
 Training with train.head_precision=bf16, the attention projections and the feed-forward multiply in
 bf16 (adalayers.model.bf16).
 """
@@ -23,6 +25,7 @@ from adalayers.errors import ConfigError
 from adalayers.kinds import TaskKind
 from adalayers.model import bf16
 from adalayers.model.dropout import Dropout, dropout
+from adalayers.model.fused import concat_weights
 
 
 def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor, mask: torch.Tensor,
@@ -159,7 +162,37 @@ class SequenceHead(nn.Module):
 
     def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.dropout(nnf.gelu(self_attention(self.attn, F, mask, bf16.training_dtype(self))))
-        return self.out(pool(x, mask, self.pooling))
+        return self.output(pool(x, mask, self.pooling))
+
+    def output(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The pooled (B, k) features -> the head's outputs (B, C)."""
+        return self.out(pooled)
+
+
+def sequence_heads(heads: list[SequenceHead], F: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """[heads[h](F[h], mask) for every h] in eval mode for H sequence (or regression) heads of the same k and
+    number of attention heads, F (H, B, T, k): every step once for all of them, each head with its own weights,
+
+        qkv_h = F_h W_in^(h)T + b_in^(h)                  one baddbmm, the H heads' W_in stacked (cached)
+        o_h   = attention(q_h, k_h, v_h), padding masked   one scaled_dot_product_attention over (H B, heads, T, d)
+        x_h   = GELU(o_h W_out^(h)T + b_out^(h))           one baddbmm, one GELU
+        out_h = heads[h].output(pool(x_h, mask))           per head (its pooling and output layer)
+
+    The same arithmetic as each head's forward (dropout is the identity in eval mode); results equal up
+    to float summation order.
+    """
+    n, b, t, k = F.shape
+    attn = [h.attn for h in heads]
+    w_in = concat_weights([a.in_proj_weight for a in attn]).view(n, 3 * k, k)
+    b_in = concat_weights([a.in_proj_bias for a in attn]).view(n, 1, 3 * k)
+    qkv = torch.baddbmm(b_in, F.reshape(n, b * t, k), w_in.transpose(1, 2))  # (H, B T, 3k)
+    q, kk, v = qkv.view(n * b, t, 3, attn[0].num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (H B, heads, T, d)
+    keys = mask.bool()[:, None, None, :].repeat(n, 1, 1, 1)
+    o = attention(q, kk, v, keys, 0.0).transpose(1, 2).reshape(n, b * t, k)
+    w_out = concat_weights([a.out_proj.weight for a in attn]).view(n, k, k)
+    b_out = concat_weights([a.out_proj.bias for a in attn]).view(n, 1, k)
+    x = nnf.gelu(torch.baddbmm(b_out, o, w_out.transpose(1, 2))).view(n, b, t, k)
+    return [h.output(pool(x[j], mask, h.pooling)) for j, h in enumerate(heads)]
 
 
 ATTENTION_GROUP = 8  # rows per attention call when a token head trains (length_groups)
@@ -223,8 +256,8 @@ class RegressionHead(SequenceHead):
         """The MSE is taken in standard units: (pred - y)^2 / std^2."""
         return (self.cfg.target_std or 1.0) ** 2
 
-    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return (self.cfg.target_mean or 0.0) + (self.cfg.target_std or 1.0) * super().forward(F, mask).squeeze(-1)
+    def output(self, pooled: torch.Tensor) -> torch.Tensor:
+        return (self.cfg.target_mean or 0.0) + (self.cfg.target_std or 1.0) * super().output(pooled).squeeze(-1)
 
 
 HeadBuilder = Callable[[int, int, HeadConfig], nn.Module]  # (k, number of labels, head config) -> the head

@@ -15,7 +15,7 @@ from adalayers.errors import ModelError
 from adalayers.model import bf16
 from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
 from adalayers.engine.protocol import count, trainable
-from adalayers.model.heads import build_head, unpack
+from adalayers.model.heads import SequenceHead, build_head, sequence_heads, unpack
 from adalayers.kinds import TaskKind
 from adalayers.model.mixer import AdaLayersMixer
 
@@ -110,10 +110,28 @@ class SideTask(nn.Module):
         count the tokens the head sees, so a text's output does not depend on its batch's padding.
         skip_bos=None follows the config (False: the mask holds no BOS, e.g. a generated answer alone).
         """
+        return self.head(*self.features(acc, mask, skip_bos))
+
+    def features(self, acc: torch.Tensor, mask: torch.Tensor, skip_bos: bool | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """read()'s input to the head: (F, the mask of the tokens the head sees). acc (..., B, T, k): leading
+        dimensions (several heads' accumulators stacked, end_all) share the mask and this mixer's finish()."""
         mask = self.seen(mask.to(acc.device), skip_bos)
         acc = acc.masked_fill(~mask.unsqueeze(-1), 0)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
-        return self.head(self.mixer.finish(acc, positions), mask)
+        return self.mixer.finish(acc, positions), mask
+
+    def batch_key(self) -> tuple | None:
+        """Which other tasks' end() can run batched with this one's (end_all: heads.sequence_heads): the same
+        key; None: never. Only in eval mode, for a sequence or regression head on a padded (B, T, k)
+        accumulator, and for SideTask's own end() (a subclass that changes it runs on its own)."""
+        acc = self._acc
+        if self.training or type(self).end is not SideTask.end or not isinstance(self.head, SequenceHead) \
+                or acc is None or acc.dim() != 3:
+            return None
+        m = self.cfg.mixer
+        return (self.mixer.k, self.head.attn.num_heads, self.skip_bos, m.positional, m.gelu_after_sum,
+                tuple(acc.shape), acc.dtype, acc.device, self.head.attn.in_proj_weight.dtype)
 
     @property
     def target_scale(self) -> tuple[float, float]:
@@ -163,3 +181,23 @@ def shared_tap(tasks: list[SideTask], defer: int = 0):
 
     # an ensemble (adalayers.model.ensemble) taps through its members
     return FusedTap([m for t in tasks for m in getattr(t, "members", [t])], defer)
+
+
+def end_all(tasks: list, mask: torch.Tensor) -> list[torch.Tensor]:
+    """[t.end(mask) for t in tasks], the sequence and regression heads of the same shape (SideTask.batch_key)
+    together: their accumulators stacked to (H, B, T, k), then one masking and finish() and one call per
+    step of their heads (adalayers.model.heads.sequence_heads). Any other task runs its own end()."""
+    groups: dict[tuple, list[int]] = {}
+    for j, t in enumerate(tasks):
+        key = t.batch_key() if isinstance(t, SideTask) else None
+        groups.setdefault(key if key is not None else ("alone", j), []).append(j)
+    out: list[torch.Tensor | None] = [None] * len(tasks)
+    for key, members in groups.items():
+        if len(members) == 1:
+            out[members[0]] = tasks[members[0]].end(mask)
+            continue
+        group = [tasks[j] for j in members]
+        F, seen = group[0].features(torch.stack([t.take() for t in group]), mask)
+        for j, y in zip(members, sequence_heads([t.head for t in group], F, seen)):
+            out[j] = y
+    return out
