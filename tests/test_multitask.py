@@ -391,3 +391,33 @@ def test_estimate_times_the_trainers_own_steps_of_its_schedule(monkeypatch, use_
     costs = {**costs, "step_s": {k: 1.0 for k in costs["step_s"]}, "eval_row_s": {t: 0.0 for t in datas}}
     sizes = estimate.rows(datas)
     assert estimate.finetune_seconds(costs, sizes, epochs=2) == 2 * (3 if use_pcgrad else 9)
+
+
+def test_pcgrad_backward_runs_each_tasks_graph_once_and_keeps_its_gradients():
+    """A joint PCGrad step: each task's head gets its gradient from one backward (its own graph only, not a
+    backward through the stack of every task's loss), and the shared gradient is PCGrad's combination of the
+    per-task gradients (computed here one task at a time, longhand)."""
+    from adalayers.lab.multitask.trainer import Steps, load_tasks
+
+    cfg = from_dict(mt_config(pcgrad=True))
+    datas = load_tasks(cfg)
+    model = MultitaskModel(tiny_backbone(), cfg.tasks, datas, cfg.freeze, cfg.freeze_upstream)
+    rows = {t: {"train": encode_rows(d.splits["train"], model_tok, 16, model.forms[t], d.kind, d.labels)}
+            for t, d in datas.items()}
+    steps = Steps(model, cfg, rows, {s.name: s.weight for s in cfg.tasks}, None)
+    batch = {"steps": [(t, list(range(8))) for t in datas]}
+    model.eval()  # no dropout: the longhand below sees the same forward
+    want = []
+    for t in datas:  # longhand: each task's shared gradient alone
+        model.zero_grad(set_to_none=True)
+        steps({"steps": [(t, list(range(8)))]})[0].backward()
+        want.append(pcgrad.flat_grad(steps.shared))
+    calls = {t: 0 for t in datas}
+    for t, head in model.heads.items():
+        for p in head.parameters():
+            p.register_hook(lambda g, t=t: calls.__setitem__(t, calls[t] + 1) or g)
+    model.zero_grad(set_to_none=True)
+    steps.backward(steps(batch))
+    per_head = {t: sum(1 for p in model.heads[t].parameters() if p.requires_grad) for t in datas}
+    assert calls == per_head  # every head parameter's gradient computed once, by its own task's backward
+    assert torch.allclose(pcgrad.flat_grad(steps.shared), pcgrad.combine(want), atol=1e-6)

@@ -84,7 +84,8 @@ class Steps(nn.Module):
                              self.weights[t], self.ema)
             self.losses[t].append(loss.item())
             out.append(loss)
-        return torch.stack(out)
+        self._parts, self._stacked = out, torch.stack(out)
+        return self._stacked
 
     def loss(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
         return out
@@ -97,17 +98,23 @@ class Steps(nn.Module):
             ([{"params": self.shared, "lr": self.mcfg.lr}] if self.shared else [])
 
     def backward(self, losses: torch.Tensor) -> None:
+        """`losses`: forward's stacked task losses, possibly scaled (fp16's GradScaler). Each task's backward
+        starts from its own loss, not from an element of the stack: a backward through the stack would run
+        every task's graph (with zero gradients) for each task."""
         pc = self.mcfg.pcgrad and self.shared
+        if not pc:
+            losses.sum().backward()
+            return
+        # the scale the engine applied (1 without a GradScaler), per task; a zero loss has nothing to scale
+        plain = self._stacked.detach()
+        scale = torch.where(plain != 0, losses.detach() / torch.where(plain != 0, plain, 1), 1)
         grads = []
-        for i in range(len(losses)):
-            if pc:
-                for p in self.shared:
-                    p.grad = None
-            losses[i].backward(retain_graph=i < len(losses) - 1)
-            if pc:
-                grads.append(pcgrad.flat_grad(self.shared))
-        if grads:
-            pcgrad.assign(self.shared, pcgrad.combine(grads))
+        for i, part in enumerate(self._parts):
+            for p in self.shared:
+                p.grad = None
+            (part * scale[i]).backward(retain_graph=i < len(self._parts) - 1)
+            grads.append(pcgrad.flat_grad(self.shared))
+        pcgrad.assign(self.shared, pcgrad.combine(grads))
 
     def after_step(self) -> None:
         if self.ema:
