@@ -21,7 +21,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,6 +51,7 @@ class Job:
     part_rows: int = 10_000
     max_length: int | None = None
     skip_bad_rows: bool = False
+    runtime: str = "torch"  # the engine of the base pass (adalayers.infer.sidetasks.RUNTIMES)
     files: list[dict] = field(default_factory=list)  # [{path, bytes, mtime_ns}], filled by plan()
 
     def plan(self) -> list[Path]:
@@ -102,7 +103,8 @@ def read_manifest(out: Path, job: Job) -> dict | None:
     except (ValueError, KeyError) as e:
         raise DataError(f"{path}: not a predict-files manifest ({e})") from None
     new = asdict(job)
-    differ = [k for k in new if old.get(k) != new[k]]
+    defaults = {f.name: f.default for f in fields(Job) if f.default is not MISSING}  # fields added since
+    differ = [k for k in new if old.get(k, defaults.get(k)) != new[k]]
     if differ:
         raise DataError(f"{out} holds a job with other settings ({', '.join(differ)} differ); use another --output "
                         f"folder, or delete this one to start over")
@@ -136,7 +138,7 @@ def run(job: Job, out: Path, batch_size: int = 32, device: str = "cpu", num_thre
                 if seen + len(skipped or []) >= manifest["consumed"]:
                     break
         predictor = predictor or BatchPredictor(job.base, job.heads, device=device, max_length=job.max_length,
-                                                batch_size=batch_size, num_threads=num_threads)
+                                                batch_size=batch_size, num_threads=num_threads, runtime=job.runtime)
         out.mkdir(parents=True, exist_ok=True)
         bar = tqdm(unit="rows", desc="predict-files", initial=done_rows, dynamic_ncols=True, mininterval=1.0)
         while True:

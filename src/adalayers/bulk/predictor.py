@@ -81,7 +81,8 @@ class BatchPredictor:
 
     def __init__(self, base: str, heads: list[str], id_column: str = "id", text_column: str = "text",
                  device: str = "cpu", max_length: int | None = None, batch_size: int = 32,
-                 num_threads: int | None = None, skip_bad_rows: bool = False, text_pair_column: str | None = None):
+                 num_threads: int | None = None, skip_bad_rows: bool = False, text_pair_column: str | None = None,
+                 runtime: str = "torch"):
         import torch
 
         from adalayers.infer.sidetasks import SideTasks
@@ -89,7 +90,7 @@ class BatchPredictor:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.side = SideTasks.load(base, heads, primary=False, device=device, max_length=max_length,
-                                   batch_size=batch_size)
+                                   batch_size=batch_size, backend=runtime, threads=num_threads)
         self.heads = {h.name: h.kind for h in self.side.heads.values()}
         self.id_column, self.text_column, self.skip_bad_rows = id_column, text_column, skip_bad_rows
         self.text_pair_column = text_pair_column

@@ -121,7 +121,7 @@ def run(job: Job, out: Path, batch_size: int = 32, concurrency: int = 2, num_gpu
                                                        text_column=job.text_column,
                                                        text_pair_column=job.text_pair_column, max_length=job.max_length,
                                                        batch_size=batch_size, device=device, num_threads=num_threads,
-                                                       skip_bad_rows=job.skip_bad_rows))
+                                                       skip_bad_rows=job.skip_bad_rows, runtime=job.runtime))
         if job.output_format == "parquet":
             ds.write_parquet(str(out), min_rows_per_file=job.part_rows)
         else:

@@ -38,7 +38,7 @@ def cmd_predict(args) -> int:
         text_pairs = None
     from adalayers.store.hub import resolve_run
 
-    for r in recipes.predict(resolve_run(args.run), texts, text_pairs=text_pairs):
+    for r in recipes.predict(resolve_run(args.run), texts, text_pairs=text_pairs, runtime=args.runtime):
         shown = r["text"] + (f"\t{r['text_pair']}" if "text_pair" in r else "")
         if args.json:
             print(json.dumps(r))
@@ -59,4 +59,7 @@ def add_commands(sub) -> None:
                    help="a sentence pair, for heads trained on pairs (repeatable)")
     p.add_argument("--file", help="a file of texts, one per line (a head trained on pairs: text TAB second text)")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
+    p.add_argument("--runtime", default="torch", choices=["torch", "llama.cpp"],
+                   help="torch: the PyTorch pass; llama.cpp: the run's GGUF base run quantized by llama.cpp "
+                        "(docs/llm.md)")
     p.set_defaults(fn=cmd_predict)

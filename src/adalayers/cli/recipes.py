@@ -226,12 +226,12 @@ def check_texts(texts: list[str], what: str = "text") -> None:
 
 
 def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
-            text_pairs: list[str] | None = None) -> list[dict]:
+            text_pairs: list[str] | None = None, runtime: str = "torch") -> list[dict]:
     """The run's head on raw texts, through the one inference front door (SideTasks, as the service and
     predict-files answer): per text {"text", "text_pair" (pairs), "truncated", **the head's answer}, the
     answer as adalayers.infer.outputs writes it ({label, probabilities}, {value}, or {words, tags, scores,
     entities}). A head trained on sentence pairs needs `text_pairs` (one second text per text); any other
-    head refuses them."""
+    head refuses them. runtime="llama.cpp": the run's GGUF base run quantized by llama.cpp."""
     from adalayers.data.tasks import check_pairs, takes_pairs
     from adalayers.infer.sidetasks import SideTasks
 
@@ -241,7 +241,10 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     check_pairs(str(run_dir), takes_pairs(cfg), text_pairs, len(texts))
     if text_pairs is not None:
         check_texts(text_pairs, "second text")
-    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
-    side = SideTasks.from_backbone(backbone, [f"run={run_dir}"])
+    if runtime != "torch":
+        side = SideTasks.load(cfg.model.base, [f"run={run_dir}"], backend=runtime)
+    else:
+        backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
+        side = SideTasks.from_backbone(backbone, [f"run={run_dir}"])
     results = side.predict(texts, ["run"], text_pairs)
     return [{**{k: v for k, v in r.items() if k not in ("base", "tasks")}, **r["tasks"]["run"]} for r in results]
