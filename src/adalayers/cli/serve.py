@@ -78,7 +78,7 @@ def _serve_on_ray(args, cfg: ServeConfig) -> int:
     stop = threading.Event()
     try:
         url = ray_serve.start(args.base, args.heads, cfg, args.replicas, args.min_replicas, args.max_replicas,
-                              args.address)
+                              args.address, backend=args.backend)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after Ray's start, which may install handlers of its own
             signal.signal(sig, lambda *_: stop.set())
         print(f"serving on Ray Serve at {url}  (docs: /docs; Ctrl-C or SIGTERM stops it)", flush=True)

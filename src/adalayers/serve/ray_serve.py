@@ -84,9 +84,10 @@ class ServeBatcher:
 
 @serve.ingress()
 class SideTasksIngress:
-    """One replica: SideTasks + the app. Constructed by Ray Serve with (base, heads, ServeConfig as a dict)."""
+    """One replica: SideTasks + the app. Constructed by Ray Serve with (base, heads, ServeConfig as a dict, the
+    runtime's name)."""
 
-    def __init__(self, base: str, heads: list[str], cfg: dict):
+    def __init__(self, base: str, heads: list[str], cfg: dict, backend: str = "torch"):
         import torch
 
         from adalayers.infer.sidetasks import SideTasks
@@ -95,7 +96,7 @@ class SideTasksIngress:
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
         self.side = SideTasks.load(base, heads, primary=self.cfg.primary, device=self.cfg.device,
-                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch)
+                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, backend=backend)
         self.predict_many.set_max_batch_size(self.cfg.max_batch)
         self.predict_many.set_batch_wait_timeout_s(self.cfg.max_wait_ms / 1000)
         self.batcher = ServeBatcher(self.predict_many, self.cfg.max_batch, self.cfg.max_wait_ms / 1000,
@@ -157,7 +158,7 @@ class SideTasksIngress:
 
 
 def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1,
-                min_replicas: int | None = None, max_replicas: int | None = None):
+                min_replicas: int | None = None, max_replicas: int | None = None, backend: str = "torch"):
     """The bound deployment: `replicas` fixed, or autoscaling between min_replicas and max_replicas."""
     if min_replicas is not None or max_replicas is not None:
         lo, hi = min_replicas or 1, max_replicas or max(min_replicas or 1, replicas)
@@ -169,17 +170,18 @@ def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1
     deployment = serve.deployment(SideTasksIngress, name="adalayers", ray_actor_options={"num_cpus": 0.5},
                                   max_ongoing_requests=max(100, 4 * cfg.max_batch), graceful_shutdown_timeout_s=30,
                                   health_check_period_s=10, **scale)
-    return deployment.bind(base, [str(h) for h in heads], cfg.model_dump())
+    return deployment.bind(base, [str(h) for h in heads], cfg.model_dump(), backend)
 
 
 def start(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1, min_replicas: int | None = None,
-          max_replicas: int | None = None, address: str | None = None, num_cpus: int | None = None) -> str:
+          max_replicas: int | None = None, address: str | None = None, num_cpus: int | None = None,
+          backend: str = "torch") -> str:
     """Start (or join) Ray, put Serve's HTTP proxy on cfg.host:cfg.port, deploy; returns the URL."""
     from adalayers.raylocal import init_ray
 
     init_ray(address, num_cpus or 2)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(application(base, heads, cfg, replicas, min_replicas, max_replicas), name="adalayers",
+    serve.run(application(base, heads, cfg, replicas, min_replicas, max_replicas, backend), name="adalayers",
               route_prefix="/", blocking=False)
     return f"http://{cfg.host}:{cfg.port}"
 
