@@ -163,3 +163,31 @@ def test_a_request_whose_own_step_work_fails_fails_alone(where, tmp_path, monkey
             assert mine["text"] == want["text"]
             _close(mine, want)
     assert scheduler.stats()["largest_step_rows"] == 4  # the three requests did share steps
+
+
+def test_a_prefill_nobody_waits_for_stops_between_layers(tmp_path):
+    """The client leaves (or the deadline passes) while its request's prefill runs: the pass ends at the next
+    layer (the layers after it never run), the request gets Cancelled, and the next request is answered."""
+    from adalayers.errors import Cancelled
+
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    scheduler = Scheduler(side)
+    layers = base.model.model.layers
+    reached, leaving = [], []
+    first = layers[0].register_forward_hook(lambda *_: [s.job.cancelled.set() for s in leaving])
+    last = layers[-1].register_forward_hook(lambda *_: reached.append(True))
+    try:
+        go, prefilled = threading.Event(), scheduler._prefilled
+        scheduler._prefilled = lambda jobs: (go.wait(timeout=60), prefilled(jobs))[1]  # after `leaving` is set
+        stream = scheduler.stream(["the dog runs quickly and the cat sees it"], max_new_tokens=4)
+        leaving.append(stream)  # the first layer of its prefill finds it cancelled
+        go.set()
+        with pytest.raises(Cancelled, match="the prefill stopped at state"):
+            list(stream)
+        assert not reached  # the last layer never ran for it
+    finally:
+        first.remove()
+        last.remove()
+    events = list(scheduler.stream(["a book"], max_new_tokens=2))
+    assert events[-1]["event"] == "done" and events[-1]["results"][0]["tokens"] <= 2

@@ -197,7 +197,8 @@ class Generation:
         enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
                   return_offsets_mapping=tok.is_fast)
         ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
-        (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, tap))
+        watch = _until_cancelled if self.decoder.interruptible else (lambda tap, jobs: tap)
+        (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, watch(tap, jobs)))
         real, rows, start, events = attn.bool(), [], 0, []
         for job in jobs:
             mine = list(range(start, start + len(job.prompts)))
@@ -326,6 +327,17 @@ class Generation:
         if job.stepped:
             res["steps"] = {n: r.steps.get(n, []) for n in job.stepped}
         job.results[r.index] = res
+
+
+def _until_cancelled(tap, jobs: list[Job]):
+    """The prefill's tap, ending the pass between two layers (Cancelled) once every job in it is cancelled (its
+    client gone, its deadline passed): a long prefill nobody waits for does not hold the base to its end."""
+    def watched(i: int, z: torch.Tensor) -> None:
+        if all(j.cancelled.is_set() for j in jobs):
+            raise Cancelled(f"the prefill stopped at state {i}: every request in it was cancelled")
+        if tap is not None:
+            tap(i, z)
+    return watched
 
 
 def _own(failed: dict, job: Job, work) -> None:

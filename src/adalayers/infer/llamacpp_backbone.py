@@ -171,6 +171,8 @@ class LlamaCppDecoder:
     """Prefill and decode steps on llama.cpp (adalayers.infer.runtime.Decoder): each row of a generation is one
     sequence of the context (Sequences, its cache), held from the prefill until the row leaves."""
 
+    interruptible = False  # the taps run inside llama.cpp's eval callback: an exception there cannot stop it
+
     def __init__(self, base: LlamaCppBackbone):
         self.base = base
 

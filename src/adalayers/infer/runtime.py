@@ -70,7 +70,13 @@ class Decoder(Protocol):
 
     logits_for=[] is the step that only feeds the heads (the last generated tokens, read once more): every
     row ends with it, so the cache it returns is only dropped (layers after stop_after never saw the token).
+
+    interruptible: the tap may raise between layers (adalayers.errors.Cancelled) to end a prefill nobody waits
+    for; the exception leaves the call and nothing of the pass is kept. False where the tap runs inside a
+    foreign callback (llama.cpp's), where an exception cannot stop the engine.
     """
+
+    interruptible: bool
 
     def eos_ids(self) -> set[int]: ...
 

@@ -49,6 +49,8 @@ def as_runtime(base) -> Runtime:
 class TorchDecoder:
     """Prefill and decode steps of a transformers decoder, layer hooks on (adalayers.infer.runtime.Decoder)."""
 
+    interruptible = True  # an exception from a layer hook leaves the forward
+
     def __init__(self, backbone: Backbone):
         model = backbone.model
         if not backbone.is_causal or model.get_output_embeddings() is None:
