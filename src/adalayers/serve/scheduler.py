@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 from typing import Iterator
 
-from adalayers.errors import DataError
+from adalayers.errors import Cancelled, DataError
 from adalayers.infer.batching import Batch, Row
 from adalayers.infer.generate import Generation, Job, Stream
 from adalayers.infer.torch_runtime import as_runtime
@@ -140,9 +139,10 @@ class Scheduler:
             return []
         try:
             return [self.loop.prefill(jobs)]
-        except Exception:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             if len(jobs) == 1:
-                jobs[0].events.put(sys.exc_info()[1])
+                # a prefill nobody waits for: its traceback would hold the pass's tensors as long as the job lives
+                jobs[0].events.put(e.with_traceback(None) if isinstance(e, Cancelled) else e)
                 return []
         return [b for job in jobs for b in self._prefilled([job])]
 
