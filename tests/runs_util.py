@@ -129,3 +129,21 @@ def assert_json_close(a, b, tol: float, path: str = "") -> None:
         assert a == pytest.approx(b, abs=tol), path
     else:
         assert a == b, path
+
+
+@contextmanager
+def tiny_gguf_runs(root: Path):
+    """A tiny F32 GGUF base written under `root` (its conversion cached there) and two heads trained on its
+    transformers states: {"root", "base" (the .gguf path), "acc" (sequence), "ner" (token)}."""
+    import pytest
+
+    from adalayers.model.backbone import Backbone
+    from tinygguf import write_tiny_llama
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADALAYERS_CACHE", str(root / "cache"))
+        gguf = write_tiny_llama(root / "tiny-llama.gguf")
+        base = Backbone.load(str(gguf), "decoder")
+        yield {"root": root, "base": gguf,
+               "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3, max_length=64),
+               "ner": make_run(root / "ner", base, "token", NER, seed=4, max_length=64)}

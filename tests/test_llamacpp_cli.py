@@ -10,22 +10,15 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
 from adalayers.cli import main, recipes  # noqa: E402
-from adalayers.model.backbone import Backbone  # noqa: E402
-from runs_util import NER, assert_json_close, make_run  # noqa: E402
-from tinygguf import write_tiny_llama  # noqa: E402
+from runs_util import assert_json_close, tiny_gguf_runs  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "a man in the other room", "there"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llamacpp_cli")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ADALAYERS_CACHE", str(root / "cache"))
-        gguf = write_tiny_llama(root / "tiny-llama.gguf")
-        base = Backbone.load(str(gguf), "decoder")
-        yield {"root": root, "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3, max_length=64),
-               "ner": make_run(root / "ner", base, "token", NER, seed=4, max_length=64)}
+    with tiny_gguf_runs(tmp_path_factory.mktemp("llamacpp_cli")) as runs:
+        yield runs
 
 
 @pytest.mark.parametrize("head", ["acc", "ner"])

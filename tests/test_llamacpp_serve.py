@@ -15,24 +15,15 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
-from adalayers.model.backbone import Backbone  # noqa: E402
-from runs_util import NER, assert_json_close, make_run  # noqa: E402
+from runs_util import assert_json_close, tiny_gguf_runs  # noqa: E402
 from test_serve_hardening import Server  # noqa: E402
-from tinygguf import write_tiny_llama  # noqa: E402
 
 PROMPTS = ["the cat sat on the", "a man in the other room"]
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llamacpp_serve")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ADALAYERS_CACHE", str(root / "cache"))
-        gguf = write_tiny_llama(root / "tiny-llama.gguf")
-        base = Backbone.load(str(gguf), "decoder")
-        runs = {"root": root, "base": gguf,
-                "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3, max_length=64),
-                "ner": make_run(root / "ner", base, "token", NER, seed=4, max_length=64)}
+    with tiny_gguf_runs(tmp_path_factory.mktemp("llamacpp_serve")) as runs:
         started = [Server(runs), Server(runs, "--runtime", "llama.cpp")]
         try:
             yield [s.wait_started() for s in started]
