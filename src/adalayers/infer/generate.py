@@ -35,6 +35,7 @@ from typing import Iterator
 import torch
 
 from adalayers.errors import Cancelled, DataError
+from adalayers.infer.answers import answer, answer_text, cut
 from adalayers.infer.batching import Batch, Row
 from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
@@ -356,34 +357,6 @@ def _by_job(rows: list[Row]) -> dict:
     for i, r in enumerate(rows):
         groups.setdefault(r.owner, []).append(i)
     return groups
-
-
-def answer_text(tok, prompt_ids: list[int], generated: list[int]) -> str:
-    """The generated tokens' text as it continues the prompt's (decoded after the prompt's tokens, so
-    the space a token puts before its word is kept; decoded alone, a tokenizer may strip it)."""
-    head = tok.decode(prompt_ids, skip_special_tokens=True)
-    full = tok.decode(prompt_ids + generated, skip_special_tokens=True)
-    return full[len(head):] if full.startswith(head) else tok.decode(generated, skip_special_tokens=True)
-
-
-def cut(text: str, stop) -> str:
-    """The text before the first of the stop strings in it (all of it when none is in it)."""
-    return text[:min([i for i in (text.find(s) for s in stop) if i >= 0], default=len(text))]
-
-
-def answer(tok, prompt_ids: list[int], generated: list[int]) -> tuple[str, list[tuple[int, int]]]:
-    """The answer as it continues the prompt's text, and each generated token's character span in it.
-
-    Decoded after the prompt's tokens, so the space a token puts before its word is kept (decoded
-    alone, a tokenizer strips it); a leading space belongs to no word.
-    """
-    spans, prev, text = [], 0, ""
-    for j in range(len(generated)):
-        text = answer_text(tok, prompt_ids, generated[: j + 1])
-        piece = text[prev:]
-        spans.append((prev + len(piece) - len(piece.lstrip()), len(text)))
-        prev = len(text)
-    return text, spans
 
 
 def offsets(enc, b: int) -> list[tuple[int, int]] | None:

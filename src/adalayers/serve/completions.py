@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from adalayers.infer.generate import answer_text
+from adalayers.infer.answers import answer_text
 from adalayers.serve.protocol import error_body
 
 log = logging.getLogger(__name__)
