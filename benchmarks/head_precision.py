@@ -44,7 +44,7 @@ from adalayers.cli import recipes  # noqa: E402
 from adalayers.kinds import TaskKind  # noqa: E402
 from adalayers.model import bf16  # noqa: E402
 from adalayers.model.precision import cpu_bf16_flags  # noqa: E402
-from adalayers.model.sidetask import end_all, shared_tap  # noqa: E402
+from adalayers.model.sidetask import over_states  # noqa: E402
 from adalayers.recipes.evaluate import evaluate_split  # noqa: E402
 from adalayers.store import run as runlib  # noqa: E402
 from cpu_bf16 import agreement  # noqa: E402
@@ -124,12 +124,7 @@ def timed(tasks: list, backbone, data: Path, batch: int, length: int, repeats: i
     mask = rows["attention_mask"]
 
     def heads():
-        for t in tasks:
-            t.begin()
-        tap = shared_tap(tasks)
-        for i, z in enumerate(states):
-            tap(i, z)
-        return end_all(tasks, mask)
+        return over_states(tasks, states, mask)
 
     times = {s: [] for s in SCHEMES}
     with torch.inference_mode():

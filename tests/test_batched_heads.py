@@ -7,7 +7,7 @@ import torch.nn.functional as nnf
 from adalayers.config import Config
 from adalayers.model import sidetask
 from adalayers.model.heads import pool
-from adalayers.model.sidetask import SideTask, end_all, shared_tap
+from adalayers.model.sidetask import SideTask, end_all, over_states
 
 L, D = 4, 12
 
@@ -34,15 +34,6 @@ def obvious(task: SideTask, states: list[torch.Tensor], mask: torch.Tensor) -> t
     return task.head.output(pool(x, mask, task.head.pooling))
 
 
-def tapped(tasks: list[SideTask], states: list[torch.Tensor], mask: torch.Tensor, ends) -> list[torch.Tensor]:
-    for t in tasks:
-        t.begin()
-    tap = shared_tap(tasks)
-    for i, z in enumerate(states):
-        tap(i, z)
-    return ends(tasks, mask)
-
-
 @pytest.fixture
 def batched(monkeypatch):
     """The sizes of the groups that sequence_heads ran."""
@@ -66,8 +57,8 @@ def test_batched_heads_equal_the_obvious_per_head_reference(batched):
     mask[1, 4:] = 0
     mask[2, 2:] = 0
     with torch.inference_mode():
-        together = tapped(tasks, states, mask, end_all)
-        alone = tapped(tasks, states, mask, lambda ts, m: [t.end(m) for t in ts])
+        together = over_states(tasks, states, mask, end_all)
+        alone = over_states(tasks, states, mask, lambda ts, m: [t.end(m) for t in ts])
         for t, a, b in zip(tasks, alone, together):
             assert a.shape == b.shape
             if t.kind == "token":
@@ -90,8 +81,8 @@ def test_batched_heads_follow_skip_bos_and_the_mixers_finish(batched):
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[0, :2] = 0  # left padding
     with torch.inference_mode():
-        together = tapped(tasks, states, mask, end_all)
-        alone = tapped(tasks, states, mask, lambda ts, m: [t.end(m) for t in ts])
+        together = over_states(tasks, states, mask, end_all)
+        alone = over_states(tasks, states, mask, lambda ts, m: [t.end(m) for t in ts])
     assert batched == [2]
     for a, b in zip(alone, together):
         assert (a - b).abs().max() <= 1e-5

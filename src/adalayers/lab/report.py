@@ -14,7 +14,7 @@ from adalayers.store import run as runlib
 from adalayers.lab import report_sections as sections
 from adalayers.errors import DataError
 from adalayers.kinds import TaskKind
-from adalayers.lab.runs import parameters_used, read_log, read_metrics
+from adalayers.lab.runs import parameters_used, read_metrics
 
 
 # --- predictions ------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def score_split(run_dir: Path, split: str) -> Scored:
     examples = data.splits[split]
     preds = example_predictions(task, encoded[split], outs, examples)
     return Scored(run_dir, split, cfg, meta, backbone, data, encoded, task, outs, preds,
-                  score(task, examples, preds), read_metrics(run_dir), read_log(run_dir))
+                  score(task, examples, preds), read_metrics(run_dir), runlib.read_log(run_dir))
 
 
 def build(run_dir: Path, split: str = "test", top: int = 10) -> dict:

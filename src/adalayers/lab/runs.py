@@ -1,4 +1,4 @@
-"""Reading finished run folders for the lab's commands: metrics, the epoch log, and whether a run made with the
+"""Reading finished run folders for the lab's commands: metrics (the epoch log is adalayers.store.run.read_log), and whether a run made with the
 same settings can be reused (an interrupted sweep or seed series resumes)."""
 from __future__ import annotations
 
@@ -11,20 +11,6 @@ from adalayers.store import run as runlib
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
 IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
-
-
-def read_log(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
-        return []
-    entries = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise RunError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return entries
 
 
 def read_metrics(run_dir: Path) -> dict:

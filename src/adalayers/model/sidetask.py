@@ -201,3 +201,14 @@ def end_all(tasks: list, mask: torch.Tensor) -> list[torch.Tensor]:
         for j, y in zip(members, sequence_heads([t.head for t in group], F, seen)):
             out[j] = y
     return out
+
+
+def over_states(tasks: list, states: list[torch.Tensor], mask: torch.Tensor, ends=end_all) -> list[torch.Tensor]:
+    """Every task's output on stored states Z_0..Z_L of one batch (a base's hidden_states): each task's
+    begin(), one shared_tap over the states in order, then ends(tasks, mask) (end_all, or each task's own end)."""
+    for t in tasks:
+        t.begin()
+    tap = shared_tap(tasks)
+    for i, z in enumerate(states):
+        tap(i, z)
+    return ends(tasks, mask)

@@ -68,11 +68,6 @@ def choose(candidates: list[Candidate]) -> Candidate:
     return max(candidates, key=lambda c: (c.validation, c.pin_layer is None, -(c.pin_layer or 0)))
 
 
-def _read_log(run_dir: Path) -> list[dict]:
-    path = run_dir / "log.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _train_or_reuse(cfg, run_dir: Path, prepared) -> dict:
     from adalayers.cli import recipes
 
@@ -137,7 +132,7 @@ def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = F
     cands = out / CANDIDATES
     mix_dir = cands / "adalayers"
     mix = _train_or_reuse(cfg, mix_dir, prepared)
-    peaks = peak_weights(_read_log(mix_dir), mix.get("best_epoch"))
+    peaks = peak_weights(runlib.read_log(mix_dir), mix.get("best_epoch"))
     layers = candidate_layers(peaks, min(k, len(peaks)))
     log.info("select-layers: the mixer's peak layer weights rank layers %s first; training each alone", layers)
     found = [_candidate("adalayers", out, mix_dir, mix, main, None)]

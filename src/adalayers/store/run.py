@@ -216,6 +216,21 @@ def _check_digest(path: Path, meta: dict) -> None:
                        f"were edited); restore the file as training wrote it, or train the run again")
 
 
+def read_log(run_dir: Path) -> list[dict]:
+    """The epoch log (log.jsonl) of a run folder, one dict per line; [] when there is none."""
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        return []
+    entries = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise RunError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return entries
+
+
 def read_config(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     path = run_dir / "config.json"
