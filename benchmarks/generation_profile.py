@@ -35,6 +35,7 @@ if not os.environ.get("PYTHONPATH"):
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from generation_overhead import PROMPTS, heads_for  # noqa: E402
+from adalayers.infer.generate import read_heads  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks  # noqa: E402
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.store.run import write_json  # noqa: E402
@@ -45,20 +46,26 @@ def paired_steps(side: SideTasks, prompts: list[str], names: list[str], repeats:
     {operator: (median self CPU us alone, with heads)} over `profiled` profiled pairs of steps."""
     decoder, heads = side.runtime.decoder(), [side.heads[n] for n in names]
     enc = side.backbone.tokenizer(prompts, padding=True, return_tensors="pt")
-    (logits, cache), _ = side.tapped([], lambda tap: decoder.prefill(enc["input_ids"], enc["attention_mask"], tap))
+    (logits, cache), accs = side.tapped(heads, lambda tap: decoder.prefill(enc["input_ids"], enc["attention_mask"], tap))
     nxt = logits.argmax(-1)[:, None]
     attn = torch.cat([enc["attention_mask"], torch.ones_like(nxt)], 1)
     skips = "logits_for" in inspect.signature(decoder.step).parameters
     last_kw = {"logits_for": [], "stop_after": side.backbone.num_layers - 1} if skips else {}
-    kinds = {"alone": ([], {}), "heads": (heads, {}), "heads_last_step": (heads, last_kw), "empty_hooks": ([], {})}
+    kinds = {"alone": ([], {}), "heads": (heads, {}), "heads_last_step": (heads, last_kw), "empty_hooks": ([], {}),
+             "heads_values": (heads, {}), "heads_values_one_by_one": (heads, {})}
 
     def step(kind: str) -> None:
         tapping, kw = kinds[kind]
         mine = copy.deepcopy(cache)
         if kind == "empty_hooks":  # the layer hooks with a tap that does nothing: their own cost
             side.tapped([], lambda tap: decoder.step(nxt, attn, mine, lambda i, z: None))
-        else:
-            side.tapped(tapping, lambda tap: decoder.step(nxt, attn, mine, tap, **kw))
+            return
+        _, new = side.tapped(tapping, lambda tap: decoder.step(nxt, attn, mine, tap, **kw))
+        if kind.startswith("heads_values"):  # as Generation._step_values: every head on its whole F so far
+            grown = {n: torch.cat([accs[n], new[n]], 1) for n in names}
+            groups = [names] if kind == "heads_values" else [[n] for n in names]
+            for g in groups:
+                read_heads(side, g, [grown[n] for n in g], attn.bool())
 
     times: dict[str, list[float]] = {k: [] for k in kinds}
     order = list(kinds)
@@ -70,7 +77,7 @@ def paired_steps(side: SideTasks, prompts: list[str], names: list[str], repeats:
             times[kind].append((time.process_time() - c0) * 1e6)
     times = {k: v[1:] for k, v in times.items()}
     out = {f"{k}_us": round(statistics.median(v)) for k, v in times.items()}
-    for k in ("heads", "heads_last_step", "empty_hooks"):
+    for k in ("heads", "heads_last_step", "empty_hooks", "heads_values", "heads_values_one_by_one"):
         out[f"{k}_added_us"] = round(statistics.median(a - b for a, b in zip(times[k], times["alone"])))
     ops: dict[str, dict[str, list[float]]] = {}
     for r in range(profiled):
@@ -81,7 +88,7 @@ def paired_steps(side: SideTasks, prompts: list[str], names: list[str], repeats:
                 ops.setdefault(e.key, {"alone": [0.0] * profiled, "heads": [0.0] * profiled})[kind][r] = \
                     e.self_cpu_time_total
     per_op = {k: (statistics.median(v["alone"]), statistics.median(v["heads"])) for k, v in ops.items()}
-    return {**out, "last_step_skips_lm_head": skips}, per_op
+    return {**out, "last_step_skips_lm_head": skips, "positions": int(attn.shape[1])}, per_op
 
 
 def main() -> None:
@@ -93,6 +100,7 @@ def main() -> None:
     ap.add_argument("--paired", type=int, default=30, help="repeats of the paired decode steps")
     ap.add_argument("--profiled", type=int, default=10, help="profiled pairs of steps (medians per operator)")
     ap.add_argument("--out", default="benchmarks/results/generation_profile.json")
+    ap.add_argument("--answer", type=int, default=0, help="run the steps after an answer of this many tokens")
     ap.add_argument("--label", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -100,6 +108,8 @@ def main() -> None:
     side = SideTasks(backbone, heads_for(backbone, args.heads), primary=False, max_length=64)
     prompts, names = PROMPTS[:args.batch], [f"head{i}" for i in range(args.heads)]
     side.generate(prompts, 2, names, ignore_eos=True)  # warm-up
+    if args.answer:  # the prompts' own greedy answers of --answer tokens become part of the prefill
+        prompts = [p + r["text"] for p, r in zip(prompts, side.generate(prompts, args.answer, [], ignore_eos=True))]
     paired, ops = paired_steps(side, prompts, names, args.paired, args.profiled)
     print("one decode step, CPU us (medians):", json.dumps(paired), flush=True)
     rows = sorted(ops, key=lambda k: -abs(ops[k][1] - ops[k][0]))

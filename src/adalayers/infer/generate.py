@@ -39,6 +39,7 @@ from adalayers.infer.answers import answer, answer_text, cut
 from adalayers.infer.batching import Batch, Row
 from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
+from adalayers.model.sidetask import read_all
 from adalayers.model.states import deepest_layer
 
 
@@ -204,7 +205,7 @@ class Generation:
         for job in jobs:
             mine = list(range(start, start + len(job.prompts)))
             start += len(job.prompts)
-            values = {n: read_head(side, n, accs[n][mine], real[mine]) for n in job.names}
+            values = read_heads(side, job.names, [accs[n][mine] for n in job.names], real[mine])
             job.prompt_json = [{n: _output(side.heads[n], values[n][j], offsets(enc, b), job.wrapped[j])
                                 for n in job.names} for j, b in enumerate(mine)]
             prompt_ids = [ids[b][real[b]].tolist() for b in mine]
@@ -280,7 +281,7 @@ class Generation:
     def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict, failed: dict) -> None:
         """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""
         needed = sorted({n for r in batch.rows for n in r.owner.stepped})
-        values = {n: self._read(batch, n, list(range(len(batch.rows)))) for n in needed}
+        values = self._read(batch, needed, list(range(len(batch.rows))))
         for i, (r, t) in enumerate(zip(batch.rows, nxt.tolist())):
             _own(failed, r.owner, lambda: self._row_values(r, t, {n: v[i] for n, v in values.items()},
                                                          events[r.owner]))
@@ -295,17 +296,24 @@ class Generation:
             if values[n][self.side.heads[n].task.labels.index(label)] >= threshold:
                 r.finish = "guard"
 
-    def _read(self, batch: Batch, name: str, idx: list[int]) -> torch.Tensor:
-        """Head `name` on the rows at idx: those whose request reads the answer alone under the answer mask."""
-        only = [i for i in idx if name in batch.rows[i].owner.answer_only]
-        plain = [i for i in idx if i not in only]
-        out = [None] * len(batch.rows)
-        for sel, alone in ((plain, False), (only, True)):
-            if sel:
-                mask = batch.answer_mask(sel) if alone else batch.real[sel]
-                for i, v in zip(sel, read_head(self.side, name, batch.accs[name][sel], mask, alone)):
-                    out[i] = v
-        return torch.stack([out[i] for i in idx])
+    def _read(self, batch: Batch, names: list[str], idx: list[int]) -> dict[str, torch.Tensor]:
+        """Heads `names` on the rows at idx, stacked per head: a row whose request reads a head on the answer alone
+        under the answer mask. Heads that read the same rows under the same mask run together (read_heads)."""
+        calls: dict[tuple, list[str]] = {}
+        for n in names:
+            only = tuple(i for i in idx if n in batch.rows[i].owner.answer_only)
+            plain = tuple(i for i in idx if i not in only)
+            for sel, alone in ((plain, False), (only, True)):
+                if sel:
+                    calls.setdefault((sel, alone), []).append(n)
+        out = {n: [None] * len(batch.rows) for n in names}
+        for (sel, alone), group in calls.items():
+            rows = list(sel)
+            mask = batch.answer_mask(rows) if alone else batch.real[rows]
+            for n, values in read_heads(self.side, group, [batch.accs[n][rows] for n in group], mask, alone).items():
+                for i, v in zip(rows, values):
+                    out[n][i] = v
+        return {n: torch.stack([out[n][i] for i in idx]) for n in names}
 
     def _finish(self, batch: Batch, idx: list[int], failed: dict) -> None:
         """The results of the rows at idx (they leave the batch after this)."""
@@ -320,7 +328,7 @@ class Generation:
                "token_ids": r.generated, "finish": r.finish or "length", "prompt_tasks": job.prompt_json[r.index],
                "tasks": {}}
         for n in job.names:
-            value = self._read(batch, n, [i])[0]
+            value = self._read(batch, [n], [i])[n][0]
             if self.side.heads[n].kind == TaskKind.TOKENS:
                 value = value[r.start:]
             res["tasks"][n] = _output(self.side.heads[n], value, r.offsets, wrapped + text,
@@ -365,11 +373,14 @@ def offsets(enc, b: int) -> list[tuple[int, int]] | None:
 
 
 @torch.no_grad()
-def read_head(side, name: str, acc: torch.Tensor, mask: torch.Tensor, only_answer: bool = False) -> torch.Tensor:
-    """A head's values on its accumulator F under `mask`: class probabilities, or the value."""
-    task = side.heads[name].task
-    out = task.read(acc, mask, skip_bos=False if only_answer else None).float().cpu()
-    return out if task.kind == TaskKind.REGRESSION else torch.softmax(out, -1)
+def read_heads(side, names: list[str], accs: list[torch.Tensor], mask: torch.Tensor, only_answer: bool = False
+               ) -> dict[str, torch.Tensor]:
+    """Each head's values on its accumulator F under `mask` (one mask for all): class probabilities, or the
+    value. Sequence heads of one shape run as one (adalayers.model.sidetask.read_all)."""
+    tasks = [side.heads[n].task for n in names]
+    outs = read_all(tasks, accs, mask, False if only_answer else None)
+    return {n: (o.float().cpu() if t.kind == TaskKind.REGRESSION else torch.softmax(o.float().cpu(), -1))
+            for n, t, o in zip(names, tasks, outs)}
 
 
 def _output(head, values: torch.Tensor, offsets: list[tuple[int, int]] | None, text: str,

@@ -121,13 +121,14 @@ class SideTask(nn.Module):
         positions = (mask.long().cumsum(1) - 1).clamp(min=0) if self.cfg.mixer.positional else None
         return self.mixer.finish(acc, positions), mask
 
-    def batch_key(self) -> tuple | None:
-        """Which other tasks' end() can run batched with this one's (end_all: heads.sequence_heads): the same
-        key; None: never. Only in eval mode, for a sequence or regression head on a padded (B, T, k)
-        accumulator, and for SideTask's own end() (a subclass that changes it runs on its own)."""
-        acc = self._acc
-        if self.training or type(self).end is not SideTask.end or not isinstance(self.head, SequenceHead) \
-                or acc is None or acc.dim() != 3:
+    def batch_key(self, acc: torch.Tensor | None = None) -> tuple | None:
+        """Which other tasks' end() (or read() on `acc`) can run batched with this one's (end_all, read_all:
+        heads.sequence_heads): the same key; None: never. Only in eval mode, for a sequence or regression head on
+        a padded (B, T, k) accumulator (the pending one, or acc), and for SideTask's own end() and read() (a
+        subclass that changes them runs on its own)."""
+        acc = self._acc if acc is None else acc
+        if self.training or type(self).end is not SideTask.end or type(self).read is not SideTask.read \
+                or not isinstance(self.head, SequenceHead) or acc is None or acc.dim() != 3:
             return None
         m = self.cfg.mixer
         return (self.mixer.k, self.head.attn.num_heads, self.skip_bos, m.positional, m.gelu_after_sum,
@@ -187,17 +188,31 @@ def end_all(tasks: list, mask: torch.Tensor) -> list[torch.Tensor]:
     """[t.end(mask) for t in tasks], the sequence and regression heads of the same shape (SideTask.batch_key)
     together: their accumulators stacked to (H, B, T, k), then one masking and finish() and one call per
     step of their heads (adalayers.model.heads.sequence_heads). Any other task runs its own end()."""
+    keys = [t.batch_key() if isinstance(t, SideTask) else None for t in tasks]
+    return _grouped(tasks, keys, lambda j: tasks[j].end(mask), lambda j: tasks[j].take(), mask, None)
+
+
+def read_all(tasks: list, accs: list[torch.Tensor], mask: torch.Tensor, skip_bos: bool | None = None
+             ) -> list[torch.Tensor]:
+    """[t.read(acc, mask, skip_bos) for t, acc in zip(tasks, accs)] for accumulators the caller holds (generation
+    keeps each head's F across decode steps), batched as end_all."""
+    keys = [t.batch_key(a) if isinstance(t, SideTask) else None for t, a in zip(tasks, accs)]
+    return _grouped(tasks, keys, lambda j: tasks[j].read(accs[j], mask, skip_bos), lambda j: accs[j], mask, skip_bos)
+
+
+def _grouped(tasks: list, keys: list, alone, acc_of, mask: torch.Tensor, skip_bos: bool | None) -> list[torch.Tensor]:
+    """Each task's output: alone(j) for a task without a partner of its key; else its group's accumulators
+    acc_of(j) stacked, masked and finished once, and their heads run as one (heads.sequence_heads)."""
     groups: dict[tuple, list[int]] = {}
-    for j, t in enumerate(tasks):
-        key = t.batch_key() if isinstance(t, SideTask) else None
+    for j, key in enumerate(keys):
         groups.setdefault(key if key is not None else ("alone", j), []).append(j)
     out: list[torch.Tensor | None] = [None] * len(tasks)
-    for key, members in groups.items():
+    for members in groups.values():
         if len(members) == 1:
-            out[members[0]] = tasks[members[0]].end(mask)
+            out[members[0]] = alone(members[0])
             continue
         group = [tasks[j] for j in members]
-        F, seen = group[0].features(torch.stack([t.take() for t in group]), mask)
+        F, seen = group[0].features(torch.stack([acc_of(j) for j in members]), mask, skip_bos)
         for j, y in zip(members, sequence_heads([t.head for t in group], F, seen)):
             out[j] = y
     return out
