@@ -48,14 +48,15 @@ class Server(ServeProcess):
 def servers(runs):
     """Two servers, started side by side:
     main: small limits, an API key, short read and keep-alive timeouts;
-    busy: no key, big requests allowed, a queue of 2 and a 0.3 s deadline (heavy requests keep it busy)."""
+    busy: no key, big requests allowed and run whole (no slices), a queue of 2 and a 0.3 s deadline (heavy
+          requests keep it busy)."""
     (runs["root"] / "key").write_text(KEY + "\n")
     main = Server(runs, "--max-texts", "8", "--max-chars", "4000", "--max-tokens", "3000",
                   "--max-batch-tokens", "1200", "--max-batch", "16", "--max-wait-ms", "50", "--read-timeout", "2",
                   "--keep-alive", "1", "--api-key-file", str(runs["root"] / "key"))
     busy = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
                   "--max-batch-tokens", "1000000", "--max-batch", "64", "--max-wait-ms", "0", "--max-queue", "2",
-                  "--request-timeout", "0.3")
+                  "--request-timeout", "0.3", "--slice-tokens", "1000000")
     try:
         yield {"main": main.wait_started(), "busy": busy.wait_started()}
     finally:
@@ -485,6 +486,35 @@ def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server)
         t.join(60)
     assert [a.status_code for a in answers] == [503, 503], [(a.status_code, a.text[:200], a.elapsed.total_seconds()) for a in answers]
     assert llm_server.health()["generations_stopped"] - before["generations_stopped"] == 3
+
+
+def test_a_short_request_waits_for_one_slice_of_a_large_one(runs):
+    """A request over --slice-tokens runs in slices, each queued behind what arrived meanwhile: a short request
+    sent while a large one runs is answered before it, and the large one's answer is its texts' in order."""
+    server = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
+                    "--max-batch-tokens", "1000000", "--max-wait-ms", "0", "--slice-tokens", "1").wait_started()
+    try:
+        texts = [(SENT * 300)[:3000 - 37 * i] for i in range(48)]  # ~600 tokens each (windows for ner): 48 slices
+        done: dict = {}
+
+        def large() -> None:
+            done["large"] = httpx.post(f"{server.url}/predict", json={"texts": texts, "tasks": ["ner"]}, timeout=300)
+            done["at"] = time.perf_counter()
+
+        t = threading.Thread(target=large)
+        t.start()
+        _wait_busy(server)
+        short = httpx.post(f"{server.url}/predict", json={"texts": [SENT], "tasks": ["acc"]}, timeout=300)
+        short_at = time.perf_counter()
+        t.join(300)
+        assert short.status_code == 200 and done["large"].status_code == 200, done["large"].text[:300]
+        assert short_at < done["at"], "the short request waited for the whole large one"
+        words = [len(r["tasks"]["ner"]["words"]) for r in done["large"].json()["results"]]
+        assert words == [len(x.split()) for x in texts]
+        health = server.health()
+        assert health["requests_sliced"] == 1 and health["requests_answered"] == 2
+    finally:
+        server.stop()
 
 
 def test_a_request_nobody_waits_for_is_skipped_inside_a_shared_pass(runs):

@@ -8,6 +8,11 @@ queued (serve/state.py), and when a batch still fails its requests are rerun one
 faulty one gets the error. A request whose client has disconnected (before it is queued, or while it
 waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
 
+A request of more than slice_tokens tokens runs in slices (whole texts, at most slice_tokens each when a
+text allows): the first slice at once, each later one queued behind whatever arrived meanwhile, so a
+short request waits for one slice of a large one, not for all of it (turns, as in round-robin). The
+request's answer is its slices' answers in order; a slice that fails fails the request.
+
 Ray Serve (serve/ray_serve.py) has a batcher of its own with the same interface (submit -> Job, run,
 queue, the counters /health reads) and answers through the same predict_group.
 """
@@ -40,6 +45,8 @@ class Job:
     tokens: int
     future: asyncio.Future
     text_pairs: list[str] | None = None
+    per_text: list[int] | None = None  # the tokens of each text (how a large request is sliced)
+    slice_of: "Job | None" = None      # the request this job is a slice of (its answers are assembled there)
 
 
 @dataclass
@@ -51,6 +58,7 @@ class Batcher:
     max_wait_s: float
     max_batch_tokens: int = 16_384
     max_queue: int = 64
+    slice_tokens: int = 2048
     queue: asyncio.Queue = None
     passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
     requests: int = 0
@@ -63,19 +71,21 @@ class Batcher:
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
     pending: int = 0     # requests queued or running whose answer is still awaited
     generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
+    sliced: int = 0      # requests over slice_tokens, run in slices
     _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `pending` changes from threads too
 
     def __post_init__(self):
         self.queue = asyncio.Queue()
 
-    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None) -> Job:
+    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
+               per_text: list[int] | None = None) -> Job:
         """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending.
         A request whose client left or whose deadline passed stops counting at once (its future is
         cancelled), though the worker only discards it when it reaches it."""
         if self.pending >= self.max_queue:
             self.refused += 1
             raise Busy()
-        job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs)
+        job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs, per_text)
         with self._count:
             self.pending += 1
         job.future.add_done_callback(self._settled)
@@ -108,10 +118,46 @@ class Batcher:
 
     async def _next(self) -> Job:
         while True:  # skip jobs nobody waits for any more
-            job = await self.queue.get()
+            job = self._sliced(await self.queue.get())
             if not job.future.done():
                 return job
+            self._drop(job)
+
+    def _drop(self, job: Job) -> None:
+        if job.slice_of is None:  # a request's later slices are dropped with it, counted once
             self.dropped += 1
+
+    def _sliced(self, job: Job) -> Job:
+        """A request over slice_tokens: its first slice (each next one is queued when the one before is answered);
+        else the job."""
+        if job.tokens <= self.slice_tokens or job.per_text is None or len(job.texts) < 2 or job.future.done():
+            return job
+        parts = slices(job.per_text, self.slice_tokens)
+        if len(parts) < 2:
+            return job
+        loop = asyncio.get_running_loop()
+        jobs = [Job(job.texts[a:b], job.tasks, sum(job.per_text[a:b]), loop.create_future(),
+                    None if job.text_pairs is None else job.text_pairs[a:b], job.per_text[a:b], job) for a, b in parts]
+        answers: list = [None] * len(jobs)
+
+        def settled(k: int, future: asyncio.Future) -> None:
+            if job.future.done() or future.cancelled():
+                return
+            if future.exception() is not None:
+                job.future.set_exception(future.exception())
+                return
+            answers[k] = future.result()
+            if k + 1 < len(jobs):  # the next slice queues now, behind whatever arrived while this one ran
+                self.queue.put_nowait(jobs[k + 1])
+            else:
+                job.future.set_result([r for a in answers for r in a])
+                self.requests += 1
+
+        for k, part in enumerate(jobs):
+            part.future.add_done_callback(lambda f, k=k: settled(k, f))
+        job.future.add_done_callback(lambda _: [p.future.cancel() for p in jobs])  # the client left: slices go too
+        self.sliced += 1
+        return jobs[0]
 
     async def run(self) -> None:
         loop, carry = asyncio.get_running_loop(), None
@@ -125,8 +171,9 @@ class Batcher:
                     job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
+                job = self._sliced(job)
                 if job.future.done():
-                    self.dropped += 1
+                    self._drop(job)
                     continue
                 if n + len(job.texts) > self.max_batch or tokens + job.tokens > self.max_batch_tokens:
                     carry = job  # starts the next group
@@ -158,25 +205,28 @@ class Batcher:
 
     async def _run_part(self, group: list[Job]) -> None:
         live = [job for job in group if not job.future.done()]
-        self.dropped += len(group) - len(live)
+        for job in group:
+            if job.future.done():
+                self._drop(job)
         if not live:
             return
         try:
             self._deliver(live, await self._predict(live))
         except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
-            self.dropped += len(live)
+            for job in live:
+                self._drop(job)
         except Exception as e:  # noqa: BLE001
             if len(live) == 1:
                 return self._fail(live[0], e)
             log.warning("a batch of %d requests failed (%s); running them one at a time", len(live), e)
             for job in live:  # only the request that fails alone gets the error
                 if job.future.done():
-                    self.dropped += 1
+                    self._drop(job)
                     continue
                 try:
                     self._deliver([job], await self._predict([job]))
                 except Cancelled:
-                    self.dropped += 1
+                    self._drop(job)
                 except Exception as e1:  # noqa: BLE001
                     self._fail(job, e1)
 
@@ -184,7 +234,7 @@ class Batcher:
         for job, mine in zip(jobs, answers):
             if not job.future.done():
                 job.future.set_result(mine)
-                self.requests += 1
+                self.requests += job.slice_of is None  # a sliced request counts once, when whole
 
     @staticmethod
     def _fail(job: Job, e: Exception) -> None:
@@ -192,6 +242,18 @@ class Batcher:
             log.error("a request failed on the server side: %s", e, exc_info=e)
         if not job.future.done():
             job.future.set_exception(e)
+
+
+def slices(per_text: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive (start, end) ranges of texts of at most `limit` tokens each (a longer text alone)."""
+    out, start, tokens = [], 0, 0
+    for i, n in enumerate(per_text):
+        if i > start and tokens + n > limit:
+            out.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    out.append((start, len(per_text)))
+    return out
 
 
 def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],

@@ -48,7 +48,9 @@ class ServeBatcher:
         self.pending = self.dropped = self.gone = self.expired = self.refused = self.largest_tokens = 0
         self.busy, self.pass_s = False, 0.0
 
-    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None):
+    def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
+               per_text: list[int] | None = None):
+        """As Batcher.submit; Ray Serve's own batching runs a request whole (per_text, for slicing, is unused)."""
         from adalayers.serve.batcher import Busy, Job
 
         if self.pending >= self.max_queue:

@@ -54,7 +54,7 @@ class ServeState:
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
         batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
-                                     max(1, cfg.max_batch_tokens), max(1, cfg.max_queue))
+                                     max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_tokens)
         sched = scheduler(side, cfg)
         decode = sched.stream if sched is not None else functools.partial(stream, side)
         return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
@@ -74,13 +74,14 @@ class ServeState:
         """Check texts (limits, text rules, task names), queue them in the batcher and await their results:
         (results as /predict gives them, tokens run). Every failure is an HTTPException naming the problem
         (a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes answer through this."""
-        tasks, tokens = await self._checked(texts, text_pairs, tasks)
+        tasks, per_text = await self._checked(texts, text_pairs, tasks)
+        tokens = sum(per_text)
         if await request.is_disconnected():  # hung up while it was being checked: never queued, never run
             self.batcher.gone += 1
             self.batcher.dropped += 1
             raise HTTPException(499, "client disconnected")  # never sent
         try:
-            job = self.batcher.submit(texts, tasks, tokens, text_pairs)
+            job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
         except Busy:
             raise self.busy() from None
         gone = asyncio.create_task(client_gone(request))
@@ -106,8 +107,8 @@ class ServeState:
             raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
 
     async def _checked(self, texts: list[str], text_pairs: list[str] | None,
-                       tasks: list[str] | None) -> tuple[list[str], int]:
-        """(the heads to run, the tokens the request needs), or the HTTPException naming its first problem."""
+                       tasks: list[str] | None) -> tuple[list[str], list[int]]:
+        """(the heads to run, the tokens each text needs), or the HTTPException naming its first problem."""
         for what, given in (("text", texts), ("second text", text_pairs or [])):
             for i, t in enumerate(given):
                 if len(t) > self.cfg.max_chars:
@@ -122,10 +123,11 @@ class ServeState:
             raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
         try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
             tasks = side.select(list(dict.fromkeys(tasks)) if tasks is not None else None, text_pairs is not None)
-            tokens = sum(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
+            per_text = list(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
         except DataError as e:
             raise HTTPException(422, str(e)) from None
+        tokens = sum(per_text)
         if tokens > self.cfg.max_tokens:
             raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
                                      f"{self.cfg.max_tokens} (--max-tokens)")
-        return tasks, tokens
+        return tasks, per_text
