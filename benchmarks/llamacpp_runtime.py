@@ -10,17 +10,28 @@
                values, and the default runtime alone and + 4 heads; prompt (prefill) tokens/s of each runtime
                alone. Configurations rotate within each repeat; medians over repeats, and each one's time
                relative to its runtime alone in the same repeat.
+    steps      process CPU time of each decode step (microseconds) at each batch size, for: llama.cpp alone
+               (no eval callback), llama.cpp with its callback and no head (the node filter's own cost), + 4
+               heads; with --engine-from DIR also the last two on the llama.cpp engine of another checkout's
+               DIR/adalayers/infer/llamacpp.py (its callback against this one's, in the same process). The
+               generations advance one step each in turn: paired steps, --step-tokens per repeat.
     memory     peak RSS of a process that loads each runtime and generates once with 4 heads (a subprocess each)
 
 Heads for the speed runs have configs/cola.yaml's settings, initial weights and uniform layer weights (every
 layer projected: the most work a head adds), as benchmarks/generation_overhead.py.
 
     nice python benchmarks/llamacpp_runtime.py --base gemma3-270m --heads runs/cola_gemma --threads 1
+
+The code measured is this checkout's src/, or the one PYTHONPATH names when it is set (another checkout's
+code under the same benchmark: PYTHONPATH=../main/src python benchmarks/llamacpp_runtime.py --skip ...).
+Only the runtimes the parts not skipped use are loaded.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -32,7 +43,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from adalayers.model.backbone import Backbone  # noqa: E402
@@ -125,6 +137,57 @@ def speed(sides: dict, batches: list[int], news: list[int], repeats: int) -> dic
     return out
 
 
+def steps(sides: dict, batches: list[int], new: int, repeats: int) -> dict:
+    """Process CPU time of each decode step, us: one generation per configuration, advanced one step at a time in
+    turn (rotating order), the prefill and the final predictions left out; medians over all steps of all
+    repeats, and the median over steps of each one's ratio to llama.cpp alone's step of the same round."""
+    from adalayers.infer.generate import stream
+
+    four = ["head0", "head1", "head2", "head3"]
+    configs = {"llama.cpp alone": ("llama_alone", []), "callback, 0 heads": ("llama", []),
+               "+ 4 heads": ("llama", four)}
+    if "other" in sides:
+        configs.update({"callback, 0 heads (--engine-from)": ("other", []),
+                        "+ 4 heads (--engine-from)": ("other", four)})
+    out = {}
+    for bs in batches:
+        us, ratios = {c: [] for c in configs}, {c: [] for c in configs}
+        for rep in range(repeats):
+            gens = {c: stream(sides[side], PROMPTS[:bs], new, names, ignore_eos=True)
+                    for c, (side, names) in configs.items()}
+            for g in gens.values():
+                assert next(g)["event"] == "prompt"  # the prefill, not measured
+            order = list(configs)
+            for k in range(new):
+                order, mine = order[1:] + order[:1], {}
+                for c in order:
+                    c0 = time.process_time()
+                    assert next(gens[c])["event"] == "step"
+                    mine[c] = (time.process_time() - c0) * 1e6
+                for c in configs:
+                    us[c].append(mine[c])
+                    ratios[c].append(mine[c] / mine["llama.cpp alone"])
+            for g in gens.values():
+                g.close()
+            print(f"steps, batch {bs} repeat {rep + 1}: "
+                  + ", ".join(f"{c} {statistics.median(us[c][-new:]):.0f} us" for c in configs), flush=True)
+        out[f"batch {bs}"] = {"cpu_us_per_step": {c: round(statistics.median(v)) for c, v in us.items()},
+                              "cpu_vs_alone": {c: round(statistics.median(v), 3) for c, v in ratios.items()}}
+    return {**out, "steps_per_repeat": new, "note": "process CPU time per decode step, 1 thread; medians over steps"}
+
+
+def other_engine(llama: SideTasks, src: Path, threads: int) -> SideTasks:
+    """The llama side's heads on the same GGUF, run by the llama.cpp engine (its eval callback) of another
+    checkout's src/adalayers/infer/llamacpp.py, loaded beside this one's."""
+    spec = importlib.util.spec_from_file_location("llamacpp_other", src / "adalayers" / "infer" / "llamacpp.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base, engine = llama.backbone, llama.backbone.engine
+    other = module.LlamaCpp(base.path, n_ctx=engine.n_ctx, n_seq=engine.n_seq, n_batch=engine.n_batch, threads=threads)
+    return SideTasks(LlamaCppBackbone(other, base.tokenizer, base.name, base.path), list(llama.heads.values()),
+                     primary=False, max_length=64)
+
+
 def prefill(sides: dict, repeats: int) -> dict:
     """Prompt tokens/s of each runtime alone: 8 prompts, the base's pass only (no head)."""
     tok_count = sum(len(sides["torch"].backbone.tokenizer(p)["input_ids"]) for p in PROMPTS)
@@ -176,13 +239,20 @@ def main() -> None:
     ap.add_argument("--new", default="24,128")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: states,agreement,speed,memory")
+    ap.add_argument("--step-tokens", type=int, default=32, help="decode steps per repeat of the steps part")
+    ap.add_argument("--engine-from", type=Path, help="steps: another checkout's src/, its llama.cpp engine beside")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: states,agreement,speed,steps,memory")
     ap.add_argument("--out", default="benchmarks/results/llamacpp_runtime.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
-    sides = {name: load_side(name, args.base, args.threads) for name in ("torch", "llama", "llama_alone")}
-    settings = {**vars(args), "heads": [Path(h).name for h in args.heads], "out": _relative(args.out)}
+    uses = {"states": {"torch", "llama"}, "agreement": {"torch", "llama"} if args.heads else set(),
+            "speed": {"torch", "llama", "llama_alone"}, "steps": {"llama", "llama_alone"}}
+    needed = set().union(*(v for k, v in uses.items() if k not in skip))
+    sides = {name: load_side(name, args.base, args.threads) for name in ("torch", "llama", "llama_alone")
+             if name in needed}
+    settings = {**vars(args), "heads": [Path(h).name for h in args.heads], "out": _relative(args.out),
+                "engine_from": args.engine_from and _relative(args.engine_from)}
     results = {"settings": {**settings, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
                             "load_average": [round(x, 1) for x in __import__("os").getloadavg()]}}
     if "states" not in skip:
@@ -196,6 +266,10 @@ def main() -> None:
         results["prefill"] = prefill(sides, args.repeats)
         results["speed"] = speed(sides, [int(b) for b in args.batch.split(",")], [int(n) for n in args.new.split(",")],
                                  args.repeats)
+    if "steps" not in skip:
+        if args.engine_from:
+            sides["other"] = other_engine(sides["llama"], args.engine_from, args.threads)
+        results["steps"] = steps(sides, [int(b) for b in args.batch.split(",")], args.step_tokens, args.repeats)
     if "memory" not in skip:
         del sides
         results["peak_rss_mb"] = {r: peak_rss(r, args.base, args.threads) for r in ("llama_alone", "llama", "torch")}

@@ -111,12 +111,54 @@ def test_greedy_ids_with_taps_equal_llama_cpp_alone(both):
     assert seen and max(seen) == ours.num_layers - 1
 
 
-def test_a_graph_that_does_not_name_its_layers_is_refused(tiny, monkeypatch):
+def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
+    """llama.cpp asks about every node of the graph; the compiled filter answers, and Python's data path runs once
+    per wanted state's node of a decode step (in layer order), never for a step without taps."""
+    import ctypes
+
     engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
+    entered, on_data = [], llamacpp.StateReader.on_data
+
+    def counted(reader, t):
+        entered.append(reader.names.index(ctypes.string_at(t + llamacpp._NAME_OFFSET)))
+        return on_data(reader, t)
+
+    monkeypatch.setattr(llamacpp.StateReader, "on_data", counted)
+    got = []
+    engine.decode([Row([1, 5, 7], 0)], [lambda i, z: got.append(i)], outputs="all")
+    every = list(range(engine.num_states))
+    assert entered == got == every  # the tiny Llama names one node per state (inp_embd, l_out-0..2, result_norm)
+    entered.clear()
+    engine.decode([Row([9], 0, 3)], [lambda i, z: None])  # a decode step, every state wanted
+    assert entered == every
+    entered.clear()
+    engine.decode([Row([4], 0, 4)], [lambda i, z: None], wanted={2})
+    assert entered == [2]
+    entered.clear()
+    engine.decode([Row([3], 0, 5)], [])  # no taps: the step never enters Python
+    assert entered == []
+    engine.close()
+
+
+def test_a_graph_that_does_not_name_its_layers_is_refused(tiny, monkeypatch):
     monkeypatch.setattr(llamacpp.StateNames, "index", lambda self, name: None)  # a graph named otherwise
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
     with pytest.raises(ModelError, match=r"did not name the states \[0, 1, 2, 3\] as adalayers expects"):
         engine.decode([Row([1, 2, 3], 0)], [lambda i, z: None])
     engine.close()
+
+
+def test_without_numba_the_runtime_names_its_extra(tiny, monkeypatch):
+    import sys
+
+    import adalayers.infer
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "adalayers.infer.llamacpp_filter", raising=False)
+    monkeypatch.delattr(adalayers.infer, "llamacpp_filter", raising=False)
+    with pytest.raises(ModelError, match=r"needs numba .*: pip install 'adalayers\[llamacpp\]'$"):
+        LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
+    LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1, read_states=False).close()  # llama.cpp alone needs no filter
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):

@@ -16,6 +16,10 @@ llama.cpp's own l_out-(n_layer-1) (the last layer before the norm) has no counte
 states and is not read. The last layer computes only the rows whose outputs are asked for (a get_rows on
 inp_out_ids), so a pass whose heads read the final state asks for outputs at every position.
 
+llama.cpp asks about every node of every step (about 750 for Gemma 3 270M): the asking is answered by a
+compiled filter (adalayers.infer.llamacpp_filter, numba) from a table of the wanted nodes' names, and only
+those nodes' data enter Python (StateReader.on_data), none at all in a step without taps.
+
 Returning false from the data callback ends the graph there: after the deepest state any head needs,
 the rest of the graph (LM head included) is skipped (early exit, as Backbone's stop_after).
 """
@@ -54,6 +58,15 @@ class _GgmlTensor(ctypes.Structure):
 
 
 _NAME_OFFSET = _GgmlTensor.name.offset
+
+
+def _filter():
+    try:
+        from adalayers.infer import llamacpp_filter
+    except ImportError:
+        raise ModelError("the llama.cpp runtime needs numba for its eval callback: "
+                         "pip install 'adalayers[llamacpp]'") from None
+    return llamacpp_filter
 
 
 def _lib():
@@ -100,15 +113,21 @@ class StateNames:
             return int(m.group(1)) + 1
         return None
 
+    def candidates(self) -> list[bytes]:
+        """Every node name that holds a state (index is not None)."""
+        names = [*EMBEDDING_NAMES, *(f"l_out-{k}".encode() for k in range(self.n_layer)), b"result_norm"]
+        return [n for n in names if self.index(n) is not None]
+
 
 class StateReader:
     """The cb_eval callback: hands every wanted state, (tokens, d) as float32, to `sink(i, Z_i)` in layer order.
 
     Only the nodes whose state some tap needs are asked for (each asked node splits llama.cpp's graph
-    compute), and the callback checks what it gets: F32, contiguous rows of d values, one row per token
-    of the batch, in host memory (else copied out with ggml_backend_tensor_get). State 0 is held until
-    layer 0's output arrives, since Gemma's graph names two candidates (the embedding rows, then
-    inp_scaled) and the scaled one is transformers' state 0.
+    compute), answered by the compiled filter (NodeFilter, its table the user_data), and the
+    callback checks what it gets: F32, contiguous rows of d values, one row per token of the batch, in host
+    memory (else copied out with ggml_backend_tensor_get). State 0 is held until layer 0's output arrives,
+    since Gemma's graph names two candidates (the embedding rows, then inp_scaled) and the scaled one is
+    transformers' state 0.
     """
 
     def __init__(self, names: StateNames, d: int):
@@ -120,22 +139,21 @@ class StateReader:
         self.seen: set[int] = set()
         self.error: BaseException | None = None
         self._held: dict[bytes, np.ndarray] = {}
-        self._index: dict[bytes, int | None] = {}
-        self.callback = _lib().ggml_backend_sched_eval_callback(self._call)
+        self._index = {n: names.index(n) for n in names.candidates()}
+        self.filter = _filter().NodeFilter(list(self._index), _NAME_OFFSET, self)  # held as long as the context
+        self.callback = _lib().ggml_backend_sched_eval_callback(self.filter.address)
 
     def start(self, n_tokens: int, wanted: set[int], sink, stop_after: int | None) -> None:
+        """A decode begins: the filter answers yes for the wanted states' nodes (state 0's too when state 1 is)."""
         self.n_tokens, self.wanted, self.sink, self.stop_after = n_tokens, wanted, sink, stop_after
         self.seen, self.error, self._held = set(), None, {}
+        self.filter.set_answers([i in wanted or i == 0 and 1 in wanted for i in self._index.values()])
 
-    def _call(self, t: int, ask: bool, _user) -> bool:
-        name = ctypes.string_at(t + _NAME_OFFSET)
-        i = self._index.get(name, -1)
-        if i == -1:  # a node name not met before: llama.cpp asks about every node of every step
-            i = self._index[name] = self.names.index(name)
-        if ask:
-            return i is not None and (i in self.wanted or i == 0 and 1 in self.wanted)
+    def on_data(self, t: int) -> bool:
+        """A wanted node, computed (ask=false): its state goes to the sink; false ends the graph here."""
         try:
-            return self._take(name, i, _GgmlTensor.from_address(t))
+            name = ctypes.string_at(t + _NAME_OFFSET)
+            return self._take(name, self._index[name], _GgmlTensor.from_address(t))
         except BaseException as e:  # noqa: BLE001  (never let an exception cross the C boundary)
             self.error = e
             return False
@@ -208,6 +226,8 @@ class LlamaCpp:
                  read_states: bool = True):
         """read_states=False: no eval callback at all (llama.cpp alone, for comparisons); taps then get nothing."""
         lib = _lib()
+        if read_states:
+            _filter()  # numba, before anything is loaded
         path = Path(path).expanduser()
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
@@ -224,7 +244,7 @@ class LlamaCpp:
         self.n_layer = int(lib.llama_model_n_layer(self.model))
         self.d = int(lib.llama_model_n_embd(self.model))
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model)))
-        self.reader = StateReader(StateNames(self.n_layer), self.d)
+        self.reader = StateReader(StateNames(self.n_layer), self.d) if read_states else None
         cparams = lib.llama_context_default_params()
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         cparams.kv_unified = True
@@ -232,7 +252,7 @@ class LlamaCpp:
         if threads:
             cparams.n_threads = cparams.n_threads_batch = threads
         if read_states:
-            cparams.cb_eval = self.reader.callback
+            cparams.cb_eval, cparams.cb_eval_user_data = self.reader.callback, self.reader.filter.user_data
         self.read_states = read_states
         self.ctx = lib.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -308,9 +328,11 @@ class LlamaCpp:
         with self._lock:  # one decode at a time: the batch, the reader and the context are shared
             self._forget_returned()
             last = self._fill(rows, outputs)
-            self.reader.start(n, wanted if taps else set(), sink, stop_after)
+            if self.reader is not None:
+                self.reader.start(n, wanted if taps else set(), sink, stop_after)
             code = lib.llama_decode(self.ctx, self._batch)
-            self.reader.finish()
+            if self.reader is not None:
+                self.reader.finish()
             if code != 0:
                 raise ModelError(f"llama_decode failed (code {code}): the KV cache may be full (n_ctx {self.n_ctx})")
             if stop_after is not None:
