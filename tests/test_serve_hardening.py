@@ -56,7 +56,7 @@ def servers(runs):
                   "--keep-alive", "1", "--api-key-file", str(runs["root"] / "key"))
     busy = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
                   "--max-batch-tokens", "1000000", "--max-batch", "64", "--max-wait-ms", "0", "--max-queue", "2",
-                  "--request-timeout", "0.3", "--slice-tokens", "1000000")
+                  "--request-timeout", "0.3", "--slice-ms", "1000000")
     try:
         yield {"main": main.wait_started(), "busy": busy.wait_started()}
     finally:
@@ -489,11 +489,13 @@ def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server)
 
 
 def test_a_short_request_waits_for_one_slice_of_a_large_one(runs):
-    """A request over --slice-tokens runs in slices, each queued behind what arrived meanwhile: a short request
-    sent while a large one runs is answered before it, and the large one's answer is its texts' in order."""
+    """A request of more work than --slice-ms runs in slices, each queued behind what arrived meanwhile: a short
+    request sent while a large one runs is answered before it, and the large one's answer is its texts' in order."""
     server = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
-                    "--max-batch-tokens", "1000000", "--max-wait-ms", "0", "--slice-tokens", "1").wait_started()
+                    "--max-batch-tokens", "1000000", "--max-wait-ms", "0", "--slice-ms", "0.001").wait_started()
     try:
+        first = httpx.post(f"{server.url}/predict", json={"texts": [SENT, SENT]}, timeout=60)  # measures tokens/s
+        assert first.status_code == 200 and server.health()["base_tokens_per_s"] > 0
         texts = [(SENT * 300)[:3000 - 37 * i] for i in range(48)]  # ~600 tokens each (windows for ner): 48 slices
         done: dict = {}
 
@@ -512,7 +514,7 @@ def test_a_short_request_waits_for_one_slice_of_a_large_one(runs):
         words = [len(r["tasks"]["ner"]["words"]) for r in done["large"].json()["results"]]
         assert words == [len(x.split()) for x in texts]
         health = server.health()
-        assert health["requests_sliced"] == 1 and health["requests_answered"] == 2
+        assert health["requests_sliced"] == 1 and health["requests_answered"] == 3
     finally:
         server.stop()
 

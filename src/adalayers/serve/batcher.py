@@ -8,8 +8,9 @@ queued (serve/state.py), and when a batch still fails its requests are rerun one
 faulty one gets the error. A request whose client has disconnected (before it is queued, or while it
 waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
 
-A request of more than slice_tokens tokens runs in slices (whole texts, at most slice_tokens each when a
-text allows): the first slice at once, each later one queued behind whatever arrived meanwhile, so a
+A request whose tokens would take the base longer than slice_s (at the tokens/s of the passes so far, a
+running mean) runs in slices of whole texts of about that much work (a longer text alone): the first slice
+at once, each later one queued when the one before is answered, behind whatever arrived meanwhile, so a
 short request waits for one slice of a large one, not for all of it (turns, as in round-robin). The
 request's answer is its slices' answers in order; a slice that fails fails the request.
 
@@ -58,7 +59,7 @@ class Batcher:
     max_wait_s: float
     max_batch_tokens: int = 16_384
     max_queue: int = 64
-    slice_tokens: int = 2048
+    slice_s: float = 0.5
     queue: asyncio.Queue = None
     passes: int = 0      # groups run (each is one predict call: one base pass per max_batch texts)
     requests: int = 0
@@ -69,9 +70,10 @@ class Batcher:
     largest_tokens: int = 0  # the most tokens one group has held
     refused: int = 0     # requests answered 503 because the queue was full
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
+    tokens_per_s: float = 0.0  # running mean of the base's tokens per second over the groups run (for slices)
     pending: int = 0     # requests queued or running whose answer is still awaited
     generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
-    sliced: int = 0      # requests over slice_tokens, run in slices
+    sliced: int = 0      # requests run in slices (more work than slice_s)
     _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `pending` changes from threads too
 
     def __post_init__(self):
@@ -128,11 +130,13 @@ class Batcher:
             self.dropped += 1
 
     def _sliced(self, job: Job) -> Job:
-        """A request over slice_tokens: its first slice (each next one is queued when the one before is answered);
-        else the job."""
-        if job.tokens <= self.slice_tokens or job.per_text is None or len(job.texts) < 2 or job.future.done():
+        """A request of more work than slice_s: its first slice (each next one is queued when the one before is
+        answered); else the job. Nothing is sliced before a pass has measured the base's tokens/s."""
+        limit = max(1, int(self.tokens_per_s * self.slice_s))
+        if not self.tokens_per_s or job.tokens <= limit or job.per_text is None or len(job.texts) < 2 \
+                or job.future.done():
             return job
-        parts = slices(job.per_text, self.slice_tokens)
+        parts = slices(job.per_text, limit)
         if len(parts) < 2:
             return job
         loop = asyncio.get_running_loop()
@@ -193,7 +197,10 @@ class Batcher:
         finally:
             self.busy = False
         self.passes += 1
-        self.pass_s = 0.8 * self.pass_s + 0.2 * (time.perf_counter() - t0) if self.pass_s else time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.pass_s = 0.8 * self.pass_s + 0.2 * seconds if self.pass_s else seconds
+        rate = sum(job.tokens for job in jobs) / max(seconds, 1e-6)
+        self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * rate if self.tokens_per_s else rate
         return answers
 
     async def _run_group(self, group: list[Job]) -> None:

@@ -66,10 +66,11 @@ class ServeConfig(BaseModel):
                                                       "more is answered 413.")
     max_batch_tokens: int = Field(16_384, ge=1, description="Tokens per base pass: a batch stops growing at this "
                                                             "many (one request may fill it alone).")
-    slice_tokens: int = Field(2048, ge=1, description="A request of more tokens than this runs in slices of whole "
-                                                      "texts of at most this many, each slice queued behind the "
-                                                      "requests that arrived meanwhile: a short request waits for "
-                                                      "one slice, not for a whole large request.")
+    slice_ms: float = Field(500.0, gt=0, description="A request whose work would take the base longer than this "
+                                                     "(at the tokens/s its passes have run so far) runs in slices "
+                                                     "of whole texts of about this much work, each slice queued "
+                                                     "behind the requests that arrived meanwhile: a short request "
+                                                     "waits for one slice, not for a whole large request.")
     max_queue: int = Field(64, ge=1, description="Requests pending (queued or running); one more is answered 503 "
                                                  "with Retry-After.")
     request_timeout_s: float = Field(30.0, gt=0, description="Server-side deadline of a request from arrival to "

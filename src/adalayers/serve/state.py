@@ -54,7 +54,7 @@ class ServeState:
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
         batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
-                                     max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_tokens)
+                                     max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
         decode = sched.stream if sched is not None else functools.partial(stream, side)
         return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
