@@ -55,13 +55,14 @@ def prepare(cfg, backbone: Backbone | None = None):
 def load_base(cfg, device: str | torch.device = "cpu"):
     """The frozen base of a run on the runtime its config names (model.runtime): a transformers Backbone, or
     llama.cpp running the GGUF file as it is (LlamaCppBackbone: the same forward with layer taps, on the CPU,
-    cfg.train.num_threads threads, one sequence for every row of the largest batch up to llama.cpp's 256)."""
+    cfg.train.num_threads threads). Its context holds 32 sequences: a larger batch runs in groups of 32 rows,
+    faster and in less memory than one pass (its sequences share one KV cache: every token's attention and
+    llama.cpp's buffers grow with the pass's tokens: benchmarks/llamacpp_groups.py)."""
     if cfg.model.runtime == "torch":
         return Backbone.load(cfg.model.base, cfg.model.states, device)
     from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
 
-    rows = min(256, max(32, cfg.train.batch_size, cfg.train.eval_batch_size))
-    return LlamaCppBackbone.load(cfg.model.base, n_seq=rows, threads=cfg.train.num_threads)
+    return LlamaCppBackbone.load(cfg.model.base, n_seq=32, threads=cfg.train.num_threads)
 
 
 def resolve_head(cfg, data) -> None:
