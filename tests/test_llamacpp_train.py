@@ -155,3 +155,15 @@ def test_a_batch_larger_than_the_context_runs_in_groups(task):
         assert grouped[i].shape == whole[i].shape == (11, batch["input_ids"].shape[1], base.hidden_size)
         torch.testing.assert_close(grouped[i], whole[i], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits_g, logits_w, atol=1e-3, rtol=1e-3)
+
+
+def test_evaluate_on_llama_cpp_a_head_trained_with_bf16(task, capsys):
+    """A head trained with train.precision: bf16 (refused with model.runtime: llama.cpp) is evaluated on llama.cpp
+    in fp32 on the CPU, not refused."""
+    run = task["root"] / "run_bf16"
+    assert main(["train", str(task["config"]), "--set", "cache.enabled=false", "--set", "train.precision=bf16",
+                 "--set", "train.max_epochs=1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--runtime", "llama.cpp"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"] == "llama.cpp"
+    assert json.loads((run / "config.json").read_text())["config"]["train"]["precision"] == "bf16"  # unchanged
