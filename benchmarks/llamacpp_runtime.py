@@ -4,7 +4,8 @@
                lowest cosine, over --sentences CoLA dev sentences (the GGUF's Q4_K_M weights run by llama.cpp
                against the same weights dequantized to fp32 in transformers)
     agreement  with --heads: each head's labels on the CoLA dev set (GLUE dev, the project's CoLA test set)
-               from both runtimes, the share that agree and each runtime's MCC
+               from both runtimes, the share that agree and each runtime's MCC; each head's trained_on is the
+               runtime its states came from in training (its model.runtime: torch, or llama.cpp)
     speed      generated tokens/s (greedy, eos ignored) at each batch size and number of new tokens, for:
                llama.cpp alone (no eval callback), llama.cpp + 1 head, + 4 heads, + 4 heads with per-step
                values, and the default runtime alone and + 4 heads; prompt (prefill) tokens/s of each runtime
@@ -49,6 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.infer.llamacpp_backbone import LlamaCppBackbone  # noqa: E402
+from adalayers.store import run as runlib  # noqa: E402
 from adalayers.store.run import write_json  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks  # noqa: E402
 from generation_overhead import PROMPTS, heads_for  # noqa: E402
@@ -97,10 +99,12 @@ def agreement(torch_base, llama_base, heads: list[str], texts, labels) -> dict:
         res = side.predict(texts)
         preds[name] = {h: [r["tasks"][h]["label"] for r in res] for h in side.names}
         out[f"{name}_seconds"] = round(time.perf_counter() - t0, 1)
+    runs = {Path(r).name: Path(r) for r in heads}  # a head's name is its run folder's
     for h in preds["torch"]:
         a, b = np.array(preds["torch"][h]), np.array(preds["llama.cpp"][h])
         out[h] = {"agreement": round(float((a == b).mean()), 4), "mcc_torch": round(matthews_corrcoef(labels, a), 4),
-                  "mcc_llama.cpp": round(matthews_corrcoef(labels, b), 4), "rows": len(labels)}
+                  "mcc_llama.cpp": round(matthews_corrcoef(labels, b), 4), "rows": len(labels),
+                  "trained_on": runlib.run_config(runs[h]).model.runtime}
     return out
 
 

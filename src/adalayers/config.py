@@ -163,6 +163,8 @@ class ModelConfig(Section):
                                            "with the share cut).", ge=8, le=MAX_SIZES["model.max_length"])
     states: Literal["encoder", "decoder"] = setting("encoder", "For encoder-decoder bases: read 'encoder' or "
                                                                "'decoder' hidden states.")
+    runtime: Literal["torch", "llama.cpp"] = setting("torch", "What runs the base for training and evaluation: torch "
+                                                              "or llama.cpp (a GGUF base as it is, quantized, CPU).")
 
 
 class MixerConfig(Section):
@@ -314,9 +316,14 @@ class Config(Section):
     tune: TuneConfig = Field(default_factory=TuneConfig)
 
     @model_validator(mode="after")
-    def _heads_divide_k(self):
+    def _fields_agree(self):
         if self.mixer.k % self.head.num_heads:
             raise ValueError(f"head.num_heads: must divide mixer.k ({self.mixer.k}), got {self.head.num_heads}")
+        if self.model.runtime == "llama.cpp" and self.train.device == "cuda":
+            raise ValueError("train.device: model.runtime=llama.cpp runs the base on the CPU; use cpu or auto")
+        if self.model.runtime == "llama.cpp" and self.train.precision in ("bf16", "fp16"):
+            raise ValueError(f"train.precision: model.runtime=llama.cpp gives the states of its GGUF as they are "
+                             f"(no autocast); use auto or fp32, got {self.train.precision!r}")
         return self
 
     def data_dir(self) -> Path:

@@ -10,7 +10,7 @@ def cmd_evaluate(args) -> int:
     from adalayers.store.hub import resolve_run
 
     try:
-        result = recipes.evaluate(resolve_run(args.run), args.split)
+        result = recipes.evaluate(resolve_run(args.run), args.split, args.runtime)
     except recipes.ResultNotSaved as e:
         print(dump(e.result))  # the metrics, then the one-line error, exit code 2
         raise
@@ -23,4 +23,7 @@ def add_commands(sub) -> None:
     p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
     p.add_argument("--split", default="test", choices=["validation", "test"],
                    help="which split of the run's task to score (default: test)")
+    p.add_argument("--runtime", choices=["torch", "llama.cpp"],
+                   help="what runs the base: torch, or llama.cpp running its GGUF file as it is (default: the "
+                        "runtime the run was trained on, its model.runtime)")
     p.set_defaults(fn=cmd_evaluate)

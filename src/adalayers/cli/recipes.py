@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from adalayers import config as config_mod
 from adalayers.store import checkpoint
 from adalayers.recipes import health
 from adalayers.store import run as runlib
@@ -38,7 +39,7 @@ def prepare(cfg, backbone: Backbone | None = None):
     precision_of(cfg.train.precision, device)  # fp16 on a CPU fails here, before any loading
     warn_if_slow(cfg.train, device)
     distributed.start(device)  # under torchrun: join the process group
-    backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, device)
+    backbone = backbone or load_base(cfg, device)
     data = load_task(cfg)
     resolve_head(cfg, data)
     template = Template.of(cfg)
@@ -49,6 +50,19 @@ def prepare(cfg, backbone: Backbone | None = None):
     encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name, template)
                for name, ex in data.splits.items()}
     return backbone, data, encoded
+
+
+def load_base(cfg, device: str | torch.device = "cpu"):
+    """The frozen base of a run on the runtime its config names (model.runtime): a transformers Backbone, or
+    llama.cpp running the GGUF file as it is (LlamaCppBackbone: the same forward with layer taps, on the CPU,
+    cfg.train.num_threads threads). Its context holds 32 sequences: a larger batch runs in groups of 32 rows,
+    faster and in less memory than one pass (its sequences share one KV cache: every token's attention and
+    llama.cpp's buffers grow with the pass's tokens: benchmarks/llamacpp_groups.py)."""
+    if cfg.model.runtime == "torch":
+        return Backbone.load(cfg.model.base, cfg.model.states, device)
+    from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
+
+    return LlamaCppBackbone.load(cfg.model.base, n_seq=32, threads=cfg.train.num_threads)
 
 
 def resolve_head(cfg, data) -> None:
@@ -191,8 +205,14 @@ def warn_if_unfinished(run_dir: Path) -> None:
         log.warning("%s", note)
 
 
-def evaluate(run_dir: Path, split: str = "test") -> dict:
+def evaluate(run_dir: Path, split: str = "test", runtime: str | None = None) -> dict:
+    """The run's head scored on a split of its task, the base on `runtime` (torch or llama.cpp; None: the runtime
+    the run was trained on, model.runtime) -> its metrics, also written to RUN/eval_<split>.json."""
     cfg = runlib.run_config(run_dir)  # the weights are read once, onto the base
+    if runtime is not None and runtime != cfg.model.runtime:
+        # llama.cpp's base runs in fp32 on the CPU, whatever the head was trained with
+        cpu = ["train.device=auto", "train.precision=auto"] if runtime == "llama.cpp" else []
+        cfg = config_mod.from_dict(cfg.to_dict(), [f"model.runtime={runtime}", *cpu])
     warn_if_unfinished(run_dir)
     backbone, data, encoded = prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
@@ -204,6 +224,7 @@ def evaluate(run_dir: Path, split: str = "test") -> dict:
                                cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
                                autocast_for(cfg.train.precision, backbone.device))
     result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["runtime"] = cfg.model.runtime
     path = Path(run_dir) / f"eval_{split}.json"
     try:
         runlib.write_json(path, result)

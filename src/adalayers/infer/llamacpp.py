@@ -244,6 +244,7 @@ class LlamaCpp:
         self.n_layer = int(lib.llama_model_n_layer(self.model))
         self.d = int(lib.llama_model_n_embd(self.model))
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model)))
+        self.n_params = int(lib.llama_model_n_params(self.model))
         self.reader = StateReader(StateNames(self.n_layer), self.d) if read_states else None
         cparams = lib.llama_context_default_params()
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_batch, n_batch, n_seq

@@ -49,6 +49,7 @@ class LlamaCppBackbone(TappedRuntime):
     """The llama.cpp runtime, and the base it runs (tokenizer, sizes, fingerprint, a forward with layer taps)."""
 
     is_causal, is_encoder_decoder, states = True, False, "decoder"
+    runtime_name = "llama.cpp"  # what a cache entry of its states is keyed on beside the fingerprint
     device = torch.device("cpu")
 
     def __init__(self, engine: LlamaCpp, tokenizer, name: str, path: Path):
@@ -114,18 +115,49 @@ class LlamaCppBackbone(TappedRuntime):
             self._fingerprint = gguf_fingerprint(self.path)
         return self._fingerprint
 
+    def num_parameters(self) -> int:
+        return self.engine.n_params
+
     def __call__(self, batch: dict, taps: list[Tap] = (), stop_after: int | None = None) -> BaseOutput:
-        """As Backbone's forward (TappedRuntime.forward calls it): one llama_batch over the rows; taps get Z_i (B, T, d), zero on padding; logits (B, 1, vocab) of each
-        row's last token (None when stopped early)."""
+        """As Backbone's forward (TappedRuntime.forward calls it): taps get Z_i (B, T, d), zero on padding; logits
+        (B, 1, vocab) of each row's last token (None when stopped early). The rows run as one llama_batch when they
+        fit the context (free sequences, n_batch tokens); a larger batch (training's, evaluation's) runs in groups
+        of rows that fit, each state gathered over the groups before the taps see it."""
         ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-        seqs = self.engine.acquire(ids.shape[0])
-        try:
-            logits = self.run(ids, mask, seqs, taps, stop_after)
-        finally:
-            self.engine.release(seqs)
+        groups = self._groups(mask.sum(1).tolist())
+        if len(groups) == 1:
+            logits = self._pass(ids, mask, taps, stop_after)
+        else:
+            held: dict[int, list[torch.Tensor]] = {}
+            keep = [lambda i, z: held.setdefault(i, []).append(z)] if taps else []
+            parts = [self._pass(ids[a:b], mask[a:b], keep, stop_after) for a, b in groups]
+            for i in sorted(held):
+                z = torch.cat(held[i])
+                for tap in taps:
+                    tap(i, z)
+            logits = None if stop_after is not None else torch.cat(parts)
         if logits is None:
             return BaseOutput(None, None, None)
         return BaseOutput(None, None, logits.unsqueeze(1))
+
+    def _groups(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """Consecutive rows [a, b) in groups of at most the free sequences and n_batch tokens (a row longer than
+        n_batch stays alone: llama.cpp refuses it in one line)."""
+        most_rows, most_tokens = max(1, self.engine.free_sequences), self.engine.n_batch
+        groups, a, tokens = [], 0, 0
+        for b, n in enumerate(lengths):
+            if b > a and (b - a >= most_rows or tokens + n > most_tokens):
+                groups.append((a, b))
+                a, tokens = b, 0
+            tokens += n
+        return groups + [(a, len(lengths))]
+
+    def _pass(self, ids: torch.Tensor, mask: torch.Tensor, taps, stop_after: int | None) -> torch.Tensor | None:
+        seqs = self.engine.acquire(ids.shape[0])
+        try:
+            return self.run(ids, mask, seqs, taps, stop_after)
+        finally:
+            self.engine.release(seqs)
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor, seqs: list[int], taps, stop_after: int | None = None,
             start: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -97,13 +97,12 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     processes or machines (--layers 0,4,8 --no-table, ...); a last call over every layer reuses their runs,
     trains or reads AdaLayers and writes the table."""
     from adalayers.cli import recipes
-    from adalayers.model.backbone import Backbone
     from adalayers.data.tasks import load_task
     from adalayers.core import pick_device
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    backbone = Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
+    backbone = recipes.load_base(cfg, pick_device(cfg.train.device))  # on the runtime of model.runtime
     data = load_task(cfg)
     num_layers, main = backbone.num_layers, data.main_metric
     wanted = parse_layers(layers, num_layers)

@@ -117,6 +117,8 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 class Backbone(nn.Module):
     """A frozen Hugging Face model with hooks on its embedding output and every layer."""
 
+    runtime_name = "torch"  # the runtime whose states these are (a cache entry's key names any other)
+
     def __init__(self, model: nn.Module, tokenizer, name: str, states: str = "encoder"):
         super().__init__()
         self.model, self.tokenizer, self.name, self.states = model, tokenizer, name, states

@@ -226,6 +226,9 @@ def compare(cfg, specs: list[str], out: Path, strategy_sets: list[str] | None = 
     from adalayers.lab import strategies
 
     out = Path(out)
+    if cfg.model.runtime != "torch":
+        raise ConfigError(f"model.runtime={cfg.model.runtime}: compare's strategies (fine-tuning, adapters, full "
+                          f"passes) need the base as a torch module; use model.runtime: torch")
     if not specs:
         raise ConfigError("--strategies: give at least one strategy")
     if seeds < 1:

@@ -2,7 +2,8 @@
 
 The key of a split's entry is everything its hidden states depend on: the base's fingerprint,
 the tokenizer, max_length, encoder/decoder states, the sha256 of the dataset files, the split
-name and a hash of the split's token ids. A split's entry is built the first time one of its
+name and a hash of the split's token ids (and the runtime, when it is not torch: llama.cpp runs a
+GGUF base quantized, so its states differ from torch's under the same fingerprint). A split's entry is built the first time one of its
 batches arrives: one pass of the base over the split, shard by shard, each shard in length order
 (less padding than a shuffled epoch), every layer written. Later batches read only the layers some
 task uses, streaming shard by shard from memory-mapped files, so a cache larger than RAM trains.
@@ -77,6 +78,9 @@ def split_fields(cfg, backbone, data, split: EncodedSplit, files_hash: dict) -> 
     precision = precision_of(cfg.train.precision, backbone.device)
     if precision != "fp32":  # fp32 entries keep the keys they had before precision was part of the key
         fields["precision"] = precision
+    runtime = getattr(backbone, "runtime_name", "torch")
+    if runtime != "torch":  # llama.cpp runs the GGUF quantized: other states under the same fingerprint
+        fields["runtime"] = runtime
     return fields
 
 
