@@ -26,7 +26,7 @@ def cmd_predict_files(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        manifest = local.run(job, args.output, batch_size=args.batch_size, device=args.device)
+        manifest = local.run(job, args.output, batch_size=args.batch_size, device=args.device, num_threads=args.threads)
     print(json.dumps({"output": str(args.output), "rows_read": manifest.get("rows_read"),
                       "rows": manifest["rows"], "parts": len(manifest["parts"]),
                       "bad_rows": manifest.get("bad_rows", 0), "seconds": manifest.get("seconds_last_run")}))
@@ -59,7 +59,7 @@ def add_commands(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
     p.add_argument("--runtime", default="torch", choices=["torch", "llama.cpp"],
                    help="torch: the PyTorch pass; llama.cpp: a GGUF base run quantized by llama.cpp (docs/llm.md)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (per actor with --engine ray: 1)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of torch and of the llama.cpp engine (per actor with --engine ray: 1)")
     p.add_argument("--engine", default="local", choices=["local", "ray"],
                    help="local: this process, resumable parts; ray: Ray Data actors (pip install 'adalayers[ray]')")
     g = p.add_argument_group("--engine ray")

@@ -97,8 +97,11 @@ class SideTasksIngress:
         self.cfg = ServeConfig(**cfg)
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
+        # --threads also sizes the replica's llama.cpp / ONNX Runtime engine (their own default: 4 threads or
+        # every core, per replica)
         self.side = SideTasks.load(base, heads, primary=self.cfg.primary, device=self.cfg.device,
-                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, backend=backend)
+                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, backend=backend,
+                                   threads=self.cfg.num_threads)
         self.predict_many.set_max_batch_size(self.cfg.max_batch)
         self.predict_many.set_batch_wait_timeout_s(self.cfg.max_wait_ms / 1000)
         self.batcher = ServeBatcher(self.predict_many, self.cfg.max_batch, self.cfg.max_wait_ms / 1000,
@@ -168,7 +171,7 @@ def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1
                                         "target_ongoing_requests": max(1, cfg.max_batch // 2)}}
     else:
         scale = {"num_replicas": replicas}
-    # half a logical CPU each: a local Ray of 2 CPUs holds up to 4 replicas (torch threads: --threads)
+    # half a logical CPU each: a local Ray of 2 CPUs holds up to 4 replicas (CPU threads: --threads)
     deployment = serve.deployment(SideTasksIngress, name="adalayers", ray_actor_options={"num_cpus": 0.5},
                                   max_ongoing_requests=max(100, 4 * cfg.max_batch), graceful_shutdown_timeout_s=30,
                                   health_check_period_s=10, **scale)
