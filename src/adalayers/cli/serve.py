@@ -53,7 +53,8 @@ def cmd_serve(args) -> int:
     if args.engine == "ray":
         return _serve_on_ray(args, cfg)
     side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
-                          max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend)
+                          max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend,
+                          threads=cfg.num_threads)
     print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
           f"at http://{cfg.host}:{cfg.port}  (docs: /docs{', playground: /' if cfg.ui else ''})", flush=True)
     uvicorn.run(create_app(side, cfg, api_key), host=cfg.host, port=cfg.port, log_level=args.log_level,

@@ -60,7 +60,8 @@ class ServeConfig(BaseModel):
                                                     "exit); answers then carry no base output (default: off, the "
                                                     "base runs to its end)"})
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (CUDA when present), cpu or cuda.")
-    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).",
+    num_threads: int | None = Field(None, ge=1, description="CPU threads: torch's, and the ONNX Runtime or llama.cpp "
+                                                            "engine's (None = each one's default).",
                                     json_schema_extra={"flag": "--threads"})
     max_tokens: int = Field(16_384, ge=1, description="Tokens per request (plain rows plus token-head windows); "
                                                       "more is answered 413.")
