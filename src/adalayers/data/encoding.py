@@ -139,18 +139,25 @@ def word_tokenizer(tokenizer):
 def word_windows(counts: list[int], budget: int) -> list[tuple[int, int]]:
     """Split words into windows of at most `budget` sub-tokens, at word boundaries: [(first, last + 1)].
 
-    counts[w] = sub-tokens of word w. A window closes before the word that would overflow it; a
-    single word longer than the budget gets a window of its own (the tokenizer truncates it).
-    Training (token tasks) and serving (long texts) both cut with this, so they see the same windows.
+    counts[w] = sub-tokens of word w. A single word longer than the budget gets a window of its own
+    (the tokenizer truncates it). Training (token tasks) and serving (long texts) both cut with this,
+    so they see the same windows.
     """
-    windows, start, used = [], 0, 0
-    for w, c in enumerate(counts):
-        if used + c > budget and w > start:
-            windows.append((start, w))
-            start, used = w, 0
-        used += c
-    windows.append((start, len(counts)))
-    return windows
+    return consecutive(counts, budget)
+
+
+def consecutive(sizes: list[int], budget: int, most: int | None = None) -> list[tuple[int, int]]:
+    """Items in order, cut into runs [(first, last + 1)] of at most `budget` in total size and `most` items: a
+    run closes before the item that would overflow it; an item larger than the budget gets a run of its own.
+    (Words into windows, a request's texts into slices, rows into llama.cpp passes.)"""
+    runs, start, used = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and (used + n > budget or (most is not None and i - start >= most)):
+            runs.append((start, i))
+            start, used = i, 0
+        used += n
+    runs.append((start, len(sizes)))
+    return runs
 
 
 def first_subtokens(word_ids: list[int | None]) -> Iterator[tuple[int, int]]:

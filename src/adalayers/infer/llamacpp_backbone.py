@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adalayers.data.encoding import consecutive
 from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
 from adalayers.errors import ModelError
@@ -143,14 +144,7 @@ class LlamaCppBackbone(TappedRuntime):
     def _groups(self, lengths: list[int]) -> list[tuple[int, int]]:
         """Consecutive rows [a, b) in groups of at most the free sequences and n_batch tokens (a row longer than
         n_batch stays alone: llama.cpp refuses it in one line)."""
-        most_rows, most_tokens = max(1, self.engine.free_sequences), self.engine.n_batch
-        groups, a, tokens = [], 0, 0
-        for b, n in enumerate(lengths):
-            if b > a and (b - a >= most_rows or tokens + n > most_tokens):
-                groups.append((a, b))
-                a, tokens = b, 0
-            tokens += n
-        return groups + [(a, len(lengths))]
+        return consecutive(lengths, self.engine.n_batch, max(1, self.engine.free_sequences))
 
     def _pass(self, ids: torch.Tensor, mask: torch.Tensor, taps, stop_after: int | None) -> torch.Tensor | None:
         seqs = self.engine.acquire(ids.shape[0])

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from adalayers.data.encoding import consecutive
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.kinds import TaskKind
@@ -136,7 +137,7 @@ class Batcher:
         if not self.tokens_per_s or job.tokens <= limit or job.per_text is None or len(job.texts) < 2 \
                 or job.future.done():
             return job
-        parts = slices(job.per_text, limit)
+        parts = consecutive(job.per_text, limit)
         if len(parts) < 2:
             return job
         loop = asyncio.get_running_loop()
@@ -249,18 +250,6 @@ class Batcher:
             log.error("a request failed on the server side: %s", e, exc_info=e)
         if not job.future.done():
             job.future.set_exception(e)
-
-
-def slices(per_text: list[int], limit: int) -> list[tuple[int, int]]:
-    """Consecutive (start, end) ranges of texts of at most `limit` tokens each (a longer text alone)."""
-    out, start, tokens = [], 0, 0
-    for i, n in enumerate(per_text):
-        if i > start and tokens + n > limit:
-            out.append((start, i))
-            start, tokens = i, 0
-        tokens += n
-    out.append((start, len(per_text)))
-    return out
 
 
 def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
