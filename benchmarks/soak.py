@@ -229,8 +229,10 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
     by_kind = collections.defaultdict(collections.Counter)
     wrong: list[str] = []
     latencies = collections.defaultdict(list)
+    spans: list[tuple[str, float, float]] = []  # (kind, start, end) of every request, seconds into the phase
     sent = 0
-    stop_at = time.perf_counter() + seconds
+    begin = time.perf_counter()
+    stop_at = begin + seconds
 
     async def client(c: httpx.AsyncClient, who: int):
         nonlocal sent
@@ -249,6 +251,7 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
                 except httpx.HTTPError as e:
                     status, text = type(e).__name__, str(e)
             latencies[kind].append(time.perf_counter() - t0)
+            spans.append((kind, t0 - begin, time.perf_counter() - begin))
             by_kind[kind][status] += 1
             if status not in (expected if isinstance(expected, tuple) else (expected,)):
                 wrong.append(f"{kind}: expected {expected}, got {status} {text[:200]}")
@@ -260,7 +263,19 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
         t0 = time.perf_counter()
         await asyncio.gather(*[client(c, k) for k in range(clients)])
         wall = time.perf_counter() - t0
-    return {"seconds": wall, "by_kind": by_kind, "latencies": latencies, "wrong": wrong}
+    return {"seconds": wall, "by_kind": by_kind, "latencies": latencies, "wrong": wrong, "spans": spans}
+
+
+def slowest_valid(records: list[dict], n: int = 5) -> list[dict]:
+    """The n slowest valid requests of a phase, each with the kinds of the requests in flight beside it."""
+    out = []
+    for r in records:
+        for kind, a, b in r["spans"]:
+            if kind == "valid":
+                beside = collections.Counter(k for k, x, y in r["spans"] if x < b and y > a)
+                beside["valid"] -= 1  # itself
+                out.append({"ms": round(1000 * (b - a)), "at_s": round(a, 1), "beside": dict(beside.most_common())})
+    return sorted(out, key=lambda d: -d["ms"])[:n]
 
 
 def summary(records: list[dict]) -> dict:
@@ -283,7 +298,8 @@ def summary(records: list[dict]) -> dict:
             "valid_failed": sum(n for s, n in by_kind["valid"].items() if s != 200),
             "fivexx": sum(n for s, n in codes.items() if isinstance(s, int) and s >= 500),
             "p50_ms": 1000 * statistics.median(all_lat), "p99_ms": 1000 * q[98],
-            "valid_p50_ms": 1000 * statistics.median(valid), "valid_p99_ms": 1000 * qv[98]}
+            "valid_p50_ms": 1000 * statistics.median(valid), "valid_p99_ms": 1000 * qv[98],
+            "slowest_valid": slowest_valid(records)}
 
 
 def report(title: str, phases: dict[str, dict], rss: dict, rounds: list[dict], health: dict, heap: dict,

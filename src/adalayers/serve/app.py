@@ -60,7 +60,7 @@ def _lifespan(batcher):
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if isinstance(batcher, Batcher):
-            batcher.queue = asyncio.Queue()  # bound to the server's event loop (Ray Serve's batcher has none)
+            batcher.bind()  # its queue on the server's event loop (Ray Serve's batcher has none)
         worker = asyncio.create_task(batcher.run())
         yield
         worker.cancel()

@@ -10,9 +10,11 @@ waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
 
 A request whose tokens would take the base longer than slice_s (at the tokens/s of the passes so far, a
 running mean) runs in slices of whole texts of about that much work (a longer text alone): the first slice
-at once, each later one queued when the one before is answered, behind whatever arrived meanwhile, so a
-short request waits for one slice of a large one, not for all of it (turns, as in round-robin). The
-request's answer is its slices' answers in order; a slice that fails fails the request.
+at once, each later one queued when the one before is answered. The queue serves, each in arrival order:
+requests of at most one slice of work, then the first slices of larger ones, then the later slices of running
+ones; so a short request waits for the one slice that is running, not for the large requests that came before
+it (they take the time no short request asks for, within their deadline). The request's answer is its slices'
+answers in order; a slice that fails fails the request.
 
 Ray Serve (serve/ray_serve.py) has a batcher of its own with the same interface (submit -> Job, run,
 queue, the counters /health reads) and answers through the same predict_group.
@@ -20,6 +22,7 @@ queue, the counters /health reads) and answers through the same predict_group.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import threading
@@ -78,7 +81,21 @@ class Batcher:
     _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `pending` changes from threads too
 
     def __post_init__(self):
-        self.queue = asyncio.Queue()
+        self.bind()
+
+    def bind(self) -> None:
+        """A new (empty) queue on the running event loop, of (turn, arrival, job): turn 0 a request of at most one
+        slice of work, 1 a larger one (its first slice), 2 the later slices of a running one."""
+        self.queue, self._arrival = asyncio.PriorityQueue(), itertools.count()
+
+    def _slice_tokens(self) -> int:
+        """The tokens of one slice of work at the base's measured speed (0 before the first pass)."""
+        return max(1, int(self.tokens_per_s * self.slice_s)) if self.tokens_per_s else 0
+
+    def _put(self, job: Job, later: bool = False) -> None:
+        limit = self._slice_tokens()
+        turn = 2 if later else int(bool(limit) and job.tokens > limit)
+        self.queue.put_nowait((turn, next(self._arrival), job))
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
                per_text: list[int] | None = None) -> Job:
@@ -92,7 +109,7 @@ class Batcher:
         with self._count:
             self.pending += 1
         job.future.add_done_callback(self._settled)
-        self.queue.put_nowait(job)
+        self._put(job)
         return job
 
     def _settled(self, _future) -> None:
@@ -121,7 +138,7 @@ class Batcher:
 
     async def _next(self) -> Job:
         while True:  # skip jobs nobody waits for any more
-            job = self._sliced(await self.queue.get())
+            job = self._sliced((await self.queue.get())[2])
             if not job.future.done():
                 return job
             self._drop(job)
@@ -133,8 +150,8 @@ class Batcher:
     def _sliced(self, job: Job) -> Job:
         """A request of more work than slice_s: its first slice (each next one is queued when the one before is
         answered); else the job. Nothing is sliced before a pass has measured the base's tokens/s."""
-        limit = max(1, int(self.tokens_per_s * self.slice_s))
-        if not self.tokens_per_s or job.tokens <= limit or job.per_text is None or len(job.texts) < 2 \
+        limit = self._slice_tokens()
+        if not limit or job.tokens <= limit or job.per_text is None or len(job.texts) < 2 \
                 or job.future.done():
             return job
         parts = consecutive(job.per_text, limit)
@@ -152,8 +169,8 @@ class Batcher:
                 job.future.set_exception(future.exception())
                 return
             answers[k] = future.result()
-            if k + 1 < len(jobs):  # the next slice queues now, behind whatever arrived while this one ran
-                self.queue.put_nowait(jobs[k + 1])
+            if k + 1 < len(jobs):  # the next slice queues now, after any new request
+                self._put(jobs[k + 1], later=True)
             else:
                 job.future.set_result([r for a in answers for r in a])
                 self.requests += 1
@@ -173,7 +190,7 @@ class Batcher:
             while n < self.max_batch and tokens < self.max_batch_tokens:
                 try:
                     left = deadline - loop.time()
-                    job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                    job = (self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left))[2]
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
                 job = self._sliced(job)
