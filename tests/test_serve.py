@@ -126,10 +126,14 @@ def test_tasks_health_and_openapi(client, side):
     if isinstance(client, TestClient):  # the app runs in this process: 64 MB more, written to, shows in /health
         held = bytearray(64 * 2**20)
         held[::4096] = b"x" * len(held[::4096])
-        after = client.get("/health").json()["memory"]
-        assert after["rss_mb"] - health["memory"]["rss_mb"] > 60
+        after, before = client.get("/health").json()["memory"], health["memory"]
+        grew = after["rss_mb"] - before["rss_mb"] > 60
         if after["heap_in_use_mb"] is not None:  # glibc
-            assert after["heap_in_use_mb"] - health["memory"]["heap_in_use_mb"] > 60
+            assert after["heap_in_use_mb"] - before["heap_in_use_mb"] > 60
+            # malloc may serve the 64 MB from memory it freed but kept resident: the RSS then stays
+            assert grew or before["heap_free_mb"] > 60, (before, after)
+        else:
+            assert grew, (before, after)
         del held
     schema = client.get("/openapi.json").json()
     assert "/predict" in schema["paths"] and "PredictRequest" in schema["components"]["schemas"]
