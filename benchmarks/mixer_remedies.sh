@@ -20,6 +20,9 @@ declare -A ROWS=(
   [entropy]="--set mixer.entropy_lambda=0.01"
   [freeze2]="--set mixer.freeze_after=2"
   [freeze3]="--set mixer.freeze_after=3"
+  [learn_after3]="--set mixer.learn_after=3"
+  [warmup2]="--set mixer.warmup_epochs=2"
+  [init_middle]="--set mixer.init_layer=middle"
 )
 mkdir -p "$OUT"
 for row in "$@"; do

@@ -151,3 +151,85 @@ def test_freeze_after_stops_the_layer_weights_and_nothing_else_also_across_a_res
         weights("resumed", on_epoch=stop_after_2, max_epochs=3)
     resumed, _ = weights("resumed", max_epochs=3)
     assert resumed == frozen
+
+
+@pytest.mark.parametrize("layers,init,share,favoured", [(7, 3, 0.5, 3), (13, "middle", 0.5, 6), (19, "middle", 0.3, 9),
+                                                        (5, 0, 0.8, 0)])
+def test_a_warm_start_starts_the_weights_at_the_share_asked(layers, init, share, favoured):
+    mixer = AdaLayersMixer(layers, 8, MixerConfig(k=4, init_layer=init, init_share=share))
+    w = mixer.layer_weights().tolist()
+    rest = (1 - share) / (layers - 1)
+    assert w == pytest.approx([share if i == favoured else rest for i in range(layers)], abs=1e-6)
+
+
+def test_no_warm_start_is_the_uniform_mix_and_a_pinned_mixer_ignores_it():
+    assert AdaLayersMixer(4, 8, MixerConfig(k=4)).layer_weights().tolist() == pytest.approx([0.25] * 4)
+    pinned = AdaLayersMixer(4, 8, MixerConfig(k=4, pin_layer=2, init_layer=0))
+    assert pinned.layer_weights().tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(init_layer=7), "mixer.init_layer: the base has layers 0..6, got 7"),
+    (dict(init_layer=1, init_share=0.97), "mixer.init_share: 0.97 starts the other 6 layers at 0.0050 each, at or "
+                                          "below mixer.cutoff (0.01)"),
+])
+def test_a_warm_start_that_cannot_be_is_a_one_line_error(cfg, message):
+    from adalayers.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        AdaLayersMixer(7, 8, MixerConfig(k=4, **cfg))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_negative_init_layer_is_refused_by_the_config():
+    from adalayers import config as config_mod
+    from adalayers.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mixer.init_layer: a layer number from 0"):
+        config_mod.from_dict(Config().to_dict(), ["mixer.init_layer=-1"])
+    assert config_mod.from_dict(Config().to_dict(), ["mixer.init_layer=middle"]).mixer.init_layer == "middle"
+
+
+class OneBatchFeed:
+    steps, validate = 1, None
+
+    def epoch(self, epoch, generator):
+        return [epoch]
+
+
+@pytest.mark.parametrize("mixer,expected", [
+    (dict(warmup_epochs=2), [(True, False), (True, False), (True, True), (True, True)]),
+    (dict(learn_after=1), [(False, True), (True, True), (True, True), (True, True)]),
+    (dict(learn_after=1, freeze_after=2), [(False, True), (True, True), (False, True), (False, True)]),
+    (dict(warmup_epochs=1, learn_after=2), [(True, False), (False, True), (True, True), (True, True)]),
+])
+def test_the_schedule_says_what_learns_in_each_epoch(mixer, expected):
+    from adalayers.recipes.train import MixSchedule
+
+    task = task_with(**mixer)
+    schedule = MixSchedule(OneBatchFeed(), task, task.cfg.mixer)
+    assert MixSchedule.wanted(task.cfg.mixer)
+    assert [schedule.learning(epoch) for epoch in (1, 2, 3, 4)] == expected
+    assert not MixSchedule.wanted(task_with(pin_layer=1, **mixer).cfg.mixer)  # a pinned mixer trains as usual
+
+
+def test_a_mixer_only_warm_up_moves_the_logits_alone_then_everything(monkeypatch):
+    """warmup_epochs=1: an AdamW step in epoch 1 changes p and nothing else; in epoch 2 the rest moves too."""
+    from adalayers.recipes.train import MixSchedule
+
+    torch.manual_seed(0)
+    task = task_with(warmup_epochs=1, learn_after=0, cutoff=0.0)
+    schedule = MixSchedule(OneBatchFeed(), task, task.cfg.mixer)
+    opt = adamw(Fed(task, None).param_groups(), FitSettings(lr=1e-3, max_epochs=2), torch.device("cpu"))
+    states, mask = [torch.randn(3, 5, 12) for _ in range(4)], torch.ones(3, 5, dtype=torch.long)
+    moved = []
+    for epoch in (1, 2):
+        list(schedule.epoch(epoch, None))
+        before = {n: q.detach().clone() for n, q in task.named_parameters()}
+        opt.zero_grad(set_to_none=True)
+        task.loss(task(states, mask), torch.tensor([0, 1, 1])).backward()
+        opt.step()
+        moved.append({n for n, q in task.named_parameters() if not torch.equal(q.detach(), before[n])})
+    assert moved[0] == {"mixer.p"}
+    assert "mixer.p" in moved[1] and any(n.startswith("head.") for n in moved[1]) and \
+        any(n.startswith("mixer.proj.") for n in moved[1])

@@ -191,6 +191,18 @@ class MixerConfig(Section):
                                              "epochs (the layer weights stay as they were then; the projections "
                                              "and the head go on learning); None = they learn throughout.", ge=0,
                                        le=1_000_000)
+    learn_after: int = setting(0, "Training only: the mixing logits p stay as initialised (the uniform mix, or "
+                                  "mixer.init_layer's) for this many epochs while the projections and the head "
+                                  "learn, then learn too: a step anneal of alpha from 0; 0 = they learn from the "
+                                  "start.", ge=0, le=1_000_000)
+    warmup_epochs: int = setting(0, "Training only: for this many epochs only the mixing logits p learn (the "
+                                    "projections and the head stay as initialised), then everything learns: a "
+                                    "mixer-only warm-up; 0 = off.", ge=0, le=1_000_000)
+    init_layer: int | Literal["middle"] | None = setting(
+        None, "Warm start: the layer weights start with mixer.init_share on this layer (0 = the embedding output; "
+              "'middle' = layer (L-1)//2 of the L states) and the rest shared evenly, instead of uniform; None = "
+              "uniform.")
+    init_share: Fraction = setting(0.5, "The starting weight of mixer.init_layer (with it set).")
 
 
 class HeadConfig(Section):
@@ -319,6 +331,9 @@ class Config(Section):
     def _fields_agree(self):
         if self.mixer.k % self.head.num_heads:
             raise ValueError(f"head.num_heads: must divide mixer.k ({self.mixer.k}), got {self.head.num_heads}")
+        if isinstance(self.mixer.init_layer, int) and self.mixer.init_layer < 0:
+            raise ValueError(f"mixer.init_layer: a layer number from 0 (the embedding output) or 'middle', got "
+                             f"{self.mixer.init_layer}")
         if self.model.runtime == "llama.cpp" and self.train.device == "cuda":
             raise ValueError("train.device: model.runtime=llama.cpp runs the base on the CPU; use cpu or auto")
         if self.model.runtime == "llama.cpp" and self.train.precision in ("bf16", "fp16"):

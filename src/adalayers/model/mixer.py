@@ -1,7 +1,7 @@
 """AdaLayers: project every hidden layer to k dims, weight the layers, and sum.
 
     f_i     = LayerNorm_noaffine(GELU(Z_i) W_i^T)         W_i: d -> k, no bias
-    weights = softmax(alpha * p); weights <= cutoff -> 0; renormalise
+    weights = softmax(alpha * p); weights <= cutoff -> 0; renormalise       (p starts at 1: the uniform mix)
     training, layer_dropout q > 0: weights_i m_i / sum_j weights_j m_j,  m_i ~ Bernoulli(1 - q) per batch
     F       = sum_i weights_i * f_i                        (B, T, k)
 
@@ -79,6 +79,36 @@ def drop_layers(w: torch.Tensor, q: float, generator: torch.Generator | None = N
     return kept / kept.sum()
 
 
+def start_layer(num_layers: int, cfg: MixerConfig) -> int | None:
+    """The layer a warm start favours (mixer.init_layer; 'middle' = (L-1)//2 of the L states), or None."""
+    if cfg.init_layer is None or cfg.pin_layer is not None:
+        return None
+    i = (num_layers - 1) // 2 if cfg.init_layer == "middle" else cfg.init_layer
+    if not 0 <= i < num_layers:
+        raise ConfigError(f"mixer.init_layer: the base has layers 0..{num_layers - 1}, got {i}")
+    return i
+
+
+def initial_logits(num_layers: int, cfg: MixerConfig) -> torch.Tensor:
+    """p at the start: all ones (the uniform mix), or a warm start, softmax(alpha p) = s on layer
+    mixer.init_layer and (1 - s) / (L - 1) on each other layer (s = mixer.init_share):
+
+        p_i = 1 + log(w_i / w_min) / alpha,   w_min = the smallest starting weight
+    """
+    p = torch.ones(num_layers)
+    i = start_layer(num_layers, cfg)
+    if i is None or num_layers == 1:
+        return p
+    rest = (1 - cfg.init_share) / (num_layers - 1)
+    if cfg.init_share <= 0 or rest <= cfg.cutoff:
+        raise ConfigError(f"mixer.init_share: {cfg.init_share} starts the other {num_layers - 1} layers at "
+                          f"{rest:.4f} each, {'at or below mixer.cutoff (' + str(cfg.cutoff) + '), so they would be cut from the start' if rest <= cfg.cutoff else 'and layer ' + str(i) + ' at 0'}; "
+                          f"give a share in (0, {1 - cfg.cutoff * (num_layers - 1):.3f})")
+    w = torch.full((num_layers,), rest, dtype=torch.float64)
+    w[i] = cfg.init_share
+    return (1 + torch.log(w / w.min()) / cfg.alpha).float()
+
+
 class AdaLayersMixer(nn.Module):
     train_dtype: torch.dtype | None = None  # the projections' dtype while training (train.head_precision; adalayers.model.bf16)
 
@@ -89,7 +119,7 @@ class AdaLayersMixer(nn.Module):
         self.cfg = cfg
         self.num_layers, self.hidden_size, self.k = num_layers, hidden_size, cfg.k
         self.proj = nn.ModuleList(nn.Linear(hidden_size, cfg.k, bias=False) for _ in range(num_layers))
-        self.p = nn.Parameter(torch.ones(num_layers))
+        self.p = nn.Parameter(initial_logits(num_layers, cfg))
         self.dropout = Dropout(cfg.dropout)
         pinned = torch.zeros(num_layers, dtype=torch.bool)
         if cfg.pin_layer is not None:

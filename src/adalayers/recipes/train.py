@@ -60,22 +60,45 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
                            main_metric=data.main_metric)
 
     feed = SplitFeed(encoded["train"], tc.batch_size, pad_id, validate)
-    if cfg.mixer.freeze_after is not None:
-        feed = FreezeMix(feed, task.mixer, cfg.mixer.freeze_after)
+    if MixSchedule.wanted(cfg.mixer):
+        feed = MixSchedule(feed, task, cfg.mixer)
     return engine_fit(Fed(task, source), feed, FitSettings.of(tc), backbone.device, run_dir=run_dir,
                       resume_key=cfg.to_dict(), differences=resume_differences, resume=resume, on_best=save_best, on_epoch=on_epoch)
 
 
-class FreezeMix:
-    """A training feed whose epochs after `after` run with the mixing logits frozen (mixer.freeze_after). The
-    switch is made as each epoch starts, so a resumed run freezes them too."""
+class MixSchedule:
+    """A training feed that switches what learns as each epoch starts (so a resumed run does the same):
 
-    def __init__(self, feed, mixer, after: int):
-        self.feed, self.mixer, self.after = feed, mixer, after
+        epochs 1..warmup_epochs                 only the mixing logits p learn (mixer.warmup_epochs)
+        up to epoch learn_after                 p stays as initialised; the rest learns (mixer.learn_after)
+        after epoch freeze_after                p stops learning; the rest goes on (mixer.freeze_after)
+        otherwise                               everything learns
+
+    A pinned mixer (mixer.pin_layer) has no mix to schedule: it trains as usual. A parameter that does not
+    learn in an epoch gets no gradient, so AdamW leaves it (and its weight decay) alone."""
+
+    def __init__(self, feed, task, mixer_cfg):
+        self.feed, self.task, self.cfg = feed, task, mixer_cfg
         self.steps, self.validate = feed.steps, feed.validate
+        self.rest = [q for q in task.trainable_parameters() if q is not task.mixer.p]
+
+    @staticmethod
+    def wanted(m) -> bool:
+        return m.pin_layer is None and (m.freeze_after is not None or m.learn_after > 0 or m.warmup_epochs > 0)
+
+    def learning(self, epoch: int) -> tuple[bool, bool]:
+        """(the mixing logits learn, the projections and the head learn) in `epoch` (from 1)."""
+        m = self.cfg
+        if epoch <= m.warmup_epochs:
+            return True, False
+        logits = epoch > m.learn_after and (m.freeze_after is None or epoch <= m.freeze_after)
+        return logits, True
 
     def epoch(self, epoch: int, generator):
-        self.mixer.learn_weights(epoch <= self.after)
+        logits, rest = self.learning(epoch)
+        self.task.mixer.learn_weights(logits)
+        for q in self.rest:
+            q.requires_grad_(rest)
         return self.feed.epoch(epoch, generator)
 
 
