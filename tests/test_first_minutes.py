@@ -218,3 +218,33 @@ def test_predict_files_without_base_takes_the_heads_base(base, tmp_path, capsys)
                      "--output", str(tmp_path / "out"), "--format", "jsonl"]) == 0
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["job"]["base"] == str(base)
+
+
+def test_many_classes_get_epochs_enough_for_early_stopping_to_end_training(tmp_path, caplog):
+    """--data with 12 classes of 200 rows: not small data (68 steps an epoch x 40 >= 2,000), but many classes,
+    so max_epochs 100 and a log line saying so; with 2 classes the closest config's settings stay; both say
+    which settings they took."""
+    import csv
+    import logging
+
+    train = {"lr": 1e-4, "max_epochs": 40, "early_stopping": 10, "batch_size": 32}
+    assert shortcut.many_class_defaults(dict(train), 2) is None and shortcut.many_class_defaults(dict(train), None) is None
+    for classes, epochs in ((12, 100), (2, 40)):
+        path = tmp_path / f"c{classes}.csv"
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            for i in range(2_400):
+                w.writerow([f"text number {i}", f"class_{i % classes}"])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="adalayers.data.tasks.shortcut"):
+            cfg = shortcut.shortcut_config(None, {"train": str(path)}, [])
+        assert cfg.train.max_epochs == epochs and cfg.train.lr == 1e-4
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(line.startswith(f"training settings: lr 0.0001, batch 32 (68 steps an epoch over 2,160 training "
+                                   f"rows, {classes} classes), max_epochs {epochs}, early_stopping 10")
+                   for line in lines), lines
+        assert any("12 classes: train.max_epochs 100 (not 40)" in line for line in lines) == (classes == 12)
+    # --set chooses: nothing raised
+    assert shortcut.shortcut_config(None, {"train": str(tmp_path / "c12.csv")},
+                                    ["train.max_epochs=30"]).train.max_epochs == 30

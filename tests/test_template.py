@@ -54,11 +54,31 @@ def test_format_strings_and_pairs():
     assert Template("Review: {text} ! {{x}}").apply(tok, ["a {b}"]) == (["Review: a {b} ! {x}"], None)
     pair = Template("Q1: {text} Q2: {text_pair}")
     assert pair.apply(tok, ["a", "b"], ["c", "d"]) == (["Q1: a Q2: c", "Q1: b Q2: d"], None)
-    assert Template().apply(tok, ["a"], ["b"]) == (["a"], ["b"])  # off: as given
+    # off: a decoder's pair is one text joined by task.pair_separator (no second BOS between the texts)
+    assert Template().apply(tok, ["a", "b"], ["c", "d"]) == (["a\nc", "b\nd"], None)
+    assert Template(pair_separator=" | ").apply(tok, ["a"], ["c"]) == (["a | c"], None)
+    assert Template(pair_separator=None).apply(tok, ["a"], ["b"]) == (["a"], ["b"])  # the tokenizer's encoding
+    assert Template().apply(tok, ["a"]) == (["a"], None)
     with pytest.raises(DataError, match="takes sentence pairs, got single texts"):
         pair.apply(tok, ["a"])
     with pytest.raises(DataError, match="takes single texts, got sentence pairs"):
         Template("{text}").apply(tok, ["a"], ["b"])
+
+
+def test_an_encoders_pair_keeps_its_own_pair_encoding_and_a_decoders_reads_one_text():
+    from transformers import AutoTokenizer
+
+    from adalayers.data.templates import joins_pairs
+    from adalayers.model import model_packages
+
+    bert = AutoTokenizer.from_pretrained(str(model_packages.path_for("minilm-l6")))
+    assert not joins_pairs(bert) and Template().apply(bert, ["a"], ["b"]) == (["a"], ["b"])
+    for bos in (True, False):
+        tok = decoder_tokenizer(bos)
+        assert joins_pairs(tok)
+        ids = tok(*Template().apply(tok, ["the dog"], ["a book"]))["input_ids"][0]
+        assert ids.count(tok.bos_token_id) == (1 if bos else 0)  # the tokenizer's pair encoding: two with bos
+        assert tok.convert_ids_to_tokens(ids)[-4:] == ["the", "dog", "a", "book"]
 
 
 @pytest.mark.parametrize("bos", [True, False])

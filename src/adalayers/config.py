@@ -113,6 +113,12 @@ class TaskConfig(Section):
     add_generation_prompt: bool = setting(True, "task.template chat: end each text with the opening of the "
                                                 "assistant's turn (apply_chat_template's add_generation_prompt), "
                                                 "where a chat model starts its answer.")
+    pair_separator: str | None = setting("\n", "Sentence pairs without task.template on a base whose tokenizer "
+                                               "has no separator token of its own (decoders: Gemma's pair encoding "
+                                               "puts a second BOS, with its outsized state, between the texts; Qwen's "
+                                               "and GPT-2's nothing): the base reads text + this + text_pair as one "
+                                               "text. None = the tokenizer's pair encoding as it is. Encoders ([SEP], "
+                                               "</s>) always use their own pair encoding.")
 
     @model_validator(mode="before")
     @classmethod

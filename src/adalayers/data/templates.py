@@ -11,7 +11,9 @@ SideTasks.generate all call it, so a head always reads what it was trained on. T
 then tokenized as usual (special tokens included). A chat template usually writes the BOS token
 itself (Gemma's does); when the tokenizer also prepends one, the template's leading BOS is
 dropped, so a text never starts with two. A pair template turns the pair into one text (the
-tokenizer's pair encoding is not used). Off (None) by default: texts run as given.
+tokenizer's pair encoding is not used). Off (None) by default: texts run as given, except that a pair on
+a base whose tokenizer has no separator token (a decoder's) is read as one text, text + "\n" + text_pair
+(task.pair_separator), not as the tokenizer's pair encoding (Gemma's puts a second BOS between the texts).
 
 Token tasks take no template: their heads tag the words of the text as given, and a template
 would add words (and move every character offset) that no tag belongs to.
@@ -29,10 +31,11 @@ from adalayers.template_spec import EXAMPLE, FIELDS, fields, spec_problem  # noq
 class Template:
     spec: str | None = None            # None (off), "chat", or a format string
     add_generation_prompt: bool = True  # chat only: end with the opening of the assistant's turn
+    pair_separator: str | None = "\n"  # off, pairs, a tokenizer without a separator: text + this + text_pair
 
     @classmethod
     def of(cls, cfg) -> "Template":
-        return cls(cfg.task.template, bool(cfg.task.add_generation_prompt))
+        return cls(cfg.task.template, bool(cfg.task.add_generation_prompt), cfg.task.pair_separator)
 
     @property
     def on(self) -> bool:
@@ -77,8 +80,11 @@ class Template:
 
     def apply(self, tokenizer, texts: list[str], pairs: list[str] | None = None
               ) -> tuple[list[str], list[str] | None]:
-        """(texts, pairs) as the base reads them: unchanged when off; else one wrapped string each, no pairs."""
+        """(texts, pairs) as the base reads them: unchanged when off (a pair joined by pair_separator when the
+        tokenizer has no separator of its own: joins_pairs); else one wrapped string each, no pairs."""
         if not self.on:
+            if pairs is not None and self.pair_separator is not None and joins_pairs(tokenizer):
+                return [t + self.pair_separator + p for t, p in zip(texts, pairs)], None
             return list(texts), pairs
         if (pairs is not None) != self.takes_pairs:
             raise DataError(f"{self.describe()} takes {'sentence pairs' if self.takes_pairs else 'single texts'}, "
@@ -90,6 +96,14 @@ class Template:
                     for t in texts], None
         except ModelError as e:
             raise ModelError(f"task.template: {e}") from None
+
+
+def joins_pairs(tokenizer) -> bool:
+    """Has the tokenizer no separator token of its own between a pair's texts? Encoders' pair encodings put
+    [SEP] or </s> there, and their models were trained on it; a decoder's tokenizer has none (Gemma's puts a
+    second BOS, whose state is as outsized as the first's; Qwen's and GPT-2's put nothing, not even a space)."""
+    sep = getattr(tokenizer, "sep_token_id", None)
+    return sep is None or sep not in tokenizer("a", "b")["input_ids"]
 
 
 def prepends_bos(tokenizer) -> bool:

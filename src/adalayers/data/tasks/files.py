@@ -95,6 +95,12 @@ def guess_kind(t, fmt: str, train: Table) -> tuple[TaskKind, str]:
     return TaskKind.REGRESSION, "the labels are numbers with decimals"
 
 
+def count_classes(t, train: Table) -> int:
+    """How many different labels the training table holds (task.label's column, default 'label')."""
+    label = "label" if t.label is None else t.label
+    return len({str(_value(loc, row, label)).strip() for loc, row in train.rows})
+
+
 def _label_name(t, loc, v, names: list[str] | None) -> str:
     if names is not None and isinstance(v, int) and 0 <= v < len(names):
         v = names[v]

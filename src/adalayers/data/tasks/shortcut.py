@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from adalayers.data.tasks.files import KIND_WORDS, guess_kind
+from adalayers.data.tasks.files import KIND_WORDS, count_classes, guess_kind
 from adalayers.data.tasks.tables import is_number, read_tables
 from adalayers.kinds import TaskKind
 
@@ -16,6 +16,8 @@ from adalayers.kinds import TaskKind
 FEW_STEPS = 2_000      # optimizer steps in max_epochs below which the small-data defaults apply
 SMALL_DATA_LR = 1e-3
 MAX_SMALL_EPOCHS = 200
+MANY_CLASSES = 10      # classification with this many labels or more: early stopping, not the epoch cap, ends it
+MANY_CLASS_EPOCHS = 100
 CLOSEST_CONFIG = {TaskKind.CLASSIFICATION: "cola.yaml", TaskKind.REGRESSION: "stsb.yaml", TaskKind.TOKENS: "conll.yaml"}
 
 
@@ -58,22 +60,41 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         base["task"] = {**{k: base["task"][k] for k in keep}, **task}
         base["head"]["kind"] = None  # follows the data
         base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
-        _fit_to_small_data(base, len(tables["train"].rows or []), "validation" in tables, overrides)
+        classes = count_classes(probe.task.files, tables["train"]) if kind == TaskKind.CLASSIFICATION else None
+        _fit_to_data(base, len(tables["train"].rows or []), classes, "validation" in tables, overrides)
     return config_mod.from_dict(base, overrides)
 
 
-def _fit_to_small_data(base: dict, rows: int, own_validation: bool, overrides: list[str]) -> None:
-    """The closest config's lr and epochs are made for thousands of rows: a small file gets its own
-    (few_step_defaults), said in the log; not when --set chooses any of them."""
+def _fit_to_data(base: dict, rows: int, classes: int | None, own_validation: bool, overrides: list[str]) -> None:
+    """The closest config's lr and epochs are made for thousands of rows and two classes: a small file gets
+    its own (few_step_defaults), a task of many classes more epochs (many_class_defaults), each said in the
+    log; not when --set chooses any of them. The settings taken are always said."""
     import logging
 
+    log = logging.getLogger(__name__)
     chosen = {o.partition("=")[0].strip() for o in overrides or []}
-    if chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"}:
-        return
     n_train = rows if own_validation else rows - round(rows * base["task"]["validation_fraction"])
-    note = None if n_train < 1 else few_step_defaults(base["train"], n_train)
-    if note:
-        logging.getLogger(__name__).info("%s", note)
+    train = base["train"]
+    if not chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"} and n_train >= 1:
+        for note in (few_step_defaults(train, n_train), many_class_defaults(train, classes)):
+            if note:
+                log.info("%s", note)
+    per_epoch = max(1, math.ceil(max(n_train, 1) / train["batch_size"]))
+    log.info("training settings: lr %g, batch %d (%d steps an epoch over %s training rows%s), max_epochs %d, "
+             "early_stopping %s", train["lr"], train["batch_size"], per_epoch, f"{n_train:,}",
+             f", {classes} classes" if classes else "", train["max_epochs"], train["early_stopping"])
+
+
+def many_class_defaults(train: dict, classes: int | None) -> str | None:
+    """Many classes: each class's examples are a small part of an epoch, and a head at the closest config's
+    40 epochs was still improving at its last epochs (issue 40: 151 classes, best epoch 38 of 40). Raise
+    max_epochs to MANY_CLASS_EPOCHS so that early stopping ends training; returns the log line, or None."""
+    if classes is None or classes < MANY_CLASSES or train["max_epochs"] >= MANY_CLASS_EPOCHS:
+        return None
+    old = train["max_epochs"]
+    train["max_epochs"] = MANY_CLASS_EPOCHS
+    return (f"{classes} classes: train.max_epochs {MANY_CLASS_EPOCHS} (not {old}), so that early stopping "
+            f"(train.early_stopping {train['early_stopping']}) ends training, not the cap; --set it to choose")
 
 
 def few_step_defaults(train: dict, n_train: int) -> str | None:
