@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adalayers.lab.seeds import cell
 
-ORDER = ["default", "layer6", "layer3", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
+ORDER = ["default", "layer6", "layer3", "layer9", "layer12", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
          "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle"]
 
 
@@ -52,6 +52,42 @@ def curve(run: Path, top: list[int]) -> list[str]:
     return lines
 
 
+def log_of(out: Path, row: str) -> list[dict]:
+    m = json.loads((out / row / "metrics.json").read_text())
+    return [json.loads(x) for x in (out / row / m["runs"][0] / "log.jsonl").read_text().splitlines()]
+
+
+def figure(out: Path, rows: list[str], pinned: set[int]) -> None:
+    """OUT/curves.png: every row's validation MCC and training loss by epoch (first seed), and the default
+    row's layer weights by epoch (its 5 largest at the end, the pinned rows' layers and the last layer)."""
+    from adalayers.lab.figures import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for row in rows:
+        log = log_of(out, row)
+        epochs = [e["epoch"] for e in log]
+        axes[0].plot(epochs, [e["validation"]["mcc"] for e in log], label=row)
+        axes[1].plot(epochs, [e["train_loss"] for e in log], label=row)
+    axes[0].set(title="validation MCC (first seed)", xlabel="epoch", ylabel="MCC")
+    axes[1].set(title="training loss (first seed)", xlabel="epoch", ylabel="loss")
+    axes[0].legend(fontsize=7)
+    if "default" in rows:
+        log = log_of(out, "default")
+        w = [e["layer_weights"] for e in log]
+        top = sorted(range(len(w[-1])), key=lambda i: -w[-1][i])[:5]
+        for i in sorted(set(top) | pinned | {len(w[-1]) - 1}):
+            axes[2].plot([e["epoch"] for e in log], [x[i] for x in w], label=f"layer {i}")
+        best = next((e["epoch"] for e in reversed(log) if e.get("best")), None)
+        if best:
+            axes[2].axvline(best, color="grey", linestyle=":", label=f"best epoch {best}")
+        axes[2].set(title="the default mixer's layer weights (first seed)", xlabel="epoch", ylabel="weight")
+        axes[2].legend(fontsize=7)
+    fig.suptitle(f"{out.name}: the mixer's remedies, epoch by epoch")
+    fig.tight_layout()
+    save_figure(fig, out / "curves.png")
+
+
 def main(out: Path) -> str:
     rows, data = row_names(out), {}
     md = ["| row | settings | test MCC median (min–max) | validation MCC median (min–max) | best epochs | "
@@ -85,6 +121,8 @@ def main(out: Path) -> str:
         top = sorted(i for i in watch if i < len(w)) if len(w) > 1 and max(w) < 1 else []
         md += ["", f"## {name}, {m['runs'][0]}: epoch by epoch (* = best on validation so far)", ""]
         md += curve(first, top)
+    if data:
+        figure(out, rows, pinned)
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)

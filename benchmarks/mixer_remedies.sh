@@ -12,6 +12,8 @@ declare -A ROWS=(
   [default]=""
   [layer6]="--set mixer.pin_layer=6"
   [layer3]="--set mixer.pin_layer=3"
+  [layer9]="--set mixer.pin_layer=9"
+  [layer12]="--set mixer.pin_layer=12"
   [layer_dropout]="--set mixer.layer_dropout=0.2"
   [layer_dropout4]="--set mixer.layer_dropout=0.4"
   [alpha8]="--set mixer.alpha=8"

@@ -35,3 +35,4 @@ for row in "${ROWS[@]}"; do
     *) echo "unknown row $row"; exit 2 ;;
   esac
 done
+python "$(dirname "$0")/pair_decoder.py" "$OUT" --base "$BASE"
