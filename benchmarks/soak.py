@@ -268,14 +268,14 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
 
 def slowest_valid(records: list[dict], n: int = 5) -> list[dict]:
     """The n slowest valid requests of a phase, each with the kinds of the requests in flight beside it."""
+    valid = sorted(((b - a, a, b, r) for r in records for kind, a, b in r["spans"] if kind == "valid"),
+                   key=lambda t: -t[0])[:n]  # the kinds beside are counted for these n only
     out = []
-    for r in records:
-        for kind, a, b in r["spans"]:
-            if kind == "valid":
-                beside = collections.Counter(k for k, x, y in r["spans"] if x < b and y > a)
-                beside["valid"] -= 1  # itself
-                out.append({"ms": round(1000 * (b - a)), "at_s": round(a, 1), "beside": dict(beside.most_common())})
-    return sorted(out, key=lambda d: -d["ms"])[:n]
+    for took, a, b, r in valid:
+        beside = collections.Counter(k for k, x, y in r["spans"] if x < b and y > a)
+        beside["valid"] -= 1  # itself
+        out.append({"ms": round(1000 * took), "at_s": round(a, 1), "beside": dict((+beside).most_common())})
+    return out
 
 
 def summary(records: list[dict]) -> dict:
