@@ -1,10 +1,11 @@
 """The table and the evidence of benchmarks/mixer_remedies.sh, from its output folder: OUT/results.md, OUT/results.json.
 
-    python benchmarks/mixer_remedies.py OUT
+    python benchmarks/mixer_remedies.py OUT [--keep DEST]      # DEST: e.g. benchmarks/results/mixer_remedies
 
-For every row folder OUT/<row>/ (an `adalayers train --seeds N` folder): test and validation MCC as median
+For every row folder OUT/<row>/ (an `adalayers train --seeds N` folder): test and validation score (the task's
+main metric: MCC for CoLA, F1 for CoNLL, accuracy for IMDB) as median
 (min-max) over the seeds, the best epochs, the final layer weights (median over the seeds). Then, per row, the
-first seed's curve epoch by epoch: train loss, validation MCC, the largest layer weight and the weights of the
+first seed's curve epoch by epoch: train loss, validation score, the largest layer weight and the weights of the
 layers that end up on top (from its log.jsonl). A row whose runs are missing is left out and named.
 """
 import json
@@ -34,18 +35,24 @@ def settings(run: Path) -> str:
             f"init_layer {m.get('init_layer')} (share {m.get('init_share', 0.5)}), lr {cfg['train']['lr']}, max_epochs {cfg['train']['max_epochs']}")
 
 
-def curve(run: Path, top: list[int]) -> list[str]:
+def main_metric(out: Path, rows: list[str]) -> str:
+    """The task's main metric, from the first row's first seed (its config.json)."""
+    m = json.loads((out / rows[0] / "metrics.json").read_text())
+    return json.loads((out / rows[0] / m["runs"][0] / "config.json").read_text()).get("main_metric", "mcc")
+
+
+def curve(run: Path, top: list[int], metric: str) -> list[str]:
     """One row per epoch of run's log.jsonl; `top`: the layers whose weights get a column (none for a pinned
     run, whose weights are one-hot)."""
     cols = "".join(f" w{i} |" for i in top)
-    lines = [f"| epoch | train loss | val MCC | max weight (layer) | cut layers |{cols}",
+    lines = [f"| epoch | train loss | val {metric} | max weight (layer) | cut layers |{cols}",
              "|---|---|---|---|---|" + "---|" * len(top)]
     for line in (run / "log.jsonl").read_text().splitlines():
         e = json.loads(line)
         w = e.get("layer_weights") or []
         big = max(range(len(w)), key=w.__getitem__) if w else None
         star = " *" if e.get("best") else ""
-        lines.append(f"| {e['epoch']}{star} | {e['train_loss']:.4f} | {e['validation']['mcc']:.4f} | "
+        lines.append(f"| {e['epoch']}{star} | {e['train_loss']:.4f} | {e['validation'][metric]:.4f} | "
                      + (f"{w[big]:.3f} ({big})" if w else "") + " | "
                      + (" ".join(str(i) for i, x in enumerate(w) if x == 0) if w and max(w) < 1 else "all others")
                      + " |" + "".join(f" {w[i]:.3f} |" for i in top))
@@ -57,8 +64,8 @@ def log_of(out: Path, row: str) -> list[dict]:
     return [json.loads(x) for x in (out / row / m["runs"][0] / "log.jsonl").read_text().splitlines()]
 
 
-def figure(out: Path, rows: list[str], pinned: set[int]) -> None:
-    """OUT/curves.png: every row's validation MCC and training loss by epoch (first seed), and the default
+def figure(out: Path, rows: list[str], pinned: set[int], metric: str) -> None:
+    """OUT/curves.png: every row's validation score and training loss by epoch (first seed), and the default
     row's layer weights by epoch (its 5 largest at the end, the pinned rows' layers and the last layer)."""
     from adalayers.lab.figures import pyplot, save_figure
 
@@ -67,9 +74,9 @@ def figure(out: Path, rows: list[str], pinned: set[int]) -> None:
     for row in rows:
         log = log_of(out, row)
         epochs = [e["epoch"] for e in log]
-        axes[0].plot(epochs, [e["validation"]["mcc"] for e in log], label=row)
+        axes[0].plot(epochs, [e["validation"][metric] for e in log], label=row)
         axes[1].plot(epochs, [e["train_loss"] for e in log], label=row)
-    axes[0].set(title="validation MCC (first seed)", xlabel="epoch", ylabel="MCC")
+    axes[0].set(title=f"validation {metric} (first seed)", xlabel="epoch", ylabel=metric)
     axes[1].set(title="training loss (first seed)", xlabel="epoch", ylabel="loss")
     axes[0].legend(fontsize=7)
     if "default" in rows:
@@ -90,24 +97,27 @@ def figure(out: Path, rows: list[str], pinned: set[int]) -> None:
 
 def main(out: Path) -> str:
     rows, data = row_names(out), {}
-    md = ["| row | settings | test MCC median (min–max) | validation MCC median (min–max) | best epochs | "
+    metric = main_metric(out, rows) if rows else "mcc"
+    md = [f"| row | settings | test {metric} median (min–max) | validation {metric} median (min–max) | best epochs | "
           "layer weights of the kept (best) epoch, median over seeds |", "|---|---|---|---|---|---|"]
     for name in rows:
         m = json.loads((out / name / "metrics.json").read_text())
         first = out / name / m["runs"][0]
         best = [int(x) for x in m["spread"]["best_epoch"]["values"]] if "best_epoch" in m["spread"] else []
         weights = m.get("layer_weights") or []
-        data[name] = {"settings": settings(first), "seeds": m["seeds"], "test_mcc": m["spread"]["test"]["mcc"],
-                      "validation_mcc": m["spread"]["validation"]["mcc"], "best_epochs": best,
+        data[name] = {"settings": settings(first), "seeds": m["seeds"], "metric": metric, "test": m["spread"]["test"][metric],
+                      "validation": m["spread"]["validation"][metric], "best_epochs": best,
                       "layer_weights": weights, "train_seconds_total": m.get("train_seconds_total")}
-        md.append(f"| {name} | {data[name]['settings']} | {cell(m['spread']['test']['mcc'])} | "
-                  f"{cell(m['spread']['validation']['mcc'])} | {', '.join(map(str, best))} | "
+        md.append(f"| {name} | {data[name]['settings']} | {cell(m['spread']['test'][metric])} | "
+                  f"{cell(m['spread']['validation'][metric])} | {', '.join(map(str, best))} | "
                   + " ".join(f"{x:.2f}" for x in weights) + " |")
     base = data[rows[0]]["settings"].split(",")[0].removeprefix("base ") if data else "BASE"
-    md[:0] = [f"Made by `BASE={base} bash benchmarks/mixer_remedies.sh OUT {' '.join(rows)}`: each row is `adalayers "
-              "train configs/cola.yaml --seeds 3 --out OUT/ROW --set model.base=BASE --set train.num_threads=1 --set "
-              "cache.enabled=true` plus the row's --set (the script's ROWS), from the hidden-state cache, 1 torch "
-              "thread, one run at a time. Every setting not in the table is configs/cola.yaml's.", ""]
+    command = (out / "command.txt").read_text().strip() if (out / "command.txt").is_file() else \
+        f"BASE={base} CONFIG=configs/cola.yaml bash benchmarks/mixer_remedies.sh OUT ROWS"
+    md[:0] = [f"Made by `{command.replace('ROWS', ' '.join(rows))}`: each row is `adalayers train CONFIG --seeds 3 "
+              "--out OUT/ROW --set model.base=BASE --set train.num_threads=1 --set cache.enabled=true` plus SET and "
+              "the row's --set (the script's ROWS), from the hidden-state cache, 1 torch thread. Every setting not in "
+              "the table is CONFIG's.", ""]
     md.append("\n" + "; ".join(f"{n}: seeds {', '.join(map(str, d['seeds']))}" for n, d in data.items()) + "."
               if data else "\nNo finished rows.")
     pinned = {int(d["settings"].split("pin_layer ")[1].split(",")[0]) for d in data.values()
@@ -120,14 +130,42 @@ def main(out: Path) -> str:
         watch = set(sorted(range(len(w)), key=lambda i: -w[i])[:5]) | pinned | {len(w) - 1}
         top = sorted(i for i in watch if i < len(w)) if len(w) > 1 and max(w) < 1 else []
         md += ["", f"## {name}, {m['runs'][0]}: epoch by epoch (* = best on validation so far)", ""]
-        md += curve(first, top)
+        md += curve(first, top, metric)
     if data:
-        figure(out, rows, pinned)
+        figure(out, rows, pinned, metric)
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
     return text
 
 
+KEPT = ("metrics.json", "seeds.md", "config.json", "log.jsonl", "results.md", "results.json", "curves.png")
+
+
+def keep(out: Path, dest: Path) -> None:
+    """Copy OUT's tables, figure and every row's metrics, configs and epoch logs (no head weights) to DEST, the
+    machine's absolute paths written relative to the repository (the data folder as ../shared/data)."""
+    import os
+    import shutil
+
+    repo = Path(__file__).resolve().parents[1]
+    for src in sorted(out.rglob("*")):
+        if not src.is_file() or src.name not in KEPT or "candidates" in src.parts:
+            continue
+        target = dest / src.relative_to(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == ".png":
+            shutil.copyfile(src, target)
+            continue
+        text = src.read_text(encoding="utf-8")
+        for absolute in {str(Path(os.environ.get("ADALAYERS_DATA", repo.parent / "shared" / "data")).resolve()),
+                         str((repo.parent / "shared").resolve())}:
+            text = text.replace(absolute, os.path.relpath(absolute, repo))
+        text = text.replace(str(repo) + "/", "")
+        target.write_text(text, encoding="utf-8")
+
+
 if __name__ == "__main__":
     print(main(Path(sys.argv[1])))
+    if len(sys.argv) > 3 and sys.argv[2] == "--keep":
+        keep(Path(sys.argv[1]), Path(sys.argv[3]))

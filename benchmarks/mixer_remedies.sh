@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Issue 40: the mixer's remedies against the old default and the best single layer on one CoLA cell, each row
-# `adalayers train configs/cola.yaml --seeds SEEDS` from the hidden-state cache, one process with 1 torch thread,
-# rows one after another. A row whose folder holds finished seeds reuses them. Then the table (mixer_remedies.py).
+# Issue 40: the mixer's remedies against the old default and the best single layer on one cell, each row
+# `adalayers train CONFIG --seeds SEEDS` from the hidden-state cache, one process with 1 torch thread, rows one
+# after another. A row whose folder holds finished seeds reuses them. Then the table (mixer_remedies.py).
 #   BASE=mpnet-base bash benchmarks/mixer_remedies.sh runs/mixer_remedies_mpnet default layer6 layer_dropout alpha8
 #   BASE=minilm-l6 bash benchmarks/mixer_remedies.sh runs/mixer_remedies_minilm default layer_dropout
-# Rows (the --set each adds to configs/cola.yaml; see ROWS below); SEEDS (default 3).
+#   BASE=gemma3-270m CONFIG=configs/conll.yaml SET="--set task.max_train_examples=3000 --set task.max_eval_examples=1000 \
+#     --set train.max_epochs=20" bash benchmarks/mixer_remedies.sh runs/mixer_remedies_gemma_conll default layer9 init_middle
+#     (the Gemma CoNLL subset of docs/llm.md; the IMDB subset: benchmarks/llm_tables.sh's IMDB_* settings)
+# Rows (the --set each adds; see ROWS below); CONFIG (default configs/cola.yaml); SET (more --set for every row);
+# SEEDS (default 3).
 set -euo pipefail
 OUT=${1:?output folder}; shift
-BASE=${BASE:-mpnet-base}; SEEDS=${SEEDS:-3}
+BASE=${BASE:-mpnet-base}; SEEDS=${SEEDS:-3}; CONFIG=${CONFIG:-configs/cola.yaml}; SET=${SET:-}
 declare -A ROWS=(
   [default]=""
   [layer6]="--set mixer.pin_layer=6"
@@ -27,11 +31,12 @@ declare -A ROWS=(
   [init_middle]="--set mixer.init_layer=middle"
 )
 mkdir -p "$OUT"
+echo "BASE=$BASE CONFIG=$CONFIG SEEDS=$SEEDS SET=\"$SET\" bash benchmarks/mixer_remedies.sh OUT ROWS" > "$OUT/command.txt"
 for row in "$@"; do
   [[ -v ROWS[$row] ]] || { echo "unknown row $row (known: ${!ROWS[*]})"; exit 2; }
   # shellcheck disable=SC2086
-  adalayers train configs/cola.yaml --seeds "$SEEDS" --out "$OUT/$row" --set model.base="$BASE" \
-    --set train.num_threads=1 --set cache.enabled=true ${ROWS[$row]} > "$OUT/$row.log" 2>&1 \
+  adalayers train "$CONFIG" --seeds "$SEEDS" --out "$OUT/$row" --set model.base="$BASE" \
+    --set train.num_threads=1 --set cache.enabled=true $SET ${ROWS[$row]} > "$OUT/$row.log" 2>&1 \
     || { echo "[mixer_remedies] $row failed: $OUT/$row.log"; tail -3 "$OUT/$row.log"; }
 done
 python3 "$(dirname "$0")/mixer_remedies.py" "$OUT"

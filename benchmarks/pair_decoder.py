@@ -2,7 +2,8 @@
 
     python benchmarks/pair_decoder.py OUT [--base gemma3-270m]
 
-One row per AdaLayers row folder (OUT/<row>/, an `adalayers train --seeds N` folder): test and validation
+One row per head's folder (OUT/<row>/, an `adalayers train --seeds N` folder: AdaLayers, or pinned to one layer
+as OUT/<encoding>_layer<i>/): test and validation
 MCC and accuracy as median (min-max) over its seeds, the best epochs and the layer weights of the kept epoch
 (median over the seeds); then the linear probes of each encoding (benchmarks/results/probes_qqp_<base>_qqp_<enc>.json):
 the best mean-pooled and last-token layer chosen on validation MCC, and all layers concatenated.
@@ -26,12 +27,15 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--base", default="gemma3-270m")
     args = ap.parse_args()
-    out, data = args.out, {"adalayers": {}, "probes": {}}
+    out, data = args.out, {"heads": {}, "probes": {}}
     md = [f"QQP on {args.base} (benchmarks/pair_decoder.sh; settings in each run's config.json and in the probes' "
           "JSON). MCC and accuracy on the test subset; median (min-max) over the seeds.", "",
           "| model | how the pair reaches the base | pooling | test MCC | test accuracy | validation MCC | "
           "best epochs | largest layer weights (layer: weight) |", "|---|---|---|---|---|---|---|---|"]
-    for name, (encoding, pooling) in ROWS.items():
+    layers = sorted((d.name for d in out.glob("*_layer*") if (d / "metrics.json").is_file()),
+                    key=lambda n: (n.split("_layer")[0], int(n.split("_layer")[1])))
+    rows = {**ROWS, **{n: (ROWS[n.split("_layer")[0] + "_mean"][0], "mean") for n in layers}}
+    for name, (encoding, pooling) in rows.items():
         path = out / name / "metrics.json"
         if not path.is_file():
             continue
@@ -40,11 +44,12 @@ def main() -> int:
         best = [int(x) for x in spread["best_epoch"]["values"]] if "best_epoch" in spread else []
         weights = m.get("layer_weights") or []
         top = sorted(range(len(weights)), key=lambda i: -weights[i])[:4]
-        data["adalayers"][name] = {"encoding": encoding, "pooling": pooling, "seeds": m["seeds"],
+        data["heads"][name] = {"encoding": encoding, "pooling": pooling, "seeds": m["seeds"],
                                    "test": {k: spread["test"][k] for k in ("mcc", "accuracy")},
                                    "validation_mcc": spread["validation"]["mcc"], "best_epochs": best,
                                    "layer_weights": weights}
-        md.append(f"| AdaLayers | {encoding} | {pooling} | {cell(spread['test']['mcc'])} | "
+        model = f"the same head on layer {name.split('_layer')[1]} alone" if "_layer" in name else "AdaLayers"
+        md.append(f"| {model} | {encoding} | {pooling} | {cell(spread['test']['mcc'])} | "
                   f"{cell(spread['test']['accuracy'])} | {cell(spread['validation']['mcc'])} | "
                   f"{', '.join(map(str, best))} | " + ", ".join(f"{i}: {weights[i]:.2f}" for i in top) + " |")
     for enc, encoding in PROBES.items():
