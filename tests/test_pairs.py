@@ -164,3 +164,27 @@ def test_pairs_and_singles_batched_together_over_real_http(side):
                     assert got["tasks"][name]["value"] == pytest.approx(out["value"], abs=1e-5)
                 else:
                     assert got["tasks"][name]["label"] == out["label"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_decoders_pair_is_one_text_joined_by_a_newline_from_training_to_serving(kind, tmp_path):
+    """On a decoder (Llama's tokenizer puts BOS before each text of a pair; Qwen's nothing between them) the pair
+    head reads `text + "\\n" + text_pair` as one text: SideTasks counts and predicts exactly that, the answer
+    carries the caller's two texts, and a pair template is still the user's to choose."""
+    from adalayers.data.templates import Template
+    from tinydecoders import decoder_backbone
+
+    base = decoder_backbone(kind)
+    run = make_run(tmp_path / "para", base, "sequence", ["different", "same"], seed=5, pairs=True)
+    side = SideTasks.from_backbone(base, [run])
+    a, b = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
+    tok = base.tokenizer
+    joined = [len(tok(x + "\n" + y)["input_ids"]) for x, y in PAIRS]
+    assert side.count_tokens(a, None, b) == joined
+    if kind == "llama":  # its pair encoding would have put a second BOS between the texts
+        assert [len(ids) for ids in tok(a, b)["input_ids"]] == [n + 1 for n in joined]
+    served = side.predict(a, text_pairs=b)
+    assert [(r["text"], r["text_pair"]) for r in served] == PAIRS
+    direct = recipes.predict(run, a, backbone=base, text_pairs=b)
+    assert [r["probabilities"] for r in direct] == pytest.approx([r["tasks"]["para"]["probabilities"] for r in served])
+    assert Template(pair_separator=None).apply(tok, a, b) == (a, b)  # task.pair_separator: null keeps the encoding

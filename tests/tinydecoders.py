@@ -19,7 +19,7 @@ def decoder_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",  # as Gemma's, Llama's
                                                            special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
