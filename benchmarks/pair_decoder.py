@@ -1,6 +1,6 @@
 """The table of benchmarks/pair_decoder.sh, from its output folder: OUT/results.md and OUT/results.json.
 
-    python benchmarks/pair_decoder.py OUT [--base gemma3-270m]
+    python benchmarks/pair_decoder.py OUT [--base gemma3-270m] [--keep benchmarks/results/pair_decoder]
 
 One row per head's folder (OUT/<row>/, an `adalayers train --seeds N` folder: AdaLayers, or pinned to one layer
 as OUT/<encoding>_layer<i>/): test and validation
@@ -26,6 +26,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--base", default="gemma3-270m")
+    ap.add_argument("--keep", type=Path, metavar="DEST",
+                    help="copy the table and every row's metrics, configs and epoch logs (no weights) to DEST")
     args = ap.parse_args()
     out, data = args.out, {"heads": {}, "probes": {}}
     md = [f"QQP on {args.base} (benchmarks/pair_decoder.sh; settings in each run's config.json and in the probes' "
@@ -43,7 +45,7 @@ def main() -> int:
         spread = m["spread"]
         best = [int(x) for x in spread["best_epoch"]["values"]] if "best_epoch" in spread else []
         weights = m.get("layer_weights") or []
-        top = sorted(range(len(weights)), key=lambda i: -weights[i])[:4]
+        top = [i for i in sorted(range(len(weights)), key=lambda i: -weights[i])[:4] if weights[i] > 0]
         data["heads"][name] = {"encoding": encoding, "pooling": pooling, "seeds": m["seeds"],
                                    "test": {k: spread["test"][k] for k in ("mcc", "accuracy")},
                                    "validation_mcc": spread["validation"]["mcc"], "best_epochs": best,
@@ -69,6 +71,10 @@ def main() -> int:
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
     print(text)
+    if args.keep:
+        from mixer_remedies import keep  # benchmarks/mixer_remedies.py: the same copy, machine paths made relative
+
+        keep(out, args.keep)
     return 0
 
 
