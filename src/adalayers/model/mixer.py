@@ -101,9 +101,10 @@ def initial_logits(num_layers: int, cfg: MixerConfig) -> torch.Tensor:
         return p
     rest = (1 - cfg.init_share) / (num_layers - 1)
     if cfg.init_share <= 0 or rest <= cfg.cutoff:
-        raise ConfigError(f"mixer.init_share: {cfg.init_share} starts the other {num_layers - 1} layers at "
-                          f"{rest:.4f} each, {'at or below mixer.cutoff (' + str(cfg.cutoff) + '), so they would be cut from the start' if rest <= cfg.cutoff else 'and layer ' + str(i) + ' at 0'}; "
-                          f"give a share in (0, {1 - cfg.cutoff * (num_layers - 1):.3f})")
+        why = (f"at or below mixer.cutoff ({cfg.cutoff}), so they would be cut from the start" if rest <= cfg.cutoff
+               else f"and layer {i} at 0")
+        raise ConfigError(f"mixer.init_share: {cfg.init_share} starts the other {num_layers - 1} layers at {rest:.4f} "
+                          f"each, {why}; give a share in (0, {1 - cfg.cutoff * (num_layers - 1):.3f})")
     w = torch.full((num_layers,), rest, dtype=torch.float64)
     w[i] = cfg.init_share
     return (1 + torch.log(w / w.min()) / cfg.alpha).float()
