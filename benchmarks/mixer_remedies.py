@@ -1,6 +1,6 @@
 """The table and the evidence of benchmarks/mixer_remedies.sh, from its output folder: OUT/results.md, OUT/results.json.
 
-    python benchmarks/mixer_remedies.py OUT [--keep DEST]      # DEST: e.g. benchmarks/results/mixer_remedies
+    python benchmarks/mixer_remedies.py OUT [--keep DEST] [--metric mcc]   # DEST: e.g. benchmarks/results/mixer_remedies
 
 For every row folder OUT/<row>/ (an `adalayers train --seeds N` folder): test and validation score (the task's
 main metric: MCC for CoLA, F1 for CoNLL, accuracy for IMDB) as median
@@ -9,13 +9,12 @@ first seed's curve epoch by epoch: train loss, validation score, the largest lay
 layers that end up on top (from its log.jsonl). A row whose runs are missing is left out and named.
 """
 import json
-import sys
 from pathlib import Path
 
 from adalayers.lab.seeds import cell
 
 ORDER = ["default", "layer6", "layer3", "layer9", "layer12", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
-         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle"]
+         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "nocut"]
 
 
 def row_names(out: Path) -> list[str]:
@@ -95,9 +94,9 @@ def figure(out: Path, rows: list[str], pinned: set[int], metric: str) -> None:
     save_figure(fig, out / "curves.png")
 
 
-def main(out: Path) -> str:
+def main(out: Path, metric: str | None = None) -> str:
     rows, data = row_names(out), {}
-    metric = main_metric(out, rows) if rows else "mcc"
+    metric = metric or (main_metric(out, rows) if rows else "mcc")
     md = [f"| row | settings | test {metric} median (min–max) | validation {metric} median (min–max) | best epochs | "
           "layer weights of the kept (best) epoch, median over seeds |", "|---|---|---|---|---|---|"]
     for name in rows:
@@ -166,6 +165,13 @@ def keep(out: Path, dest: Path) -> None:
 
 
 if __name__ == "__main__":
-    print(main(Path(sys.argv[1])))
-    if len(sys.argv) > 3 and sys.argv[2] == "--keep":
-        keep(Path(sys.argv[1]), Path(sys.argv[3]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--keep", type=Path, metavar="DEST", help="copy the tables, figure, metrics and logs to DEST")
+    ap.add_argument("--metric", help="the score the table shows (default: the task's main metric)")
+    args = ap.parse_args()
+    print(main(args.out, args.metric))
+    if args.keep:
+        keep(args.out, args.keep)

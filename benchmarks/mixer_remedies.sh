@@ -29,6 +29,7 @@ declare -A ROWS=(
   [learn_after3]="--set mixer.learn_after=3"
   [warmup2]="--set mixer.warmup_epochs=2"
   [init_middle]="--set mixer.init_layer=middle"
+  [nocut]="--set mixer.cutoff=0"
 )
 mkdir -p "$OUT"
 echo "BASE=$BASE CONFIG=$CONFIG SEEDS=$SEEDS SET=\"$SET\" bash benchmarks/mixer_remedies.sh OUT ROWS" > "$OUT/command.txt"
