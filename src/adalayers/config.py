@@ -16,69 +16,17 @@ from adalayers.errors import ConfigError
 from adalayers.kinds import ALIASES as TASK_KINDS, TaskKind  # every name of a TaskKind -> the TaskKind
 from adalayers.settings import (Section, apply_overrides, build, check, compare, load_yaml,
                                 override_problems as _override_problems, raise_problems, setting)
+from adalayers.config_files import (FILE_FORMATS, FILES_OPTIONS, FilesConfig,  # noqa: F401  (re-exported)
+                                    nest_files as _nest_files, nest_overrides as _nest_overrides)
 
 
 Fraction = Annotated[float, check(lambda v: 0 <= v < 1, "must be in [0, 1)")]
 POOLINGS = ("mean", "max", "first", "last")
-FILE_FORMATS = ("csv", "tsv", "jsonl", "conll", "hf")
-FILES_OPTIONS = ("train", "validation", "test", "format", "kind", "text", "text_pair", "label", "header", "label_names",
-                 "tag_scheme")
 # Upper bounds on sizes a config (or a run folder's config.json) may ask for: far above any useful value,
 # low enough that a typo or an edited file is a one-line error rather than gigabytes allocated.
 MAX_SIZES = {"mixer.k": 8192, "head.num_heads": 256, "head.dim_feedforward": 65536, "head.encoder_layers": 48,
              "model.max_length": 131072}
 MAX_ALPHA = 10_000.0
-
-
-class FilesConfig(Section):
-    """Your own data: what task 'files' reads (adalayers/data/tasks/files.py)."""
-    train: str | None = setting(None, "Your training data: a .csv, .tsv, .jsonl or CoNLL file, or a folder saved "
-                                      "by a Hugging Face dataset's save_to_disk (or a hub name, with a network). "
-                                      "Relative paths are read from the current folder.")
-    validation: str | None = setting(None, "Validation file (hf: split name). None = a stratified "
-                                           "validation_fraction of train.")
-    test: str | None = setting(None, "Test file (hf: split name). None = no test split: only validation is "
-                                     "reported.")
-    format: Literal[FILE_FORMATS] | None = setting(None, "csv, tsv (no quoting, as GLUE), jsonl, conll or hf. None "
-                                                         "= from train's extension (.csv .tsv .jsonl .conll; a "
-                                                         "folder = hf).")
-    kind: Annotated[str, check(lambda v: v in TASK_KINDS, "must be classification, regression or tokens")] | None \
-        = setting(None, "classification, regression or tokens. None = guessed: CoNLL or lists of tags -> tokens, "
-                        "numbers with decimals -> regression, anything else -> classification.")
-    text: str | int | None = setting(None, "Column with the text: a header name / JSON key, or a 0-based number "
-                                           "in a file without header. None = 'text' ('tokens' for token tasks; "
-                                           "CoNLL: 0).")
-    text_pair: str | int | None = setting(None, "Column with the second text of a sentence-pair task.")
-    label: str | int | None = setting(None, "Column with the label (token tasks: the list of tags; CoNLL: the tag "
-                                            "column's number). None = 'label' ('tags' for token tasks; CoNLL: -1, "
-                                            "last).")
-    header: bool | None = setting(None, "CSV/TSV: the first row names the columns. None = yes when text/label are "
-                                        "names, no when they are numbers.")
-    label_names: dict = setting({}, "Rename label values and fix their order, e.g. {0: negative, 1: positive}; "
-                                    "every label value must be listed. Empty = the values, sorted.")
-    tag_scheme: Literal["iob1", "iob2"] = setting("iob2", "Token tags: iob2 (used as they are) or iob1 (converted "
-                                                          "to IOB2, e.g. the original CoNLL-2003 files).")
-
-
-def _nest_files(task: dict) -> dict:
-    """A task mapping with the options of your own files given flat (train: x.csv, as configs, the shortcut
-    and run folders written before task.files write them) moved into task.files, over what it holds."""
-    flat = {k: task[k] for k in FILES_OPTIONS if k in task}
-    if not flat:
-        return task
-    files = task.get("files", {})
-    rest = {k: v for k, v in task.items() if k not in flat}
-    return {**rest, "files": {**files, **flat}} if isinstance(files, dict) else task  # else: refused as it is
-
-
-def _nest_overrides(overrides: list[str] | None) -> list[str]:
-    """--set task.train=x is --set task.files.train=x (the options of your own files may be named flat)."""
-    out = []
-    for item in overrides or []:
-        key, eq, value = item.partition("=")
-        section, _, name = key.strip().partition(".")
-        out.append(f"task.files.{name}{eq}{value}" if section == "task" and name in FILES_OPTIONS else item)
-    return out
 
 
 class TaskConfig(Section):
