@@ -197,3 +197,26 @@ def test_a_pair_template_makes_one_text(base, tmp_path):
                                                            for a, b in zip(firsts, seconds)]
     with pytest.raises(DataError, match="no loaded head takes single texts"):
         side.predict(firsts)
+
+
+def test_the_pair_and_bos_probes_tokenize_once_per_tokenizer_not_once_per_request():
+    from adalayers.data.templates import joins_pairs, prepends_bos
+
+    tok = decoder_tokenizer(True)
+    calls = []
+    real = type(tok).__call__
+
+    class Counting(type(tok)):
+        def __call__(self, *args, **kwargs):
+            calls.append(args)
+            return real(self, *args, **kwargs)
+
+    tok.__class__ = Counting
+    assert joins_pairs(tok) and prepends_bos(tok)  # probed now (or by an earlier test: the same object)
+    first = len(calls)
+    assert first <= 2
+    for _ in range(5):
+        assert joins_pairs(tok) and prepends_bos(tok)
+        assert Template().apply(tok, ["a"], ["b"]) == (["a\nb"], None)
+    assert len(calls) == first  # remembered, never asked again
+    assert joins_pairs(decoder_tokenizer(False)) and not prepends_bos(decoder_tokenizer(False))

@@ -20,7 +20,9 @@ would add words (and move every character offset) that no tag belongs to.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 
 from adalayers.errors import ConfigError, DataError, ModelError
@@ -98,6 +100,24 @@ class Template:
             raise ModelError(f"task.template: {e}") from None
 
 
+def _once_per_tokenizer(probe):
+    """Remember a probe's answer for each tokenizer object: Template.apply asks on every served request,
+    and the answer (found by tokenizing a tiny text) cannot change while the tokenizer lives."""
+    answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @wraps(probe)
+    def cached(tokenizer) -> bool:
+        try:
+            return answers[tokenizer]
+        except KeyError:
+            answer = answers[tokenizer] = probe(tokenizer)
+            return answer
+        except TypeError:  # an object that takes no weak reference (a test double): ask every time
+            return probe(tokenizer)
+    return cached
+
+
+@_once_per_tokenizer
 def joins_pairs(tokenizer) -> bool:
     """Has the tokenizer no separator token of its own between a pair's texts? Encoders' pair encodings put
     [SEP] or </s> there, and their models were trained on it; a decoder's tokenizer has none (Gemma's puts a
@@ -106,6 +126,7 @@ def joins_pairs(tokenizer) -> bool:
     return sep is None or sep not in tokenizer("a", "b")["input_ids"]
 
 
+@_once_per_tokenizer
 def prepends_bos(tokenizer) -> bool:
     """Does the tokenizer put a BOS token before every text (Gemma, Llama do; GPT-2, Qwen do not)?"""
     bos = getattr(tokenizer, "bos_token_id", None)
