@@ -13,13 +13,18 @@ from pathlib import Path
 
 from adalayers.lab.seeds import cell
 
-ORDER = ["default", "layer6", "layer3", "layer9", "layer12", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
+ORDER = ["default", "layerN", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
          "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "nocut"]
 
 
 def row_names(out: Path) -> list[str]:
     found = [d.name for d in out.iterdir() if (d / "metrics.json").is_file()]
-    return sorted(found, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    def key(n: str) -> tuple:
+        layer = n.removeprefix("layer")
+        if layer.isdigit():  # pinned layers after the default, in layer order
+            return ORDER.index("layerN"), int(layer), n
+        return (ORDER.index(n) if n in ORDER else len(ORDER)), 0, n
+    return sorted(found, key=key)
 
 
 def settings(run: Path) -> str:

@@ -7,17 +7,13 @@
 #   BASE=gemma3-270m CONFIG=configs/conll.yaml SET="--set task.max_train_examples=3000 --set task.max_eval_examples=1000 \
 #     --set train.max_epochs=20" bash benchmarks/mixer_remedies.sh runs/mixer_remedies_gemma_conll default layer9 init_middle
 #     (the Gemma CoNLL subset of docs/llm.md; the IMDB subset: benchmarks/llm_tables.sh's IMDB_* settings)
-# Rows (the --set each adds; see ROWS below); CONFIG (default configs/cola.yaml); SET (more --set for every row);
+# Rows (the --set each adds; see ROWS below; layerN pins the head to layer N: mixer.pin_layer=N); CONFIG (default configs/cola.yaml); SET (more --set for every row);
 # SEEDS (default 3).
 set -euo pipefail
 OUT=${1:?output folder}; shift
 BASE=${BASE:-mpnet-base}; SEEDS=${SEEDS:-3}; CONFIG=${CONFIG:-configs/cola.yaml}; SET=${SET:-}
 declare -A ROWS=(
   [default]=""
-  [layer6]="--set mixer.pin_layer=6"
-  [layer3]="--set mixer.pin_layer=3"
-  [layer9]="--set mixer.pin_layer=9"
-  [layer12]="--set mixer.pin_layer=12"
   [layer_dropout]="--set mixer.layer_dropout=0.2"
   [layer_dropout4]="--set mixer.layer_dropout=0.4"
   [alpha8]="--set mixer.alpha=8"
@@ -34,7 +30,8 @@ declare -A ROWS=(
 mkdir -p "$OUT"
 echo "BASE=$BASE CONFIG=$CONFIG SEEDS=$SEEDS SET=\"$SET\" bash benchmarks/mixer_remedies.sh OUT ROWS" > "$OUT/command.txt"
 for row in "$@"; do
-  [[ -v ROWS[$row] ]] || { echo "unknown row $row (known: ${!ROWS[*]})"; exit 2; }
+  [[ $row =~ ^layer([0-9]+)$ ]] && ROWS[$row]="--set mixer.pin_layer=${BASH_REMATCH[1]}"
+  [[ -v ROWS[$row] ]] || { echo "unknown row $row (known: layerN ${!ROWS[*]})"; exit 2; }
   # shellcheck disable=SC2086
   adalayers train "$CONFIG" --seeds "$SEEDS" --out "$OUT/$row" --set model.base="$BASE" \
     --set train.num_threads=1 --set cache.enabled=true $SET ${ROWS[$row]} > "$OUT/$row.log" 2>&1 \
