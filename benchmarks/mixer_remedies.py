@@ -14,7 +14,7 @@ from pathlib import Path
 from adalayers.lab.seeds import cell
 
 ORDER = ["default", "layerN", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
-         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "nocut"]
+         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "alpha8_init_middle", "nocut"]
 
 
 def row_names(out: Path) -> list[str]:
@@ -61,6 +61,20 @@ def curve(run: Path, top: list[int], metric: str) -> list[str]:
                      + (" ".join(str(i) for i, x in enumerate(w) if x == 0) if w and max(w) < 1 else "all others")
                      + " |" + "".join(f" {w[i]:.3f} |" for i in top))
     return lines
+
+
+def candidates(row: Path, k: int = 3) -> list[list[int]]:
+    """Per seed of a mixer row, the layers `train --select-layers k` would train alone (adalayers.recipes.select)."""
+    from adalayers.recipes.select import candidate_layers, peak_weights
+
+    m = json.loads((row / "metrics.json").read_text())
+    picks = []
+    for run in m["runs"]:
+        seed = row / run
+        entries = [json.loads(line) for line in (seed / "log.jsonl").read_text().splitlines() if line.strip()]
+        best = json.loads((seed / "metrics.json").read_text()).get("best_epoch")
+        picks.append(candidate_layers(peak_weights(entries, best), k))
+    return picks
 
 
 def log_of(out: Path, row: str) -> list[dict]:
@@ -124,6 +138,11 @@ def main(out: Path, metric: str | None = None) -> str:
               "the table is CONFIG's.", ""]
     md.append("\n" + "; ".join(f"{n}: seeds {', '.join(map(str, d['seeds']))}" for n, d in data.items()) + "."
               if data else "\nNo finished rows.")
+    picks = {n: candidates(out / n) for n in rows if "pin_layer None" in data[n]["settings"]}
+    if picks:  # what the safety net would train beside each mixer row
+        md.append("\n`train --select-layers 3` would train these layers alone beside the mixer (its 3 largest peak "
+                  "weights up to its best epoch, and the middle layer), seed by seed: "
+                  + "; ".join(f"{n}: " + ", ".join(str(c) for c in cs) for n, cs in picks.items()) + ".")
     pinned = {int(d["settings"].split("pin_layer ")[1].split(",")[0]) for d in data.values()
               if "pin_layer None" not in d["settings"]}
     for name in rows:

@@ -25,6 +25,7 @@ declare -A ROWS=(
   [learn_after3]="--set mixer.learn_after=3"
   [warmup2]="--set mixer.warmup_epochs=2"
   [init_middle]="--set mixer.init_layer=middle"
+  [alpha8_init_middle]="--set mixer.alpha=8 --set mixer.init_layer=middle"
   [nocut]="--set mixer.cutoff=0"
 )
 mkdir -p "$OUT"

@@ -34,8 +34,18 @@ def test_peaks_are_taken_up_to_the_best_epoch_and_rank_the_layers():
            {"epoch": 3, "layer_weights": [0.9, 0.05, 0.05]}]  # after the best epoch: not counted
     assert peak_weights(log, best_epoch=2) == [0.2, 0.6, 0.5]
     assert peak_weights(log, best_epoch=None) == [0.9, 0.6, 0.5]
-    assert candidate_layers([0.2, 0.6, 0.5], 2) == [1, 2]
-    assert candidate_layers([0.5, 0.2, 0.5], 1) == [0]  # a tie goes to the lower layer
+    assert candidate_layers([0.2, 0.6, 0.5], 2, middle=False) == [1, 2]
+    assert candidate_layers([0.5, 0.2, 0.5], 1, middle=False) == [0]  # a tie goes to the lower layer
+
+
+def test_the_middle_layer_is_a_candidate_even_when_the_mix_left_it():
+    """Gemma's QQP mixer, seed 0: its peaks rank 12, 16 and 18 first, while layer 9 (the middle of 19 states)
+    is the best single layer; the peaks alone never try it."""
+    peaks = [0.06, 0.05, 0.05, 0.05, 0.04, 0.05, 0.05, 0.05, 0.05, 0.066, 0.04, 0.06, 0.333, 0.04, 0.04, 0.04,
+             0.259, 0.04, 0.284]
+    assert candidate_layers(peaks, 3, middle=False) == [12, 16, 18]
+    assert candidate_layers(peaks, 3) == [9, 12, 16, 18]
+    assert candidate_layers([0.1, 0.3, 0.6], 2) == [1, 2]  # the middle (1) already ranked: no extra candidate
 
 
 def test_the_highest_validation_wins_and_a_tie_goes_to_the_mixer_then_the_lower_layer():
@@ -56,12 +66,13 @@ def test_select_layers_trains_the_candidates_keeps_the_best_as_the_run_and_resum
     s = select.select_layers(cfg, out, 2, command="adalayers train x --select-layers 2")
     assert trained[0] == "adalayers" and sorted(trained[1:]) == sorted(f"layer_{i}" for i in
                                                                      (c["pin_layer"] for c in s["candidates"][1:]))
-    assert len(s["candidates"]) == 3 and s["k"] == 2
-    # the candidates are the mixer's two largest peak weights up to its best epoch
+    # the candidates are the mixer's two largest peak weights up to its best epoch and the middle layer (1 of 3)
     log = [json.loads(x) for x in (out / "candidates/adalayers/log.jsonl").read_text().splitlines()]
     best_epoch = json.loads((out / "candidates/adalayers/metrics.json").read_text())["best_epoch"]
     peaks = peak_weights(log, best_epoch)
-    assert [c["pin_layer"] for c in s["candidates"][1:]] == candidate_layers(peaks, 2)
+    layers = [c["pin_layer"] for c in s["candidates"][1:]]
+    assert layers == candidate_layers(peaks, 2) and 1 in layers and s["k"] == 2 and s["middle"] == 1
+    assert set(candidate_layers(peaks, 2, middle=False)) <= set(layers) and len(layers) in (2, 3)
     # the winner has the highest validation metric, and OUT is its run, file for file
     vals = {c["name"]: c["validation"] for c in s["candidates"]}
     assert vals[s["chosen"]] == max(vals.values())

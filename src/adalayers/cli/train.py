@@ -69,9 +69,9 @@ def add_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished run in --out; the old run stays intact until the new one has finished")
     p.add_argument("--select-layers", type=int, metavar="K",
-                   help="train the mixer, then its K most favoured single layers alone (from the same base "
-                        "pass or cache), and keep the best on validation as --out's run; OUT/selection.md says "
-                        "which won and why")
+                   help="train the mixer, then its K most favoured single layers and the middle layer alone "
+                        "(from the same base pass or cache), and keep the best on validation as --out's run; "
+                        "OUT/selection.md says which won and why")
     from adalayers.data.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config
