@@ -132,7 +132,7 @@ def main(out: Path, metric: str | None = None) -> str:
     base = data[rows[0]]["settings"].split(",")[0].removeprefix("base ") if data else "BASE"
     command = (out / "command.txt").read_text().strip() if (out / "command.txt").is_file() else \
         f"BASE={base} CONFIG=configs/cola.yaml bash benchmarks/mixer_remedies.sh OUT ROWS"
-    md[:0] = [f"Made by `{command.replace('ROWS', ' '.join(rows))}`: each row is `adalayers train CONFIG --seeds 3 "
+    md[:0] = [f"Made by `{command.replace('ROWS', ' '.join(rows))}`: each row is `adalayers train CONFIG --seeds SEEDS "
               "--out OUT/ROW --set model.base=BASE --set train.num_threads=1 --set cache.enabled=true` plus SET and "
               "the row's --set (the script's ROWS), from the hidden-state cache, 1 torch thread. Every setting not in "
               "the table is CONFIG's.", ""]

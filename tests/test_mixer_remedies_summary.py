@@ -35,5 +35,6 @@ def test_a_remedy_must_reach_the_best_layers_lowest_seed_and_keep_the_mixers_win
     loses["c"], wins["c"] = row(None, (0.6, 0.6, 0.6), seeds=1), row(None, (0.4, 0.4, 0.4))
     assert summary.verdict("c", cells)[1] == ["loses: not run over 3 seeds"]
     text = summary.table(cells)
-    assert "| a | 0.5550 (0.5400–0.5600); +0.0550 vs default; -0.0050 vs layer3 | not run |" in text
-    assert "- a: fails: wins: not run over 3 seeds" in text
+    assert "| a | 0.5550 (0.5400–0.5600); -0.0050 | not run |" in text
+    assert "- a: fails: not run over 3 seeds on wins" in text
+    assert "- b: fails: loses: 0.5490 below layer3's lowest seed 0.5500" in text
