@@ -7,8 +7,8 @@
 #   BASE=gemma3-270m CONFIG=configs/conll.yaml SET="--set task.max_train_examples=3000 --set task.max_eval_examples=1000 \
 #     --set train.max_epochs=20" bash benchmarks/mixer_remedies.sh runs/mixer_remedies_gemma_conll default layer9 init_middle
 #     (the Gemma CoNLL subset of docs/llm.md; the IMDB subset: benchmarks/llm_tables.sh's IMDB_* settings)
-# Rows (the --set each adds; see ROWS below; layerN pins the head to layer N: mixer.pin_layer=N); CONFIG (default configs/cola.yaml); SET (more --set for every row);
-# SEEDS (default 3).
+# Rows (the --set each adds; see ROWS below; layerN pins the head to layer N: mixer.pin_layer=N);
+# CONFIG (default configs/cola.yaml); SET (more --set for every row); SEEDS (default 3).
 set -euo pipefail
 OUT=${1:?output folder}; shift
 BASE=${BASE:-mpnet-base}; SEEDS=${SEEDS:-3}; CONFIG=${CONFIG:-configs/cola.yaml}; SET=${SET:-}

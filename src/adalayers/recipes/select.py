@@ -141,9 +141,10 @@ def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = F
     mix_dir = cands / "adalayers"
     mix = _train_or_reuse(cfg, mix_dir, prepared)
     peaks = peak_weights(runlib.read_log(mix_dir), mix.get("best_epoch"))
-    layers = candidate_layers(peaks, min(k, len(peaks)))
+    top = min(k, len(peaks))
+    layers = candidate_layers(peaks, top)
     log.info("select-layers: layers %s (the mixer's %d largest peak weights and the middle layer %d); training "
-             "each alone", layers, min(k, len(peaks)), middle_layer(len(peaks)))
+             "each alone", layers, top, middle_layer(len(peaks)))
     found = [_candidate("adalayers", out, mix_dir, mix, main, None)]
     for i in layers:
         run_dir = cands / f"layer_{i}"
@@ -153,7 +154,6 @@ def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = F
     runner_up = max((c for c in found if c is not best), key=lambda c: c.validation, default=None)
     why = (f"Chosen: {best.name}, the highest validation {main} ({best.validation:.4f}"
            + (f"; next {runner_up.name}, {runner_up.validation:.4f}" if runner_up else "") + ").")
-    top = min(k, len(peaks))
     summary = {"command": command, "metric": main, "k": top, "middle": middle_layer(len(peaks)),
                "peaks": [(i, round(w, 6)) for i, w in sorted(enumerate(peaks), key=lambda p: -p[1])[:top]],
                "candidates": [asdict(c) for c in found], "chosen": best.name, "chosen_folder": best.folder,
