@@ -14,7 +14,8 @@ from pathlib import Path
 from adalayers.lab.seeds import cell
 
 ORDER = ["default", "layerN", "layer_dropout", "layer_dropout4", "alpha8", "logit_lr10", "logit_lr01",
-         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "alpha8_init_middle", "nocut"]
+         "entropy", "freeze2", "freeze3", "learn_after3", "warmup2", "init_middle", "alpha8_init_middle", "nocut",
+         "holdout10", "holdout20", "holdout20_step"]
 
 
 def row_names(out: Path) -> list[str]:
@@ -36,7 +37,9 @@ def settings(run: Path) -> str:
             f"layer_dropout {m.get('layer_dropout', 0.0)}, logit_lr_scale {m.get('logit_lr_scale', 1.0)}, "
             f"entropy_lambda {m['entropy_lambda']}, freeze_after {m.get('freeze_after')}, "
             f"learn_after {m.get('learn_after', 0)}, warmup_epochs {m.get('warmup_epochs', 0)}, "
-            f"init_layer {m.get('init_layer')} (share {m.get('init_share', 0.5)}), lr {cfg['train']['lr']}, max_epochs {cfg['train']['max_epochs']}")
+            f"init_layer {m.get('init_layer')} (share {m.get('init_share', 0.5)}), "
+            f"holdout {m.get('holdout', 0.0)} (pace {m.get('holdout_pace', 'epoch')}), "
+            f"lr {cfg['train']['lr']}, max_epochs {cfg['train']['max_epochs']}")
 
 
 def main_metric(out: Path, rows: list[str]) -> str:

@@ -27,6 +27,9 @@ declare -A ROWS=(
   [init_middle]="--set mixer.init_layer=middle"
   [alpha8_init_middle]="--set mixer.alpha=8 --set mixer.init_layer=middle"
   [nocut]="--set mixer.cutoff=0"
+  [holdout20]="--set mixer.holdout=0.2"
+  [holdout10]="--set mixer.holdout=0.1"
+  [holdout20_step]="--set mixer.holdout=0.2 --set mixer.holdout_pace=step"
 )
 mkdir -p "$OUT"
 echo "BASE=$BASE CONFIG=$CONFIG SEEDS=$SEEDS SET=\"$SET\" bash benchmarks/mixer_remedies.sh OUT ROWS" > "$OUT/command.txt"

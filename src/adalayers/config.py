@@ -157,6 +157,14 @@ class MixerConfig(Section):
               "'middle' = layer (L-1)//2 of the L states) and the rest shared evenly, instead of uniform; None = "
               "uniform.")
     init_share: Fraction = setting(0.5, "The starting weight of mixer.init_layer (with it set).")
+    holdout: Fraction = setting(0.0, "Training only: this share of the training rows (drawn with train.seed) "
+                                     "teaches only the mixing logits p, and the rest everything else: "
+                                     "first-order bilevel, as DARTS, so the layer weights follow held-out "
+                                     "rows instead of the training loss; 0 = off.")
+    holdout_pace: Literal["epoch", "step"] = setting(
+        "epoch", "With mixer.holdout: 'epoch' = the mixing steps pass over the held-out rows once an epoch, "
+                 "spread between the training steps; 'step' = a mixing step after every training step, the "
+                 "held-out rows reshuffled whenever they run out.")
 
 
 class HeadConfig(Section):

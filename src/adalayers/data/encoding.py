@@ -255,17 +255,27 @@ class SplitFeed:
     Under torchrun every rank draws the same shuffled global batch and keeps rows rank, rank + N, ...
     with loss_weight = N * (its rows) / (the batch's rows); a rank left without rows (a last batch
     smaller than N) runs one row with weight 0, so every rank takes part in every step.
+    `rows`: only these rows of the split (their indices, which batches keep, so a cache reads the right
+    states); None = all of them.
     """
 
-    def __init__(self, split: EncodedSplit, batch_size: int, pad_id: int, validate):
+    def __init__(self, split: EncodedSplit, batch_size: int, pad_id: int, validate, rows: list[int] | None = None):
         self.split, self.batch_size, self.pad_id, self.validate = split, batch_size, pad_id, validate
-        self.steps = -(-len(split.rows) // batch_size)
+        self.rows = rows
+        self.steps = -(-(len(split.rows) if rows is None else len(rows)) // batch_size)
+
+    def plan(self, generator: torch.Generator) -> list[list[int]]:
+        """This epoch's batches of row indices, shuffled."""
+        if self.rows is None:
+            return batch_plan(self.split, self.batch_size, shuffle=True, generator=generator)
+        order = [self.rows[i] for i in torch.randperm(len(self.rows), generator=generator).tolist()]
+        return [order[s: s + self.batch_size] for s in range(0, len(order), self.batch_size)]
 
     def epoch(self, epoch: int, generator: torch.Generator):
         from adalayers.engine import distributed
 
         world, rank = distributed.world_size(), distributed.rank()
-        for idx in batch_plan(self.split, self.batch_size, shuffle=True, generator=generator):
+        for idx in self.plan(generator):
             if not distributed.active():
                 yield split_batch(self.split, idx, self.pad_id)
                 continue

@@ -21,6 +21,7 @@ from adalayers.engine.loop import STOPPING
 from adalayers.engine.precision import autocast_for
 from adalayers.errors import TrainingError  # noqa: F401
 from adalayers.model.states import Fed
+from adalayers.recipes.holdout import HeldOutMix, holdout_rows
 from adalayers.recipes.evaluate import evaluate_split
 from adalayers.store import run as runlib
 
@@ -59,9 +60,15 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
         runlib.save_config(run_dir, cfg, data.labels, backbone, sha, task=data.name, kind=str(data.kind),
                            main_metric=data.main_metric)
 
-    feed = SplitFeed(encoded["train"], tc.batch_size, pad_id, validate)
+    train, kept, held = encoded["train"], None, None
+    if HeldOutMix.wanted(cfg.mixer):
+        kept, held = holdout_rows(len(train.rows), cfg.mixer.holdout, tc.seed)
+    feed = SplitFeed(train, tc.batch_size, pad_id, validate, rows=kept)
     if MixSchedule.wanted(cfg.mixer):
         feed = MixSchedule(feed, task, cfg.mixer)
+    if held is not None:
+        feed = HeldOutMix(feed, SplitFeed(train, tc.batch_size, pad_id, validate, rows=held), task,
+                          cfg.mixer.holdout_pace)
     return engine_fit(Fed(task, source), feed, FitSettings.of(tc), backbone.device, run_dir=run_dir,
                       resume_key=cfg.to_dict(), differences=resume_differences, resume=resume, on_best=save_best, on_epoch=on_epoch)
 
