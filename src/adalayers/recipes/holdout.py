@@ -10,14 +10,16 @@ held-out rows only p learns:
 Each epoch passes over the kept rows once; the mixing steps, spread evenly between the training steps, pass
 over the held-out rows once (mixer.holdout_pace = "epoch": p takes h / (1 - h) as many steps as the rest) or
 follow every training step (= "step": p steps as often as without a holdout, the held-out rows reshuffled
-whenever they run out). The
-reason (docs/results.md, the mixer's causes): trained on the training loss, the weights follow the layers
-that lower it fastest (on Gemma's QQP subset the embedding output and the last state, while the held-out
-best layer is 9); on held-out rows a layer gains weight only by helping rows the head has not memorised.
+whenever they run out).
+
+The reason it was tried: trained on the training loss, the weights follow the layers that lower it fastest
+(on Gemma's QQP subset the embedding output and the last state, while the best single layer is 9); on
+held-out rows a layer gains weight only by helping rows the head has not fitted. Measured (docs/results.md,
+"Layer weights learned on held-out rows"), it moves the mix but does not beat the default: it stays an option.
 
 Composes with the epoch schedule (adalayers.recipes.train.MixSchedule): an epoch in which p does not learn
 has no mixing steps, one in which only p learns has no training steps. A pinned mixer has no mix to learn:
-it trains on every row.
+it trains on every row. The epoch's train_loss (log.jsonl) averages both kinds of steps.
 """
 from __future__ import annotations
 
