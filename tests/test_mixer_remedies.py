@@ -198,7 +198,7 @@ class OneBatchFeed:
 
 
 @pytest.mark.parametrize("mixer,expected", [
-    (dict(warmup_epochs=2), [(True, False), (True, False), (True, True), (True, True)]),
+    (dict(warmup_epochs=2, learn_after=0), [(True, False), (True, False), (True, True), (True, True)]),
     (dict(learn_after=1), [(False, True), (True, True), (True, True), (True, True)]),
     (dict(learn_after=1, freeze_after=2), [(False, True), (True, True), (False, True), (False, True)]),
     (dict(warmup_epochs=1, learn_after=2), [(True, False), (False, True), (True, True), (True, True)]),
@@ -211,6 +211,22 @@ def test_the_schedule_says_what_learns_in_each_epoch(mixer, expected):
     assert MixSchedule.wanted(task.cfg.mixer)
     assert [schedule.learning(epoch) for epoch in (1, 2, 3, 4)] == expected
     assert not MixSchedule.wanted(task_with(pin_layer=1, **mixer).cfg.mixer)  # a pinned mixer trains as usual
+
+
+@pytest.mark.parametrize("learn_after,max_epochs,held", [(3, 30, 3), (3, 10, 3), (3, 9, 3), (3, 8, 2), (3, 5, 1),
+                                                         (3, 2, 0), (5, 10, 3), (0, 30, 0)])
+def test_the_uniform_start_is_at_most_a_third_of_the_run(learn_after, max_epochs, held, caplog):
+    """mixer.learn_after counts epochs, held to max_epochs // 3 so that a short run still learns its mix."""
+    from adalayers.recipes.train import MixSchedule
+
+    task = task_with(learn_after=learn_after)
+    m = task.cfg.mixer
+    caplog.set_level("INFO", logger="adalayers.recipes.train")
+    schedule = MixSchedule(OneBatchFeed(), task, m, max_epochs)
+    logits = [schedule.learning(epoch)[0] for epoch in range(1, max_epochs + 1)]
+    assert logits == [False] * held + [True] * (max_epochs - held)
+    assert MixSchedule.wanted(m, max_epochs) == (held > 0)
+    assert ("is held to" in caplog.text) == (held < learn_after)
 
 
 def test_a_mixer_only_warm_up_moves_the_logits_alone_then_everything(monkeypatch):

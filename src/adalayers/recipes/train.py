@@ -9,6 +9,7 @@ exception it raises ends training.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +27,7 @@ from adalayers.recipes.evaluate import evaluate_split
 from adalayers.store import run as runlib
 
 
+log = logging.getLogger(__name__)
 EpochCallback = Callable[[int, float], None]
 # what a resumed run may change: when to stop, how many threads, TensorBoard, and the tuner's section
 RESUME_FREE = {"train": {*STOPPING, "num_threads", "tensorboard"}, "tune": None}
@@ -64,8 +66,8 @@ def fit(task, source, data, encoded: dict, cfg, run_dir: Path, backbone, pad_id:
     if HeldOutMix.wanted(cfg.mixer):
         kept, held = holdout_rows(len(train.rows), cfg.mixer.holdout, tc.seed)
     feed = SplitFeed(train, tc.batch_size, pad_id, validate, rows=kept)
-    if MixSchedule.wanted(cfg.mixer):
-        feed = MixSchedule(feed, task, cfg.mixer)
+    if MixSchedule.wanted(cfg.mixer, tc.max_epochs):
+        feed = MixSchedule(feed, task, cfg.mixer, tc.max_epochs)
     if held is not None:
         feed = HeldOutMix(feed, SplitFeed(train, tc.batch_size, pad_id, validate, rows=held), task,
                           cfg.mixer.holdout_pace)
@@ -77,28 +79,40 @@ class MixSchedule:
     """A training feed that switches what learns as each epoch starts (so a resumed run does the same):
 
         epochs 1..warmup_epochs                 only the mixing logits p learn (mixer.warmup_epochs)
-        up to epoch learn_after                 p stays as initialised; the rest learns (mixer.learn_after)
+        up to epoch held_epochs                 p stays as initialised; the rest learns (mixer.learn_after,
+                                                at most a third of train.max_epochs)
         after epoch freeze_after                p stops learning; the rest goes on (mixer.freeze_after)
         otherwise                               everything learns
 
     A pinned mixer (mixer.pin_layer) has no mix to schedule: it trains as usual. A parameter that does not
     learn in an epoch gets no gradient, so AdamW leaves it (and its weight decay) alone."""
 
-    def __init__(self, feed, task, mixer_cfg):
+    def __init__(self, feed, task, mixer_cfg, max_epochs: int | None = None):
         self.feed, self.task, self.cfg = feed, task, mixer_cfg
         self.steps, self.validate = feed.steps, feed.validate
         self.rest = [q for q in task.trainable_parameters() if q is not task.mixer.p]
+        self.held = self.held_epochs(mixer_cfg, max_epochs)
+        if self.held < mixer_cfg.learn_after:
+            log.info("mixer.learn_after=%d is held to %d epochs, a third of train.max_epochs=%d, so that the "
+                     "layer weights learn for the rest of the run", mixer_cfg.learn_after, self.held, max_epochs)
 
     @staticmethod
-    def wanted(m) -> bool:
-        return m.pin_layer is None and (m.freeze_after is not None or m.learn_after > 0 or m.warmup_epochs > 0)
+    def held_epochs(m, max_epochs: int | None) -> int:
+        """Epochs the mix stays as initialised: mixer.learn_after, at most a third of `max_epochs` (rounded
+        down), so that a short run still learns its layer weights."""
+        return m.learn_after if max_epochs is None else min(m.learn_after, max_epochs // 3)
+
+    @classmethod
+    def wanted(cls, m, max_epochs: int | None = None) -> bool:
+        return m.pin_layer is None and (m.freeze_after is not None or cls.held_epochs(m, max_epochs) > 0
+                                        or m.warmup_epochs > 0)
 
     def learning(self, epoch: int) -> tuple[bool, bool]:
         """(the mixing logits learn, the projections and the head learn) in `epoch` (from 1)."""
         m = self.cfg
         if epoch <= m.warmup_epochs:
             return True, False
-        logits = epoch > m.learn_after and (m.freeze_after is None or epoch <= m.freeze_after)
+        logits = epoch > self.held and (m.freeze_after is None or epoch <= m.freeze_after)
         return logits, True
 
     def epoch(self, epoch: int, generator):
