@@ -14,6 +14,13 @@ Then the issue's rule for a new default, applied to each remedy (rows with 3 or 
                                       above the best layer's
 
 A remedy becomes the default only if it passes both on every cell. A cell where a remedy was not run fails it.
+
+    --beside "LABEL=FOLDER"      a cell shown in the table and judged by the same rule, but apart: outside the
+                                 issue's table (a pair task, a task of many classes), it does not decide.
+    --sweep "LABEL=SWEEP_JSON"   a cell's old default and single layers from a 3-seed sweep.json (adalayers
+                                 sweep-layers --seeds 3): its layers become rows layerN and its AdaLayers run the
+                                 row default, each where the cell's folder has none with as many seeds. The cell
+                                 needs no folder of its own (its remedies then come from LABEL=FOLDER, if given).
 """
 from __future__ import annotations
 
@@ -26,6 +33,26 @@ from adalayers.lab.seeds import cell as spread_cell
 
 def load(folder: Path) -> dict:
     return json.loads((folder / "results.json").read_text(encoding="utf-8"))
+
+
+def sweep_rows(sweep: dict) -> dict:
+    """The rows of a sweep.json with seeds: layerN for each single layer, default for its AdaLayers run."""
+    def as_row(run: dict) -> dict:
+        spread = run["spread"]
+        return {"settings": f"base {sweep['base']}, pin_layer {run.get('pin_layer')}, from sweep.json",
+                "seeds": list(range(sweep["seeds"])), "metric": sweep["metric"], "test": spread["test"],
+                "validation": spread["validation"]}
+    rows = {f"layer{run['pin_layer']}": as_row(run) for run in sweep["layers"]}
+    return {**rows, "default": as_row(sweep["adalayers"])}
+
+
+def add_sweep(rows: dict, sweep: dict) -> dict:
+    """`rows` with the sweep's rows put in where it has none with as many seeds."""
+    out = dict(rows)
+    for name, r in sweep_rows(sweep).items():
+        if name not in out or len(out[name]["seeds"]) < len(r["seeds"]):
+            out[name] = r
+    return out
 
 
 def pinned(row: dict) -> int | None:
@@ -62,7 +89,9 @@ def verdict(name: str, cells: dict[str, dict]) -> tuple[bool, list[str]]:
     return not reasons, reasons
 
 
-def table(cells: dict[str, dict]) -> str:
+def table(cells: dict[str, dict], beside: dict[str, dict] | None = None) -> str:
+    beside = beside or {}
+    judged, cells = cells, {**cells, **beside}
     metric = {label: next(iter(rows.values()))["metric"] for label, rows in cells.items()}
     names = []
     for rows in cells.values():
@@ -93,26 +122,41 @@ def table(cells: dict[str, dict]) -> str:
     layer_names = " / ".join(f"{label}: {best_layer(rows) or '-'}" for label, rows in cells.items())
     md += ["", f"Best single layer per cell: {layer_names}.", "", "The rule for a new default (3 seeds on every cell):", ""]
     for name in ["default", *names]:
-        ok, why = verdict(name, cells)
-        missing = [w.split(":")[0] for w in why if w.endswith("not run over 3 seeds")]
-        measured = [w for w in why if not w.endswith("not run over 3 seeds")]
-        text = "passes on every cell" if ok else "fails: " + "; ".join(
-            measured + ([f"not run over 3 seeds on {', '.join(missing)}"] if missing else []))
+        text = said(*verdict(name, judged), "passes on every cell", "fails: ")
+        if beside:
+            text += "; beside the rule, " + said(*verdict(name, beside), "passes", "fails: ")
         md.append(f"- {name}: {text}")
     return "\n".join(md) + "\n"
+
+
+def said(ok: bool, why: list[str], passes: str, fails: str) -> str:
+    missing = [w.split(":")[0] for w in why if w.endswith("not run over 3 seeds")]
+    measured = [w for w in why if not w.endswith("not run over 3 seeds")]
+    return passes if ok else fails + "; ".join(measured + ([f"not run over 3 seeds on {', '.join(missing)}"]
+                                                           if missing else []))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cells", nargs="+", metavar="LABEL=FOLDER")
+    ap.add_argument("--beside", action="append", default=[], metavar="LABEL=FOLDER")
+    ap.add_argument("--sweep", action="append", default=[], metavar="LABEL=SWEEP_JSON")
     args = ap.parse_args()
-    cells = {}
-    for arg in args.cells:
+    cells, beside = {}, {}
+    for arg, into in [(a, cells) for a in args.cells] + [(a, beside) for a in args.beside]:
         label, sep, folder = arg.partition("=")
         if not sep or not (Path(folder) / "results.json").is_file():
             raise SystemExit(f"mixer_remedies_summary: {arg!r} is not LABEL=FOLDER with FOLDER/results.json")
-        cells[label] = load(Path(folder))
-    print(table(cells), end="")
+        into[label] = load(Path(folder))
+    for arg in args.sweep:
+        label, sep, path = arg.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"mixer_remedies_summary: --sweep {arg!r} is not LABEL=SWEEP_JSON with a file")
+        sweep = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not sweep.get("seeds") or "spread" not in sweep.get("adalayers", {}):
+            raise SystemExit(f"mixer_remedies_summary: {path} is a sweep without seeds (no spread to compare)")
+        cells[label] = add_sweep(cells.get(label, {}), sweep)
+    print(table(cells, beside), end="")
     return 0
 
 

@@ -38,3 +38,31 @@ def test_a_remedy_must_reach_the_best_layers_lowest_seed_and_keep_the_mixers_win
     assert "| a | 0.5550 (0.5400–0.5600); -0.0050 | not run |" in text
     assert "- a: fails: not run over 3 seeds on wins" in text
     assert "- b: fails: loses: 0.5490 below layer3's lowest seed 0.5500" in text
+
+
+def test_a_sweep_with_seeds_fills_in_the_old_default_and_the_single_layers():
+    spread = lambda lo, med, hi, v: {"test": {"median": med, "min": lo, "max": hi, "values": [lo, med, hi]},  # noqa: E731
+                                     "validation": {"median": v, "min": v, "max": v, "values": [v] * 3}}
+    sweep = {"base": "b", "seeds": 3, "metric": "f1",
+             "layers": [{"pin_layer": 5, "spread": spread(0.84, 0.85, 0.86, 0.89)},
+                        {"pin_layer": 7, "spread": spread(0.86, 0.87, 0.88, 0.88)}],
+             "adalayers": {"pin_layer": None, "spread": spread(0.85, 0.855, 0.86, 0.90)}}
+    folder = {"default": row(None, (0.8, 0.8, 0.8), seeds=1), "uniform": row(None, (0.85, 0.851, 0.86))}
+    rows = summary.add_sweep(folder, sweep)
+    assert rows["default"]["seeds"] == [0, 1, 2] and rows["uniform"] is folder["uniform"]
+    assert summary.best_layer(rows) == "layer5"  # chosen on validation, not test
+    # 0.851: level with layer 5 (lowest 0.84), inside the default's spread (0.855 - 0.01)
+    assert summary.verdict("uniform", {"cell": rows}) == (True, [])
+    rows["uniform"] = row(None, (0.83, 0.84, 0.85))
+    assert summary.verdict("uniform", {"cell": rows})[1] == [
+        "cell: 0.8400 more than a seed spread below the old default 0.8550"]
+
+
+def test_a_cell_beside_the_rule_is_shown_and_judged_apart():
+    rule = {"default": row(None, (0.30, 0.32, 0.34)), "layer2": row(2, (0.25, 0.28, 0.29)),
+            "a": row(None, (0.30, 0.31, 0.33))}
+    pair = {"default": row(None, (0.40, 0.41, 0.42)), "layer9": row(9, (0.50, 0.52, 0.53)),
+            "a": row(None, (0.45, 0.47, 0.48))}
+    text = summary.table({"rule": rule}, {"pair": pair})
+    assert "| a | 0.3100 (0.3000–0.3300); +0.0300 | 0.4700 (0.4500–0.4800); -0.0500 |" in text
+    assert "- a: passes on every cell; beside the rule, fails: pair: 0.4700 below layer9's lowest seed 0.5000" in text
