@@ -145,10 +145,12 @@ class MixerConfig(Section):
                                              "epochs (the layer weights stay as they were then; the projections "
                                              "and the head go on learning); None = they learn throughout.", ge=0,
                                        le=1_000_000)
-    learn_after: int = setting(0, "Training only: the mixing logits p stay as initialised (the uniform mix, or "
-                                  "mixer.init_layer's) for this many epochs while the projections and the head "
-                                  "learn, then learn too: a step anneal of alpha from 0; 0 = they learn from the "
-                                  "start.", ge=0, le=1_000_000)
+    learn_after: int = setting(3, "Training only: the mixing logits p stay as initialised (the uniform mix, or "
+                                  "mixer.init_layer's) for this many epochs, at most a third of "
+                                  "train.max_epochs, while the projections and the head learn, then learn too: a "
+                                  "step anneal of alpha from 0 (docs/results.md: level with the best single layer "
+                                  "where learning from the start was not); 0 = they learn from the start (the "
+                                  "old default).", ge=0, le=1_000_000)
     warmup_epochs: int = setting(0, "Training only: for this many epochs only the mixing logits p learn (the "
                                     "projections and the head stay as initialised), then everything learns: a "
                                     "mixer-only warm-up; 0 = off.", ge=0, le=1_000_000)
