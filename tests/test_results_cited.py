@@ -131,3 +131,11 @@ def test_a_kept_result_names_the_data_folder_and_no_machine(tmp_path, monkeypatc
     assert (tmp_path / "kept" / "sweep_x" / "best_config.yaml").read_text() == "task:\n  name: cola\n"
     assert data_setting(data / "imdb", repo) == "$ADALAYERS_DATA/imdb"
     assert data_setting(repo / "tests" / "fixtures", repo) == "tests/fixtures"
+
+
+def test_the_readme_stays_short_and_its_tables_fit_a_laptop_screen():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    wide = [f"README.md:{n}: {len(line)} characters" for n, line in enumerate(readme.splitlines(), start=1)
+            if line.startswith("|") and len(line) > 110]
+    assert len(readme.encode()) <= 12 * 1024 and not wide, (
+        f"README.md: {len(readme.encode()):,} bytes (at most {12 * 1024:,}); move detail into docs/\n" + "\n".join(wide))
