@@ -41,6 +41,8 @@ from adalayers.export.int8 import DEFAULT_INT8  # noqa: E402
 from adalayers.export.onnx import export  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
 from adalayers.data.tasks import load_task  # noqa: E402
+from adalayers.lab.portable import data_setting  # noqa: E402
+from adalayers.data.tasks.fetch import data_folder  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 
 BACKENDS = ["torch", "onnx", "onnx-int8"]
@@ -124,7 +126,7 @@ def add_run_args(ap: argparse.ArgumentParser, out_name: str) -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads")
     ap.add_argument("--limit", type=int, default=None, help="score only the first N test examples (default all)")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
     ap.add_argument("--out", default=f"benchmarks/results/{out_name}")
 
 
@@ -135,6 +137,7 @@ def start(args, **extra) -> dict:
 
     settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "torch": torch.__version__,
                 "onnxruntime": onnxruntime.__version__, "cpu": platform.processor() or platform.machine(), **extra}
+    settings["data"] = data_setting(args.data, ROOT)  # the data folder as $ADALAYERS_DATA
     print("settings:", json.dumps(settings), flush=True)
     return settings
 

@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from adalayers.store.run import atomic_write, write_json  # noqa: E402
 from adalayers.data.tasks.imdb import read_imdb  # noqa: E402
+from adalayers.lab.portable import data_setting  # noqa: E402
+from adalayers.data.tasks.fetch import data_folder  # noqa: E402
 
 
 def imdb_subset(data: Path, rows: int, path: Path) -> None:
@@ -109,11 +111,11 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the one-process run")
     ap.add_argument("--concurrency", type=int, default=2, help="Ray actors (1 torch thread each)")
-    ap.add_argument("--data", default=os.environ.get("ADALAYERS_DATA", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
     ap.add_argument("--out", default="benchmarks/results/bulk_predict")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    settings.update(cpus=os.cpu_count(), note="2 shared cores; other jobs ran at the same time")
+    settings.update(data=data_setting(args.data, ROOT), cpus=os.cpu_count(), note="2 shared cores; other jobs ran at the same time")
     print("settings:", json.dumps(settings), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

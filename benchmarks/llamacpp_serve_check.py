@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +34,8 @@ from serve_load import ROOT, sentences, start_server, untrained_heads  # noqa: E
 
 from adalayers.config import Config  # noqa: E402
 from adalayers.store.run import read_config, write_config, write_json  # noqa: E402
+from adalayers.lab.portable import data_setting  # noqa: E402
+from adalayers.data.tasks.fetch import data_folder  # noqa: E402
 
 PROMPT = "Write a Python function that reverses a string."
 
@@ -109,11 +110,11 @@ def main() -> None:
     ap.add_argument("--base", default="qwen2.5-0.5b")
     ap.add_argument("--template", default=None, help="the sequence head's task.template (e.g. chat)")
     ap.add_argument("--new", type=int, default=16)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     name = Path(args.base).stem if args.base.endswith(".gguf") else args.base
-    settings = {**vars(args), "data": os.path.relpath(args.data, ROOT), "threads": 1,
+    settings = {**vars(args), "data": data_setting(args.data, ROOT), "threads": 1,
                 "base": "a .gguf path" if args.base.endswith(".gguf") else args.base}
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))[:3]

@@ -52,8 +52,7 @@ run_task() {  # task config layers probes? extra --set...
     fi
     adalayers sweep-layers "$config" "${sets[@]}" --layers "$layers" --adalayers "$run" --out "$OUT/sweep_${task}_$name"
   fi
-  mkdir -p "benchmarks/results/sweep_${task}_$name"
-  cp "$OUT/sweep_${task}_$name"/sweep.{json,md,png} "benchmarks/results/sweep_${task}_$name/"
+  python -m adalayers.lab.portable "$OUT/sweep_${task}_$name" "benchmarks/results/sweep_${task}_$name" sweep.json sweep.md
   if [ "$probes" = yes ]; then
     local psets=(); for s in "$@"; do psets+=(--set "$s"); done
     python benchmarks/linear_probes.py "$config" --base "$BASE" --tag "$TAG" --set "train.num_threads=$THREADS" "${psets[@]}"

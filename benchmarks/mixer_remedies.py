@@ -165,30 +165,15 @@ def main(out: Path, metric: str | None = None) -> str:
     return text
 
 
-KEPT = ("metrics.json", "seeds.md", "config.json", "log.jsonl", "results.md", "results.json", "curves.png")
+KEPT = ("results.md", "results.json", "curves.png")  # the summary; each run's files stay in OUT (and git history)
 
 
 def keep(out: Path, dest: Path) -> None:
-    """Copy OUT's tables, figure and every row's metrics, configs and epoch logs (no head weights) to DEST, the
-    machine's absolute paths written relative to the repository (the data folder as ../shared/data)."""
-    import os
-    import shutil
+    """Copy OUT's table, its JSON (every row's settings and spread) and figure to DEST, the data folder written
+    as $ADALAYERS_DATA and the repository's paths relative to it (adalayers.lab.portable)."""
+    from adalayers.lab.portable import keep as keep_portable
 
-    repo = Path(__file__).resolve().parents[1]
-    for src in sorted(out.rglob("*")):
-        if not src.is_file() or src.name not in KEPT or "candidates" in src.parts:
-            continue
-        target = dest / src.relative_to(out)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.suffix == ".png":
-            shutil.copyfile(src, target)
-            continue
-        text = src.read_text(encoding="utf-8")
-        for absolute in {str(Path(os.environ.get("ADALAYERS_DATA", repo.parent / "shared" / "data")).resolve()),
-                         str((repo.parent / "shared").resolve())}:
-            text = text.replace(absolute, os.path.relpath(absolute, repo))
-        text = text.replace(str(repo) + "/", "")
-        target.write_text(text, encoding="utf-8")
+    keep_portable(out, dest, KEPT, Path(__file__).resolve().parents[1])
 
 
 if __name__ == "__main__":
@@ -196,7 +181,7 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--keep", type=Path, metavar="DEST", help="copy the tables, figure, metrics and logs to DEST")
+    ap.add_argument("--keep", type=Path, metavar="DEST", help="copy the table, its JSON and the figure to DEST")
     ap.add_argument("--metric", help="the score the table shows (default: the task's main metric)")
     args = ap.parse_args()
     print(main(args.out, args.metric))

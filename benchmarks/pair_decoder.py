@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--base", default="gemma3-270m")
     ap.add_argument("--keep", type=Path, metavar="DEST",
-                    help="copy the table and every row's metrics, configs and epoch logs (no weights) to DEST")
+                    help="copy the table and its JSON to DEST (each run's files stay in OUT)")
     args = ap.parse_args()
     out, data = args.out, {"heads": {}, "probes": {}}
     md = [f"QQP on {args.base} (benchmarks/pair_decoder.sh; settings in each run's config.json and in the probes' "
@@ -72,7 +72,7 @@ def main() -> int:
     (out / "results.md").write_text(text)
     print(text)
     if args.keep:
-        from mixer_remedies import keep  # benchmarks/mixer_remedies.py: the same copy, machine paths made relative
+        from mixer_remedies import keep  # benchmarks/mixer_remedies.py: the same copy, paths made portable
 
         keep(out, args.keep)
     return 0

@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers.store.run import atomic_write, write_json  # noqa: E402
+from adalayers.lab.portable import data_setting  # noqa: E402
+from adalayers.data.tasks.fetch import data_folder  # noqa: E402
 
 SETTINGS = {"batching": ["--max-batch", "32", "--max-wait-ms", "5"],
             "no batching": ["--max-batch", "1", "--max-wait-ms", "0"]}
@@ -132,10 +134,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="time budget per (setting, clients)")
     ap.add_argument("--max-requests", type=int, default=400, help="request budget per (setting, clients)")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
     ap.add_argument("--out", default="benchmarks/results/serve_load")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    settings["data"] = data_setting(args.data, ROOT)  # the data folder as $ADALAYERS_DATA
     settings["python"], settings["machine"] = platform.python_version(), platform.machine()
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))

@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -63,6 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import ROOT, sentences, start_server, untrained_heads  # noqa: E402
 
 from adalayers.store.run import atomic_write, write_json  # noqa: E402
+from adalayers.lab.portable import data_setting  # noqa: E402
+from adalayers.data.tasks.fetch import data_folder  # noqa: E402
 
 MAX_TEXTS, MAX_CHARS = 16, 2000
 # the clients drop a connection idle this long, sooner than the server's --keep-alive (5 s): a client that
@@ -356,11 +357,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"], help="serve --engine")
     ap.add_argument("--replicas", type=int, default=1, help="serve --replicas (--engine ray)")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
     ap.add_argument("--out", default="benchmarks/results/soak")
     args = ap.parse_args()
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    settings["data"] = os.path.relpath(args.data, ROOT)  # results hold paths relative to the repository
+    settings["data"] = data_setting(args.data, ROOT)  # the data folder as $ADALAYERS_DATA, never a machine's path
     settings.update(max_texts=MAX_TEXTS, max_chars=MAX_CHARS)
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))
