@@ -153,3 +153,60 @@ def test_held_back_tail_is_the_longest_possible_stop_start():
     assert held_back("hello", ["z" * 10_000]) == 0
     assert held_back("abcz", ["z" * 10_000, "cz!"]) == 2
     assert held_back("", ["x"]) == 0
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    """`adalayers serve` on a tiny random Llama saved as a model folder (/v1/chat/completions, /v1/completions)."""
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    root = tmp_path_factory.mktemp("bounds-llm")
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    base = Backbone.load(str(root / "tiny-llama"))
+    head = make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3)
+    template = root / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    s = ServeProcess(root / "tiny-llama", [head], root, "--chat-template", str(template), "--max-chars", "2000")
+    yield s.wait_started()
+    s.stop()
+
+
+def test_a_huge_conversation_is_refused_before_templating(llm):
+    model = httpx.get(llm.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    chat = llm.url + "/v1/chat/completions"
+    before = llm.rss_mb()
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}] * 420_000}).encode()
+    r, _ = _post(chat, body)  # issue 56 item 5: 15 MB, a 400 after 6.4 s and +260 MB before
+    assert r.status_code == 413 and len(r.content) < SMALL, r.text[:300]
+    assert llm.rss_mb() - before < 50
+    long = [{"role": "user", "content": "word " * 390}] * 5  # 5 x 1,950 characters: over 4 x --max-chars
+    r = httpx.post(chat, json={"model": model, "messages": long, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 413 and "conversation" in r.json()["error"]["message"], r.text
+    r = httpx.post(chat, json={"model": model, "messages": long[:2], "max_tokens": 1}, timeout=60)
+    assert r.status_code in (200, 400), r.text  # within the bounds (400: longer than the tiny base's context)
+
+
+def test_a_long_stop_string_does_not_hold_back_the_stream(llm):
+    model = httpx.get(llm.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "the dog runs", "max_tokens": 12, "temperature": 0, "stream": True}
+    chunks = []
+    for stop in (None, "\x07" * 10_000):
+        with httpx.stream("POST", llm.url + "/v1/completions", json={**body, "stop": stop}, timeout=120) as r:
+            texts = [json.loads(line[6:])["choices"][0]["text"] for line in r.iter_lines()
+                     if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+        chunks.append([t for t in texts if t])
+    assert "".join(chunks[0]) == "".join(chunks[1])
+    assert len(chunks[1]) == len(chunks[0]) > 1  # before: one chunk at the end (10,000 characters held back)
+
+
+def test_tools_and_seeds_are_answered_as_the_docs_say(llm):
+    model = httpx.get(llm.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    r = httpx.post(llm.url + "/v1/chat/completions", json={**body, "tools": [tool]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    for extra in ({"tools": []}, {"tool_choice": "none"}, {"seed": -1}, {"seed": 2 ** 64 - 1}):
+        assert httpx.post(llm.url + "/v1/chat/completions", json={**body, **extra}, timeout=60).status_code == 200
+    assert httpx.post(llm.url + "/v1/chat/completions", json={**body, "seed": 2 ** 64}, timeout=60).status_code == 422
