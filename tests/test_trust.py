@@ -96,3 +96,27 @@ def test_a_folder_whose_path_is_not_utf8_loads_with_a_name(base, tmp_path):
     folder = make_run(tmp_path / os.fsdecode(b"c\xff"), base, "sequence", ["bad", "good"], seed=3)
     side = SideTasks.from_backbone(base, [f"acc={folder}"])
     assert side.predict(["a good movie"])[0]["tasks"]["acc"]["label"] in ("bad", "good")
+
+
+def test_an_export_manifest_is_signed_and_checked(tmp_path, monkeypatch):
+    """The export side (export/onnx.verify), on a folder of one graph file: no checksums is refused unless
+    trusted; with a key, a missing signature and an edit of export.json re-hashed are refused."""
+    from adalayers.cli.sign import sign_folder
+    from adalayers.export import onnx
+
+    (tmp_path / onnx.MODEL).write_bytes(b"graph bytes")
+    meta = {"outputs": [{"labels": ["bad", "good"]}], "checksums": {onnx.MODEL: runlib.sha256(tmp_path / onnx.MODEL)}}
+    (tmp_path / onnx.META).write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match="export.json: it has no checksums"):
+        onnx.verify(tmp_path, {"outputs": meta["outputs"]}, onnx.MODEL)
+    with trust.trusting():
+        onnx.verify(tmp_path, {"outputs": meta["outputs"]}, onnx.MODEL)
+    monkeypatch.setenv(trust.KEY_ENV, KEY)
+    with pytest.raises(ModelError, match="signature.json: missing"):
+        onnx.verify(tmp_path, meta, onnx.MODEL)
+    with trust.signing():
+        assert sign_folder(tmp_path, KEY.encode()) == [tmp_path / trust.SIGNATURE]
+    onnx.verify(tmp_path, meta, onnx.MODEL)
+    edited = {**meta, "outputs": [{"labels": ["good", "bad"]}]}  # the checksums of the files still match
+    with pytest.raises(ModelError, match="the signature does not match"):
+        onnx.verify(tmp_path, edited, onnx.MODEL)
