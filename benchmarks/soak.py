@@ -20,6 +20,16 @@ runs the same mix with requests meant to hurt other clients interleaved (one aft
                        the plain mix's token-head requests: no windows for it, so cheap -> 200
     abandoned_generate (--generate, a decoder LLM base) POST /generate of max-texts prompts x 64 tokens,
                        then a hang-up -> none: stopped at the next decode step (/health `generations_stopped`)
+    wide_array         {"texts": [1, 1, ... 100,000 times]} (0.2 MB)  -> 413 before parsing (issue 56: a 21.6 MB 422)
+    wide_object        an unknown field holding an object of 60,000 keys -> 413 before parsing
+    huge_conversation  (--generate) /v1/chat/completions with 20,000 one-word messages -> 413 before templating
+    burst              (one client in four) 8 concurrent requests of 2 texts longer than max_length, for the
+                       sequence head alone -> 200 or 503 (issue 56: a shared tokenizer gave a 500 under load)
+
+--storm-clients N adds a third phase, "storm": the valid requests of the plain mix while N more clients
+send heavy bodies (max-texts texts of max-chars characters) and hang up 0.05-0.3 s after sending
+(issue 56: one valid answer in 18 s with 40 of them). Its valid p50/p99 are reported against the plain
+phase's, like the poison phase's.
 
 One invocation, one server: a warm-up (the most varied mix of the run, so every request kind and
 batch shape has been seen once), then --rounds rounds of the plain phase and, with --poison, the
@@ -49,6 +59,7 @@ import argparse
 import asyncio
 import collections
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -96,7 +107,16 @@ def poison_mix(texts: list[str], sequence_task: str, generate: bool = False) -> 
     def raw_json(body: str) -> dict:
         return {"content": body.encode(), "headers": {"content-type": "application/json"}}
 
+    wide = b'{"texts": [' + b",".join([b"1"] * 100_000) + b"]}"
+    keys = b'{"texts": [%s], "junk": {' % one.encode() + b",".join(b'"k%d": 1' % i for i in range(60_000)) + b"}}"
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}] * 20_000}).encode()
+    burst = {"texts": [("ab " * 666)] * 2, "tasks": [sequence_task], "base": False}  # under --max-chars, past max_length
     return [
+        ("wide_array", {"content": wide, "headers": {"content-type": "application/json"}}, 413),
+        ("burst", {"burst": 8, "json": burst}, (200, 503)),
+        ("wide_object", {"content": keys, "headers": {"content-type": "application/json"}}, 413),
+    ] + ([("huge_conversation", {"content": chat, "headers": {"content-type": "application/json"},
+                                 "path": "/v1/chat/completions"}, 413)] if generate else []) + [
         ("lone_surrogate", raw_json('{"texts": ["x \\ud800"]}'), 422),
         ("deep_json", raw_json('{"texts": ' + "[" * 500 + "]" * 500 + "}"), 422),
         ("nan", raw_json('{"texts": [%s], "base": NaN}' % one), 422),
@@ -179,7 +199,7 @@ async def _status(reader: asyncio.StreamReader, limit_s: float) -> int | str:
 
 
 async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64, limit_s: float = 120,
-                      path: str = "/predict") -> int | str:
+                      path: str = "/predict", hang_up_s: float = 0.05) -> int | str:
     """A request httpx will not send: a chunked body without end, a hang-up, a dribble of header bytes, a
     body that never comes. The answer is read while sending (a server that answers early and closes would
     otherwise reset it away); nothing waits longer than `limit_s`."""
@@ -191,7 +211,7 @@ async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64,
         if how == "abandon":
             writer.write(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(hang_up_s)
             return "dropped"
         if how == "no_body":
             writer.write(head + b"Content-Length: 100\r\n\r\n")
@@ -225,7 +245,8 @@ async def raw_request(url: str, how: str, body: bytes = b"", max_mb: float = 64,
             pass
 
 
-async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, max_mb: float) -> dict:
+async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, max_mb: float,
+               storm_clients: int = 0, storm_body: bytes = b"") -> dict:
     """Closed-loop clients over `mix` until `seconds` or `max_requests`; the raw record of one phase."""
     by_kind = collections.defaultdict(collections.Counter)
     wrong: list[str] = []
@@ -245,9 +266,16 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
             if "raw" in kwargs:
                 status, text = await raw_request(url, kwargs["raw"], kwargs.get("body", b""), max_mb,
                                                  path=kwargs.get("path", "/predict")), ""
+            elif "burst" in kwargs:  # n copies at once; the worst answer counts
+                rs = await asyncio.gather(*(c.post("/predict", json=kwargs["json"]) for _ in range(kwargs["burst"])),
+                                          return_exceptions=True)
+                bad = [r for r in rs if isinstance(r, Exception) or r.status_code not in (200, 503)]
+                status, text = ((type(bad[0]).__name__ if isinstance(bad[0], Exception) else bad[0].status_code),
+                                str(bad[0])[:200]) if bad else (rs[0].status_code, "")
             else:
                 try:
-                    r = await c.post("/predict", **kwargs)
+                    kwargs = dict(kwargs)
+                    r = await c.post(kwargs.pop("path", "/predict"), **kwargs)
                     status, text = r.status_code, r.text
                 except httpx.HTTPError as e:
                     status, text = type(e).__name__, str(e)
@@ -260,9 +288,15 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients,
                           keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    async def storm(who: int):  # a client that sends a heavy body and hangs up, again and again
+        rng = random.Random(who)
+        while time.perf_counter() < stop_at:
+            await raw_request(url, "abandon", storm_body, path="/predict", hang_up_s=rng.uniform(0.05, 0.3))
+            by_kind["storm"]["dropped"] += 1
+
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
         t0 = time.perf_counter()
-        await asyncio.gather(*[client(c, k) for k in range(clients)])
+        await asyncio.gather(*[client(c, k) for k in range(clients)], *[storm(k) for k in range(storm_clients)])
         wall = time.perf_counter() - t0
     return {"seconds": wall, "by_kind": by_kind, "latencies": latencies, "wrong": wrong, "spans": spans}
 
@@ -348,6 +382,9 @@ def main() -> int:
     ap.add_argument("--generate", action="store_true",
                     help="poison: also abandoned POST /generate requests (--base must be a decoder LLM, e.g. gemma3-270m)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of plain (+ poison) phases")
+    ap.add_argument("--storm-clients", type=int, default=0,
+                    help="add a storm phase: the plain mix's valid requests beside this many clients that send "
+                         "heavy bodies and hang up")
     ap.add_argument("--warmup-seconds", type=float, default=10.0)
     ap.add_argument("--poison-body-mb", type=float, default=64, help="most MB one chunked poison body offers")
     ap.add_argument("--read-timeout", type=float, default=10.0, help="serve --read-timeout")
@@ -378,6 +415,10 @@ def main() -> int:
             if args.poison:
                 sequence = next(t["name"] for t in tasks if t["kind"] != "token")
                 mixes["poison"] = interleave(mixes["plain"], poison_mix(texts, sequence, args.generate))
+            if args.storm_clients:
+                mixes["storm"] = [m for m in mixes["plain"] if m[0] == "valid"]
+            long = (" ".join(texts) * 3)[:MAX_CHARS]
+            storm_body = json.dumps({"texts": [long] * MAX_TEXTS}).encode()
             rss, heap = {"start_mb": sampler.sample()}, {"start": heap_mb(url)}
             sampler.start()
             sampler.phase = "warm-up"
@@ -388,7 +429,8 @@ def main() -> int:
                 for name, mix in mixes.items():
                     sampler.phase = f"{name} {k + 1}"
                     records[name].append(asyncio.run(soak(url, args.clients, args.seconds, args.max_requests, mix,
-                                                          args.poison_body_mb)))
+                                                          args.poison_body_mb, args.storm_clients if name == "storm"
+                                                          else 0, storm_body)))
                     rounds.append({"name": sampler.phase, "rss_mb": round(sampler.sample(), 1)})
                     heap[f"after {sampler.phase}"] = heap_mb(url)
             sampler.phase = "end"
@@ -417,9 +459,10 @@ def main() -> int:
               and leak["growth_pct"] <= args.max_heap_growth_pct)  # a heap that shrinks leaks nothing
     result = {"phases": phases, "rss": rss, "server_heap_mb": heap, "leak_check": leak, "rounds": rounds, "fivexx": fivexx, "server_health_at_end": health,
               "passed": passed, "rss_samples": sampler.samples}
-    if "poison" in phases:
-        result["poison_vs_plain"] = {q: round(phases["poison"][f"valid_{q}_ms"] / phases["plain"][f"valid_{q}_ms"], 3)
-                                     for q in ("p50", "p99")}
+    for name in ("poison", "storm"):
+        if name in phases:
+            result[f"{name}_vs_plain"] = {q: round(phases[name][f"valid_{q}_ms"] / phases["plain"][f"valid_{q}_ms"], 3)
+                                          for q in ("p50", "p99")}
     engine = "uvicorn" if args.engine == "uvicorn" else f"Ray Serve, {args.replicas} replica(s)"
     lines = report(f"### Soak ({engine}): {args.clients} clients, {args.rounds} x {args.seconds:g} s per phase, "
                    f"{args.base}, heads {', '.join(Path(h).name for h in heads)}, CPU {args.threads} thread(s)",

@@ -197,11 +197,13 @@ def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path,
     vocab.write_text(vocab.read_text().replace('"the"', '"thee"', 1))
     with pytest.raises(RunError, match="tokenizer.json: checksum does not match"):
         SideTasks.open_export(folder)
-    # an export written before checksums existed: loads, with a warning
+    # an export without checksums (older, or deleted): refused unless trusted, then loaded with a warning
     old = json.loads(text)
     old.pop("checksums")
     (folder / "export.json").write_text(json.dumps(old))
     vocab.write_text(vocab.read_text().replace('"thee"', '"the"', 1))
+    with pytest.raises(ModelError, match="export.json: it has no checksums"):
+        SideTasks.open_export(folder)
     with caplog.at_level("WARNING"):
-        assert_same(before, SideTasks.open_export(folder).predict(TEXTS))
+        assert_same(before, SideTasks.open_export(folder, trust_unverified=True).predict(TEXTS))
     assert "has no checksums" in caplog.text

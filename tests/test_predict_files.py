@@ -402,3 +402,16 @@ def test_the_ray_batch_applies_the_same_text_rule(predictor):
         assert predictor(batch).column("id").to_pylist() == ["a"]
     finally:
         predictor.skip_bad_rows = False
+
+
+def test_each_log_line_is_printed_once(model, tmp_path):
+    """Issue 56: `predict-files` printed every log line twice (its own basicConfig handler beside adalayers')."""
+    path = write_csv(tmp_path / "in.csv", [(0, "a good movie"), (1, ""), (2, "a bad one")])
+    cmd = [sys.executable, "-m", "adalayers.cli", "predict-files", "--base", model[0], "--heads", *model[1],
+           "--input", str(path), "--output", str(tmp_path / "out"), "--skip-bad-rows", "--threads", "1"]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert any("in.csv:3" in line for line in lines), lines
+    assert len(lines) == len(set(lines)), lines

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from adalayers import cli
 from adalayers.store import run as runlib
-from adalayers.errors import DataError, RunError
+from adalayers.errors import DataError, ModelError, RunError
+from adalayers.store.trust import trusting
 
 from conftest import tiny_backbone
 from runs_util import make_run
@@ -93,12 +94,13 @@ def test_an_edited_config_json_is_refused(run, base, change, capsys, caplog):
     assert err.count("\n") == 1 and "config.json: its content does not match its checksum" in err
 
 
-def test_a_run_written_before_the_config_checksum_loads_with_a_warning(run, base, caplog):
+def test_a_run_without_the_config_checksum_is_refused_unless_trusted(run, base, caplog):
     _edit(run, lambda m: m["checksums"].pop(runlib.CONFIG), seal=False)
-    with caplog.at_level("WARNING", logger="adalayers.store.run"):
+    with pytest.raises(ModelError, match=r"config.json: its checksums have no \"config.json\" entry"):
         runlib.load_head(run, base)
+    with caplog.at_level("WARNING", logger="adalayers.store.trust"), trusting():
         runlib.load_head(run, base)
-    said = [r.getMessage() for r in caplog.records if "no checksum of its own" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "loaded unchecked" in r.getMessage()]
     assert len(said) == 1 and str(run / "config.json") in said[0]
 
 

@@ -32,7 +32,10 @@ COMMAND_MODULES: list[str] = [
     "adalayers.cli.data",
     "adalayers.cli.export",
     "adalayers.cli.push",
+    "adalayers.cli.sign",
 ]
+# Commands that load run folders or exports: they take --trust-unverified (adalayers.store.trust)
+RUN_COMMANDS = ("predict", "predict-files", "serve", "export", "evaluate", "push")
 ENTRY_POINT_GROUP = "adalayers.commands"
 
 
@@ -64,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     for ep in plugin_commands():
         _add_plugin(sub, ep)
     _verbose_everywhere(sub)
+    for name in RUN_COMMANDS:
+        if name in sub.choices:
+            sub.choices[name].add_argument("--trust-unverified", action="store_true",
+                                           help="load run folders and exports that lack a checksum entry "
+                                                "(written by an older adalayers), each with a warning")
     return parser
 
 
@@ -105,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: 'adalayers {' '.join(_command_words(argv))}' does not run under torchrun; under torchrun: "
                   f"{', '.join(TORCHRUN_COMMANDS)} (launch this one without torchrun)", file=sys.stderr)
         return 2
+    if getattr(args, "trust_unverified", False):
+        from adalayers.store import trust
+
+        trust.trust_process()
     restore = progress.configure(verbose=args.verbose)
     try:
         return args.fn(args)

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import logging
 
 
 def cmd_predict_files(args) -> int:
     from adalayers.bulk.local import Job
     from adalayers.infer.sidetasks import heads_base
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     job = Job(base=args.base or heads_base(args.heads), heads=list(args.heads), input=args.input, id_column=args.id_column,
               text_column=args.text_column, text_pair_column=args.text_pair_column, output_format=args.format, part_rows=args.part_rows,
               max_length=args.max_length, skip_bad_rows=args.skip_bad_rows, runtime=args.runtime)

@@ -2,7 +2,8 @@
 export.json (inputs, outputs, labels, base fingerprint, the sha256 of every other file but the heads', run
 folders as paths relative to DIR) and heads/<task>/ (each head's config.json and head.safetensors, with
 their own checksums, so the folder serves on its own). Opening the folder checks the graph it runs and the
-tokenizer files against those sha256 (verify).
+tokenizer files against those sha256 (verify; a missing entry is refused unless trusted, and with a signing
+key set the folder's signature is checked: store/trust.py).
 
 torch.onnx.export with dynamic batch and sequence axes, through the TorchScript exporter
 (dynamo=False): on these models it gives the same graph as the dynamo exporter in seconds instead
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from adalayers.store import run as runlib
+from adalayers.store import trust
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize
@@ -100,7 +102,7 @@ def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = T
                                "max_length": cfg.model.max_length, "used_layers": task.used_layers()}
             dest = tmp / "heads" / name
             dest.mkdir(parents=True)
-            for f in ("config.json", runlib.HEAD, "metrics.json"):
+            for f in ("config.json", runlib.HEAD, "metrics.json", trust.SIGNATURE):  # a signed run stays signed
                 if (Path(path) / f).is_file():
                     shutil.copy2(Path(path) / f, dest / f)
         meta = {"format": "adalayers-onnx/1", "base": {"name": backbone.name, "fingerprint": backbone.fingerprint(),
@@ -150,11 +152,11 @@ def verify(folder: Path, meta: dict, graph: str) -> None:
     tokenizer files); an export written before checksums existed is loaded with a warning."""
     sums = meta.get("checksums")
     if not isinstance(sums, dict):
-        log.warning("%s has no checksums (exported by an older adalayers): its files cannot be checked; "
-                    "export it again to add them", Path(folder) / META)
-        return
+        return trust.unverified(Path(folder) / META, "it has no checksums (exported by an older adalayers, or "
+                                                     "they were deleted): its graph and tokenizer files")
+    trust.check_signature(folder, signed_manifest(meta))
     if graph not in sums:
-        log.warning("%s: %s is not in its checksums (added after the export): it is not checked", folder, graph)
+        trust.unverified(Path(folder) / graph, "it is not in export.json's checksums (added after the export)")
     for name, want in sums.items():
         path = Path(folder) / name
         if name in meta.get("files", {}).values() and name != graph:
@@ -164,6 +166,12 @@ def verify(folder: Path, meta: dict, graph: str) -> None:
         if runlib.sha256(path) != want:
             raise RunError(f"{path}: checksum does not match export.json (the file was changed or damaged); "
                            f"export the folder again")
+
+
+def signed_manifest(meta: dict) -> dict:
+    """What `adalayers sign` signs of an export: the checksums of its files, and the sha256 of the rest of
+    export.json (its labels, inputs and outputs)."""
+    return {**meta.get("checksums", {}), META: runlib.config_digest(meta)}
 
 
 def read_meta(folder: Path) -> dict:

@@ -37,6 +37,7 @@ from adalayers.infer.runtime import Runtime
 from adalayers.infer.torch_runtime import as_runtime
 from adalayers.kinds import TaskKind
 from adalayers.model.sidetask import shared_tap
+from adalayers.infer.shared_tokenizer import shared
 from adalayers.textcheck import check_texts
 
 # generation's passes of at most this many positions (its decode steps, small prefills) run the heads' work
@@ -55,6 +56,7 @@ class Predictor:
             raise ModelError(f"two heads are named {', '.join(dupes)}; name them apart with NAME=RUN_FOLDER")
         self.runtime = as_runtime(runtime)
         backbone = self.runtime.base
+        backbone.tokenizer = shared(backbone.tokenizer)  # one lock around it: threads share it (shared_tokenizer)
         self.heads, self.primary = {h.name: h for h in heads}, primary
         limit = min(int(getattr(backbone.tokenizer, "model_max_length", 512) or 512), 100_000)
         self.max_length = min(max_length or max([h.max_length for h in heads] or [limit]), limit)

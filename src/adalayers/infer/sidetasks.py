@@ -17,6 +17,7 @@ from adalayers.errors import ModelError
 from adalayers.infer.heads import Head, heads_base, heads_states, load_heads, parse_head_arg
 from adalayers.infer.predictor import Predictor
 from adalayers.infer.runtime import Runtime
+from adalayers.store.trust import trusting
 
 __all__ = ["SideTasks", "Head", "RUNTIMES", "heads_base", "parse_head_arg"]
 
@@ -28,15 +29,22 @@ class SideTasks(Predictor):
 
     @classmethod
     def load(cls, base: str | None, run_dirs: list, primary: bool = True, device: str = "auto",
-             backend: str = "torch", threads: int | None = None, **kw) -> "SideTasks":
+             backend: str = "torch", threads: int | None = None, trust_unverified: bool = False,
+             **kw) -> "SideTasks":
         """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN').
 
         base=None: the base every head was trained on (heads_base). backend="onnx" (or "onnx-int8"): one
         exported graph run by ONNX Runtime (adalayers.infer.onnx); `base` may then also be a folder
         written by `adalayers export`. backend="llama.cpp": a GGUF base (alias or .gguf file) run quantized
         by llama.cpp, the heads fed through its eval callback (adalayers.infer.llamacpp_backbone).
-        `threads`: the CPU threads of the ONNX Runtime and llama.cpp engines.
+        `threads`: the CPU threads of the ONNX Runtime and llama.cpp engines. `trust_unverified`: load run
+        folders and exports that lack a checksum entry (older ones), with a warning (store/trust.py).
         """
+        with trusting(trust_unverified):
+            return cls._load(base, run_dirs, primary, device, backend, threads, **kw)
+
+    @classmethod
+    def _load(cls, base, run_dirs, primary, device, backend, threads, **kw) -> "SideTasks":
         base = base or heads_base(run_dirs)
         if backend == "torch":
             from adalayers.core import pick_device
@@ -56,19 +64,23 @@ class SideTasks(Predictor):
         raise ModelError(f"backend {backend!r}: choose one of {', '.join(RUNTIMES)}")
 
     @classmethod
-    def from_backbone(cls, backbone, run_dirs: list, primary: bool = True, **kw) -> "SideTasks":
+    def from_backbone(cls, backbone, run_dirs: list, primary: bool = True, trust_unverified: bool = False,
+                      **kw) -> "SideTasks":
         """The heads in `run_dirs` on a loaded base: a transformers Backbone or any Runtime."""
-        return cls(backbone, load_heads(backbone if not isinstance(backbone, Runtime) else backbone.base, run_dirs),
-                   primary, **kw)
+        with trusting(trust_unverified):
+            return cls(backbone, load_heads(backbone if not isinstance(backbone, Runtime) else backbone.base,
+                                            run_dirs), primary, **kw)
 
     @classmethod
     def open_export(cls, folder: Path, names: list[str] | None = None, primary: bool = True, int8: bool = False,
-                    threads: int | None = None, graph: str | None = None, **kw) -> "SideTasks":
+                    threads: int | None = None, graph: str | None = None, trust_unverified: bool = False,
+                    **kw) -> "SideTasks":
         """A folder written by `adalayers export`, run by ONNX Runtime: its heads (or those named), its
         fp32 graph (int8: its int8 copy; `graph`: another .onnx file of the folder)."""
         from adalayers.infer import onnx
 
-        runtime, heads = onnx.open_folder(folder, names, int8=int8, threads=threads, graph=graph)
+        with trusting(trust_unverified):
+            runtime, heads = onnx.open_folder(folder, names, int8=int8, threads=threads, graph=graph)
         return cls(runtime, heads, primary and runtime.has_own_output, **kw)
 
     def generate(self, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,

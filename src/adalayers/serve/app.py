@@ -6,6 +6,7 @@
     serve/protocol.py    every request and response model
     serve/config.py      ServeConfig: the settings (each one a flag of `adalayers serve`)
     serve/limits.py      body size, read time, JSON hygiene;  serve/auth.py  the API key
+    serve/budget.py      values per body, counted before parsing; bodies of clients already gone dropped
     serve/routers/       one module per endpoint group, each with add_routes(app, state):
         predict.py       POST /predict, GET /tasks
         health.py        GET /health (liveness, counters, memory; open even when an API key is set)
@@ -28,6 +29,7 @@ from fastapi_offline import FastAPIOffline
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.batcher import Batcher
+from adalayers.serve.budget import JsonBudget, max_json_items, max_json_values
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.limits import BodyLimit, add_error_handlers, max_body_bytes
 from adalayers.serve.routers import generate, health, openai, pooling, predict, ui
@@ -45,6 +47,8 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
     app = FastAPIOffline(title="adalayers", version="0.1.0", lifespan=_lifespan(state.batcher),
                          description=f"Side tasks on {state.name}, all answered from one pass of the base.")
     app.state.serve, app.state.batcher, app.state.side = state, state.batcher, side
+    app.add_middleware(JsonBudget, max_items=max_json_items(state.cfg),  # inside BodyLimit: scans what it let in
+                       max_values=max_json_values(state.cfg), counters=state.batcher)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(state.cfg),  # larger than any valid request: unread
                        hint=f" (from --max-texts {state.cfg.max_texts} and --max-chars {state.cfg.max_chars})")
     if api_key:

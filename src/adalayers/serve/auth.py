@@ -3,7 +3,8 @@
 With a key set (--api-key-file FILE, or the ADALAYERS_API_KEY environment variable), every
 request except GET /health and the playground page's static files (GET /, /ui/*: no data, and the
 page asks for the key itself) must carry one `Authorization: Bearer KEY` header; any other request
-(two Authorization headers included) is answered 401 before it is read. A key has at least
+(two Authorization headers included) is answered 401 before it is read; one whose headers are over
+serve/limits.py's bound is left to BodyLimit (431, as for any request). A key has at least
 MIN_KEY_CHARS characters; a blank $ADALAYERS_API_KEY is refused, not taken as "no key". Keys are
 compared in constant time (hmac.compare_digest over the UTF-8
 bytes), so the answer's timing does not reveal how much of a guess was right.
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from adalayers.errors import ConfigError
+from adalayers.serve.limits import framing_problem
 
 ENV = "ADALAYERS_API_KEY"
 OPEN_PATHS = {"/health", "/"}  # liveness probes need no key; nor does the playground page (routers/ui.py)
@@ -54,6 +56,8 @@ class BearerAuth:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
+            return await self.app(scope, receive, send)
+        if framing_problem(scope):  # oversized headers (a 17 KB Authorization too): BodyLimit's 431 or 400
             return await self.app(scope, receive, send)
         given = [v for k, v in scope["headers"] if k == b"authorization"]
         # exactly one Authorization header, and the right one: a second header never rescues a first wrong one

@@ -82,7 +82,6 @@ class Completion:
         prompt_ids = first["token_ids"]
         generated = [[] for _ in prompt_ids]
         sent = [""] * len(prompt_ids)
-        hold = max((len(s) for s in self.stops), default=1) - 1  # a stop string's start is never sent
         try:
             for i, tasks in enumerate(first["results"]):
                 side = {"index": i, "prompt_tasks": tasks} if self.side_tasks else None
@@ -92,7 +91,7 @@ class Completion:
                     yield self._chunk(i, "", side=side)
             for event in events:
                 if event["event"] == "step":
-                    yield from self._step(event, prompt_ids, generated, sent, hold)
+                    yield from self._step(event, prompt_ids, generated, sent)
                 elif event["event"] == "done":
                     yield from self._finish(event["results"], sent, prompt_ids)
         except Exception as e:  # noqa: BLE001  (the 200 is sent: the error becomes the stream's last event)
@@ -100,13 +99,14 @@ class Completion:
             yield _data(error_body(500, f"generation failed: {type(e).__name__}: {e}"))
         yield "data: [DONE]\n\n"
 
-    def _step(self, event: dict, prompt_ids, generated, sent, hold) -> Iterator[str]:
+    def _step(self, event: dict, prompt_ids, generated, sent) -> Iterator[str]:
         for i, tid in enumerate(event["ids"]):
             if tid is None:
                 continue  # ended (end-of-text, stop string, guard) or padding
             generated[i].append(tid)
             text = answer_text(self.tokenizer, prompt_ids[i], generated[i])
-            visible = text[: len(text) - hold].rstrip("\ufffd")  # an incomplete UTF-8 character waits too
+            visible = text[: len(text) - held_back(text, self.stops)]  # a stop string's start is never sent
+            visible = visible.rstrip("\ufffd")  # an incomplete UTF-8 character waits too
             delta = visible[len(sent[i]):] if visible.startswith(sent[i]) else ""
             sent[i] += delta
             values = {n: v[i] for n, v in event["values"].items()} if self.side_tasks else {}
@@ -139,6 +139,15 @@ class Completion:
         if side is not None:
             chunk["adalayers"] = {"choices": [side]}
         return _data(chunk)
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of `text` that may be the start of a stop string (the longest suffix of `text`
+    that is a proper prefix of one): what a stream holds back, however long the stop strings are."""
+    for i in range(max(0, len(text) - max((len(s) for s in stops), default=1) + 1), len(text)):
+        if any(s.startswith(text[i:]) for s in stops if text[i] == s[0]):
+            return len(text) - i  # the earliest start is the longest match
+    return 0
 
 
 def _usage(prompt_ids: list[list[int]], results: list[dict]) -> dict:

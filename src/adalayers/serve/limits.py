@@ -194,14 +194,34 @@ class FiniteRequest(BaseModel):
         return data
 
 
+MAX_ERRORS = 5             # validation problems an error answer lists (then how many there were in all)
+MAX_ECHO_ITEMS = 5         # items of an array or object echoed in an error answer
+MAX_ECHO_CHARS = 200       # characters of a string echoed in an error answer
+MAX_DETAIL_CHARS = 2000    # characters of an error message (one naming many unknown task names, say)
+
+
 def shallow(value, depth: int = 3):
-    """`value` cut to `depth` levels (deeper containers become "..."): for echoing a request's input in an
-    error message without walking (or printing) all of a deeply nested body."""
+    """`value` cut to `depth` levels (deeper containers become "..."), MAX_ECHO_ITEMS items per container
+    (then "... N more") and MAX_ECHO_CHARS characters per string: for echoing a request's input in an error
+    message without walking (or printing) all of a deep or wide body."""
+    if isinstance(value, str):
+        return clip(value, MAX_ECHO_CHARS)
     if isinstance(value, dict):
-        return {k: shallow(v, depth - 1) for k, v in value.items()} if depth > 0 else "..."
+        if depth <= 0:
+            return "..."
+        out = {k: shallow(v, depth - 1) for k, v in list(value.items())[:MAX_ECHO_ITEMS]}
+        return out | ({"...": f"{len(value) - MAX_ECHO_ITEMS} more"} if len(value) > MAX_ECHO_ITEMS else {})
     if isinstance(value, (list, tuple)):
-        return [shallow(v, depth - 1) for v in value] if depth > 0 else "..."
+        if depth <= 0:
+            return "..."
+        out = [shallow(v, depth - 1) for v in value[:MAX_ECHO_ITEMS]]
+        return out + ([f"... {len(value) - MAX_ECHO_ITEMS} more"] if len(value) > MAX_ECHO_ITEMS else [])
     return value
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def json_safe(value):
@@ -219,7 +239,8 @@ def json_safe(value):
 
 
 def add_error_handlers(app) -> None:
-    """4xx answers that can always be sent: a validation error echoes its input cut to a few levels
+    """4xx answers that can always be sent, of a few KB at most: a validation error lists its first MAX_ERRORS
+    problems (and how many there were), each echoing its input cut to a few levels, items and characters
     (shallow) and JSON-safe (json_safe), and an HTTPException's detail (which may quote a task name
     with a lone surrogate) is made JSON-safe, so no client input turns a 4xx into a 500."""
     from fastapi.encoders import jsonable_encoder
@@ -229,12 +250,17 @@ def add_error_handlers(app) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request, exc: RequestValidationError):
-        errors = [{**e, "input": shallow(e["input"])} if "input" in e else e for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": json_safe(jsonable_encoder(errors))})
+        found = exc.errors()
+        errors = [{k: shallow(v) if k in ("input", "ctx") else v for k, v in e.items()} for e in found[:MAX_ERRORS]]
+        content = {"detail": json_safe(jsonable_encoder(errors))}
+        if len(found) > MAX_ERRORS:
+            content["errors"] = len(found)  # the first MAX_ERRORS are listed
+        return JSONResponse(status_code=422, content=content)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, exc: HTTPException):
-        return JSONResponse(status_code=exc.status_code, content={"detail": json_safe(exc.detail)},
+        detail = clip(exc.detail) if isinstance(exc.detail, str) else exc.detail
+        return JSONResponse(status_code=exc.status_code, content={"detail": json_safe(detail)},
                             headers=exc.headers)
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adalayers.serve.limits import FiniteRequest
+from adalayers.serve.limits import FiniteRequest, clip
 
 MAX_NEW_TOKENS = 256  # tokens one generation request may ask for (/generate, /v1/*completions)
 
@@ -77,7 +77,7 @@ class OpenAIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = "server_error" if status >= 500 else "authentication_error" if status == 401 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": clip(message), "type": kind, "param": param, "code": code}}
 
 
 class SideOptions(BaseModel):

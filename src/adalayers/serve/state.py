@@ -74,12 +74,14 @@ class ServeState:
         """Check texts (limits, text rules, task names), queue them in the batcher and await their results:
         (results as /predict gives them, tokens run). Every failure is an HTTPException naming the problem
         (a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes answer through this."""
-        tasks, per_text = await self._checked(texts, text_pairs, tasks)
-        tokens = sum(per_text)
-        if await request.is_disconnected():  # hung up while it was being checked: never queued, never run
+        gone_early = await request.is_disconnected()  # hung up while its body was parsed: not even checked
+        if not gone_early:
+            tasks, per_text = await self._checked(texts, text_pairs, tasks)
+        if gone_early or await request.is_disconnected():  # hung up while it was checked: never queued, never run
             self.batcher.gone += 1
             self.batcher.dropped += 1
             raise HTTPException(499, "client disconnected")  # never sent
+        tokens = sum(per_text)
         try:
             job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
         except Busy:

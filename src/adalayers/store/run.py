@@ -8,8 +8,8 @@
 
 Nothing is ever unpickled: weights are safetensors, everything else JSON. config.json is checked
 against RunMeta (pydantic, strict types) and its own checksum (labels, template, head and mixer settings:
-an edit is refused; a run written before that checksum existed loads with a warning) before anything in
-it is used; a head is loaded only when its sha256 matches the one config.json records (a run without it
+an edit is refused; a run without that checksum is refused unless unverified runs are trusted:
+store/trust.py, which also checks a folder's signature when a signing key is set) before anything in it is used; a head is loaded only when its sha256 matches the one config.json records (a run without it
 is refused) and all its weights are finite.
 Files are created with the mode the umask allows (0666 & ~umask), as open() would.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from adalayers import config as config_mod
 from adalayers.engine import distributed
@@ -36,13 +36,13 @@ from adalayers.files import (append_jsonl, atomic_write, file_mode, remove_if_em
                              sha256, umask, write_json)
 from adalayers.jsoncheck import too_deep
 from adalayers.kinds import TaskKind
+from adalayers.store import trust
 
 HEAD = "head.safetensors"
 MAX_CONFIG_DEPTH = 16  # nesting of config.json (a valid one has 4: config.task.label_names.value)
 OWNER = ".owner"  # in a `.NAME.new-*` folder of replace_run: "host pid" of the process building it
 CONFIG = "config.json"  # also the checksums key of config.json's own content (config_digest)
 log = logging.getLogger(__name__)
-_unsealed_seen: set[str] = set()
 
 
 class BaseInfo(BaseModel):
@@ -206,11 +206,8 @@ def write_config(run_dir: Path, meta: dict) -> None:
 
 def _check_digest(path: Path, meta: dict) -> None:
     recorded = meta["checksums"].get(CONFIG)
-    if recorded is None:  # written before config.json covered itself: loads, but say so (once per folder)
-        if str(path) not in _unsealed_seen:
-            _unsealed_seen.add(str(path))
-            log.warning("%s has no checksum of its own (written by an older adalayers): its labels and settings "
-                        "cannot be checked; train the run again to add one", path)
+    if recorded is None:  # written before config.json covered itself (or the entry was deleted): refused
+        trust.unverified(path, f'its checksums have no "{CONFIG}" entry (its labels and settings)')
     elif recorded != config_digest(meta):
         raise RunError(f"{path}: its content does not match its checksum (labels, template or head/mixer settings "
                        f"were edited); restore the file as training wrote it, or train the run again")
@@ -253,6 +250,7 @@ def read_config(run_dir: Path) -> dict:
     except ValidationError as e:
         raise RunError(f"{path}: not a valid run config: {config_mod.one_line(e)}") from None
     _check_digest(path, meta)
+    trust.check_signature(run_dir, meta["checksums"])  # with a signing key set (store/trust.py)
     return meta
 
 
@@ -296,8 +294,8 @@ def load_head(run_dir: Path, backbone=None, task=None):
         raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")
     if sha256(head_path) != meta["checksums"][HEAD]:
         raise RunError(f"{head_path}: checksum does not match config.json (the file was changed or damaged)")
-    try:
-        state = load_file(head_path)
+    try:  # bytes read here: safetensors' own file reader cannot open a path that is not valid UTF-8
+        state = load(head_path.read_bytes())
     except (SafetensorError, OSError) as e:
         raise RunError(f"{head_path}: not a readable safetensors file ({e})") from None
     broken = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]

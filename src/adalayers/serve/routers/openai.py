@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from adalayers.errors import AdaLayersError
 from adalayers.kinds import TaskKind
+from adalayers.serve.budget import max_conversation_chars, max_messages
 from adalayers.serve.completions import Completion
 from adalayers.serve.deadlines import within
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
@@ -143,7 +144,10 @@ def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
     """The conversation in the base's chat template, ready for the assistant's turn."""
     if not messages:
         raise OpenAIError(400, "messages is empty: give at least one message", "messages")
-    conversation = []
+    if len(messages) > max_messages(cfg):
+        raise OpenAIError(413, f"{len(messages)} messages; the limit is {max_messages(cfg)} (4 x --max-texts, "
+                               "at least 256)", "messages")
+    conversation, chars = [], 0
     for i, m in enumerate(messages):
         extra = sorted(set(m) - {"role", "content", "name"})
         if extra:
@@ -153,6 +157,10 @@ def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
             raise OpenAIError(400, f"messages[{i}].role is {m.get('role')!r}; adalayers serve takes "
                                    f"{', '.join(ROLES)}", f"messages[{i}].role", "unsupported_value")
         conversation.append({"role": ROLES[m["role"]], "content": _content(m.get("content"), i, cfg)})
+        chars += len(conversation[-1]["content"])
+        if chars > max_conversation_chars(cfg):
+            raise OpenAIError(413, f"the conversation passes {max_conversation_chars(cfg)} characters at "
+                                   f"messages[{i}] (4 x --max-chars)", "messages")
     try:
         prompt = chat_text(side.backbone.tokenizer, conversation, template=template)
     except AdaLayersError as e:
@@ -311,7 +319,7 @@ def _reshape(status: int, body: bytes) -> dict:
     param = None
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):  # pydantic: the first problem
         loc = [str(x) for x in detail[0].get("loc", [])[1:]]
-        param = ".".join(loc) or None
+        param = None if detail[0].get("type") == "json_invalid" else ".".join(loc) or None  # loc: a position
         detail = f"{param + ': ' if param else ''}{detail[0].get('msg', 'invalid value')}"
     code = "invalid_api_key" if status == 401 else "model_not_found" if status == 404 and param == "model" else None
     return error_body(status, str(detail), param, code)

@@ -42,7 +42,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         return
     index = STATIC / "index.html"
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: monitors' checks
     async def page() -> FileResponse:
         return FileResponse(index, media_type="text/html; charset=utf-8", headers=HEADERS)
 
