@@ -172,14 +172,16 @@ def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, ove
     seed_everything(cfg.train.seed)
     backbone, data, encoded = prepared or prepare(cfg, backbone)
     resolve_head(cfg, data)  # a shared `prepared` was resolved on another config
-    if cfg.train.time_budget and prepared is None:  # max_length (if needed) and train.max_minutes to fit
-        encoded = budget.apply_budget(cfg, backbone, data, encoded, started,
-                                      lambda c: encode_splits(c, backbone, data))
     seed_everything(cfg.train.seed)
     build = build_task or (lambda c, b, d: SideTask(c, b.num_layers, b.hidden_size, d.labels, bos=b.adds_bos))
     task = build(cfg, backbone, data)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
+    if cfg.train.time_budget and prepared is None:  # max_length (if needed) and train.max_minutes to fit
+        fitted = budget.apply_budget(cfg, backbone, data, encoded, started, lambda c: encode_splits(c, backbone, data),
+                                     budget.missing_entries(source, encoded))
+        if fitted is not encoded:  # max_length lowered: new cache entries
+            encoded, source = fitted, make_source(cfg, backbone, data, fitted)
     if hasattr(source, "entry_if_built"):  # the cache is built before the first epoch (its time said first)
         budget.build_cache(source, encoded, backbone, pad_id, cfg.train.seed)
     # what the data is (messages: logging shows them on rank 0 only)

@@ -52,15 +52,24 @@ def pass_rate(backbone, split, pad_id: int, seed: int = 0) -> float:
     return took[-1] / max(int(batch["attention_mask"].sum()), 1)
 
 
-def build_cache(source, encoded: dict, backbone, pad_id: int, seed: int) -> float:
-    """Build the cache entries `source` still lacks, after printing their estimated build time; returns the
-    seconds the build took (0 when every entry was there)."""
+def missing_entries(source, encoded: dict) -> list[str]:
+    """The splits whose cache entries `source` has yet to build (every split when it is the live base: its
+    epochs pass the base every time)."""
+    if not hasattr(source, "entry_if_built"):
+        return list(encoded)
     missing = []
     for name in encoded:
         try:
             source.entry_if_built(name)
         except FileNotFoundError:
             missing.append(name)
+    return missing
+
+
+def build_cache(source, encoded: dict, backbone, pad_id: int, seed: int) -> float:
+    """Build the cache entries `source` still lacks, after printing their estimated build time; returns the
+    seconds the build took (0 when every entry was there)."""
+    missing = missing_entries(source, encoded)
     if not missing:
         return 0.0
     todo = sum(tokens(encoded[n]) for n in missing)
@@ -88,21 +97,22 @@ def length_for(lengths: np.ndarray, max_tokens: float) -> int:
     return lo
 
 
-def apply_budget(cfg, backbone, data, encoded: dict, started: float, reencode) -> dict:
-    """train.time_budget: lower model.max_length when the base's pass would take over BUILD_SHARE of the
-    budget (re-encoding with `reencode(cfg)`), then set train.max_minutes to what is left for the head.
-    `started`: time.perf_counter() when the run began. Returns the (maybe re-encoded) splits."""
+def apply_budget(cfg, backbone, data, encoded: dict, started: float, reencode, missing: list[str]) -> dict:
+    """train.time_budget: lower model.max_length when the base's pass over the splits still to cache (`missing`)
+    would take over BUILD_SHARE of the budget (re-encoding with `reencode(cfg)`: every split is then new to
+    the cache), then set train.max_minutes to what is left for the head. `started`: time.perf_counter() when
+    the run began. Returns the (maybe re-encoded) splits."""
     budget = cfg.train.time_budget * 60
     pad_id = backbone.tokenizer.pad_token_id or 0
-    rate = pass_rate(backbone, encoded["train"], pad_id, cfg.train.seed)
-    total = sum(tokens(s) for s in encoded.values())
+    rate = pass_rate(backbone, encoded["train"], pad_id, cfg.train.seed) if missing else 0.0
+    total = sum(tokens(encoded[n]) for n in missing)
     if total * rate > BUILD_SHARE * budget:
-        lengths = np.array([len(r["input_ids"]) for s in encoded.values() for r in s.rows])
+        lengths = np.array([len(r["input_ids"]) for n in missing for r in encoded[n].rows])
         old = cfg.model.max_length
         cfg.model.max_length = min(old, length_for(lengths, BUILD_SHARE * budget / rate))
         encoded = reencode(cfg)
         cut = float((lengths > cfg.model.max_length).mean())
-        log.info("time budget %s: one pass of the base over %s tokens would take about %s (%.0f tokens/s), over "
+        log.info("time budget %s: the base's pass over %s tokens would take about %s (%.0f tokens/s), over "
                  "%d%% of it: model.max_length %d (not %s), %.1f%% of the texts truncated", minutes(budget),
                  f"{total:,}", minutes(total * rate), 1 / rate, round(100 * BUILD_SHARE), cfg.model.max_length,
                  old, 100 * cut)
