@@ -191,6 +191,7 @@ def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog
     from adalayers.engine.loop import time_left
 
     assert time_left([20.0, 4.0, 5.0, 100.0, 5.0], 36) == "  ~3m00s left at most"  # the median: one slow epoch is no trend
+    assert time_left([10.0], 10, cap=30.0) == "  ~0m30s left at most"  # train.max_minutes leaves 30 s
     assert time_left([500.0, 10.0], 8) == "  ~1m20s left at most"  # the first epoch also built the cache
     assert time_left([500.0], 9) == "  ~1h15m left at most"  # until a second epoch says otherwise
     assert time_left([30.0], 200) == "  ~1h40m left at most" and time_left([3.0], 0) == ""
