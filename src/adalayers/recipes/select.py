@@ -96,8 +96,9 @@ def _candidate(name: str, out: Path, run_dir: Path, metrics: dict, main: str, pi
 
 def _copy_run(src: Path, out: Path) -> None:
     """The winner's run files into `out`, each by rename from a temporary copy, metrics.json last (a run is
-    finished when it has one); `out`'s own older run files that the winner lacks are removed first."""
-    names = sorted(p.name for p in src.iterdir() if p.is_file())
+    finished when it has one); `out`'s own older run files that the winner lacks are removed first. The
+    winner's own selection files (its head against its probe) stay in its folder: `out`'s are the selection's."""
+    names = sorted(p.name for p in src.iterdir() if p.is_file() and p.name not in (SELECTION, "selection.md"))
     (out / "metrics.json").unlink(missing_ok=True)
     for p in out.iterdir():
         if p.is_file() and p.name not in names and p.name not in (SELECTION, "selection.md"):
