@@ -79,8 +79,9 @@ def test_a_tiny_file_gets_small_data_defaults_and_a_tiny_validation_warning(base
     assert cli.main(args + ["--set", "train.max_minutes=1e-6"]) == 0  # one epoch: the defaults are what counts
     err = capsys.readouterr().err
     small = [line for line in err.splitlines() if line.startswith("small data set")]
-    assert small == ["small data set: 36 training rows give 2 steps an epoch, so train.lr 0.001 (not 0.0001), "
-                     "train.max_epochs 200 (not 40), train.early_stopping 50 (not 10); --set them to choose"]
+    assert small == ["small data set: 36 training rows of about 8 tokens give 306 tokens an epoch (the defaults are "
+                     "made for 768,000 in all), so train.lr 0.001 (not 0.0001), train.max_epochs 200 (not 40), "
+                     "train.early_stopping 50 (not 10); --set them to choose"]
     assert "the validation set has only 4 rows" in err and "--set task.validation_fraction" in err
     used = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["train"]
     assert used["lr"] == 1e-3 and used["max_epochs"] == 200 and used["early_stopping"] == 50
@@ -94,8 +95,15 @@ def test_few_step_defaults_leave_enough_steps_alone():
     train = {"lr": 1e-4, "max_epochs": 40, "early_stopping": 10, "batch_size": 32}
     assert shortcut.few_step_defaults(dict(train), 7_695) is None  # CoLA: 241 steps an epoch
     small = dict(train)
-    assert "train.max_epochs 118" in shortcut.few_step_defaults(small, 540)  # 17 steps an epoch
-    assert small == {"lr": 1e-3, "max_epochs": 118, "early_stopping": 29, "batch_size": 32}
+    assert "train.max_epochs 119" in shortcut.few_step_defaults(small, 540)  # 540 rows of CoLA's 12 tokens
+    assert small == {"lr": 1e-3, "max_epochs": 119, "early_stopping": 29, "batch_size": 32}
+    # the work is counted in tokens: 1,000 texts of 80 tokens need 10 epochs, not 2,000 steps' 63
+    long = dict(train)
+    assert "train.max_epochs 40" not in (shortcut.few_step_defaults(long, 1_000, 80.0) or "")
+    assert long["max_epochs"] == 40  # 80,000 tokens an epoch x 40 epochs: enough already
+    short = {**train, "max_epochs": 5}
+    shortcut.few_step_defaults(short, 1_000, 80.0)
+    assert short["max_epochs"] == 10
 
 
 def test_one_answer_for_every_kind():
@@ -183,6 +191,7 @@ def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog
     from adalayers.engine.loop import time_left
 
     assert time_left([20.0, 4.0, 5.0, 100.0, 5.0], 36) == "  ~3m00s left at most"  # the median: one slow epoch is no trend
+    assert time_left([10.0], 10, cap=30.0) == "  ~0m30s left at most"  # train.max_minutes leaves 30 s
     assert time_left([500.0, 10.0], 8) == "  ~1m20s left at most"  # the first epoch also built the cache
     assert time_left([500.0], 9) == "  ~1h15m left at most"  # until a second epoch says otherwise
     assert time_left([30.0], 200) == "  ~1h40m left at most" and time_left([3.0], 0) == ""
@@ -221,7 +230,8 @@ def test_predict_files_without_base_takes_the_heads_base(base, tmp_path, capsys)
 
 
 def test_many_classes_get_epochs_enough_for_early_stopping_to_end_training(tmp_path, caplog):
-    """--data with 12 classes of 200 rows: not small data (68 steps an epoch x 40 >= 2,000), but many classes,
+    """--data with 12 classes of 200 rows: not small data (2,160 rows of ~15 tokens x 40 epochs >= 768,000
+    tokens), but many classes,
     so max_epochs 100 and a log line saying so; with 2 classes the closest config's settings stay; both say
     which settings they took."""
     import csv
@@ -235,7 +245,7 @@ def test_many_classes_get_epochs_enough_for_early_stopping_to_end_training(tmp_p
             w = csv.writer(f)
             w.writerow(["text", "label"])
             for i in range(2_400):
-                w.writerow([f"text number {i}", f"class_{i % classes}"])
+                w.writerow([f"text number {i} of a row with a few more words", f"class_{i % classes}"])
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="adalayers.data.tasks.shortcut"):
             cfg = shortcut.shortcut_config(None, {"train": str(path)}, [])

@@ -198,6 +198,11 @@ class HeadConfig(Section):
                                               "without it uses 0 and 1).")
     target_std: float | None = setting(None, "Regression: the training targets' standard deviation (see "
                                              "target_mean).", gt=0)
+    type: Literal["attention", "probe"] = setting(
+        "attention", "attention: the head above (self-attention or encoder layers on the mixed features); probe: "
+                     "a linear probe, one pooling and one linear map on one layer's features (the mixer pinned to "
+                     "mixer.pin_layer with an identity projection, k = the base's width); `adalayers train` fits "
+                     "one on every run (adalayers.recipes.probes) and may keep it (train.keep).")
 
 
 # The fields every trainable config shares, each declared once as a type that carries its check and help:
@@ -232,6 +237,13 @@ class TrainConfig(OptimSettings):
     max_minutes: float | None = setting(None, "Stop before an epoch that would end past this many minutes of "
                                               "training (judged by the longest epoch so far; None = no limit).",
                                         gt=0)
+    keep: Literal["head", "probe", "best"] = setting(
+        "best", "What the run folder keeps: head (the trained head), probe (the best linear probe, fitted after the "
+                "head on the same states) or best (the better of the two on validation; selection.md says which "
+                "and why). Every run fits the probes and reports them in metrics.json.")
+    time_budget: float | None = setting(None, "Minutes the whole run may take, cache build included: max_epochs (and "
+                                              "if needed model.max_length) are chosen to fit, and said; None = no "
+                                              "budget.", gt=0)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = setting(None, "torch CPU threads (None = torch's default).")
     head_precision: Literal["bf16"] | None = setting(None, "bf16: the side task's own matrix products (the mixer's "

@@ -22,6 +22,8 @@ from adalayers.data.tasks import load_task
 from adalayers.data.templates import Template
 from adalayers.model.precision import autocast_for, precision_of, warn_if_slow
 from adalayers.recipes.train import fit
+from adalayers.recipes.keep import probe_and_keep
+from adalayers.recipes import budget
 from adalayers.core import pick_device, seed_everything
 from adalayers.engine import distributed
 from adalayers.kinds import TaskKind
@@ -47,9 +49,14 @@ def prepare(cfg, backbone: Backbone | None = None):
                    data.kind)
     if cfg.model.max_length is None:
         choose_max_length_from_data(cfg, backbone, data)
-    encoded = {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name, template)
-               for name, ex in data.splits.items()}
-    return backbone, data, encoded
+    return backbone, data, encode_splits(cfg, backbone, data)
+
+
+def encode_splits(cfg, backbone, data) -> dict:
+    """Every split of the task encoded at cfg.model.max_length."""
+    template = Template.of(cfg)
+    return {name: encode(ex, backbone.tokenizer, cfg.model.max_length, data.kind, data.labels, name, template)
+            for name, ex in data.splits.items()}
 
 
 def load_base(cfg, device: str | torch.device = "cpu"):
@@ -143,6 +150,7 @@ def train(cfg, out: Path, resume: bool | None = None, prepared: tuple | None = N
 
 
 def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, overwrite: bool) -> dict:
+    started = time.perf_counter()
     if distributed.is_main():
         runlib.clean_leftovers(out)  # a killed --overwrite's folders beside `out`
         out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +177,13 @@ def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, ove
     task = build(cfg, backbone, data)
     source = make_source(cfg, backbone, data, encoded)
     pad_id = backbone.tokenizer.pad_token_id or 0
+    if cfg.train.time_budget and prepared is None:  # max_length (if needed) and train.max_minutes to fit
+        fitted = budget.apply_budget(cfg, backbone, data, encoded, started, lambda c: encode_splits(c, backbone, data),
+                                     budget.missing_entries(source, encoded))
+        if fitted is not encoded:  # max_length lowered: new cache entries
+            encoded, source = fitted, make_source(cfg, backbone, data, fitted)
+    if hasattr(source, "entry_if_built"):  # the cache is built before the first epoch (its time said first)
+        budget.build_cache(source, encoded, backbone, pad_id, cfg.train.seed)
     # what the data is (messages: logging shows them on rank 0 only)
     for note in data.notes:
         log.info("[%s] %s", data.name, note)
@@ -189,6 +204,10 @@ def _train(cfg, out: Path, resume, prepared, backbone, on_epoch, build_task, ove
                "train_seconds": summary["train_seconds"], "best_epoch": summary["best_epoch"],
                "epochs": summary["epochs"], "layer_weights": task.mixer.layer_weights().tolist(),
                "truncated": {k: v.num_truncated for k, v in encoded.items()}, "notes": data.notes}
+    if "validation" in results:  # the linear probes, and the better model kept (train.keep)
+        metrics.update(probe_and_keep(cfg, out, backbone, data, encoded, source, pad_id, task, results, preds,
+                                      autocast, distributed.is_main()))
+        log.info("[%s] kept: the %s (%s)", data.name, metrics["kept"], metrics.get("kept_why", "no probe"))
     if distributed.is_main():  # rank 0 alone writes the run folder
         runlib.write_json(out / "metrics.json", metrics)
         (out / checkpoint.NAME).unlink(missing_ok=True)  # finished: nothing left to resume

@@ -20,9 +20,18 @@ def load_config(args):
     return config.load(args.config, args.overrides)
 
 
+def flag_overrides(args) -> None:
+    """--keep and --time-budget are train.keep and train.time_budget: added to the --set overrides."""
+    if getattr(args, "keep", None) is not None:
+        args.overrides = [*args.overrides, f"train.keep={args.keep}"]
+    if getattr(args, "time_budget", None) is not None:
+        args.overrides = [*args.overrides, f"train.time_budget={args.time_budget}"]
+
+
 def cmd_train(args) -> int:
     from adalayers.cli import recipes
 
+    flag_overrides(args)
     cfg = load_config(args)
     if args.select_layers is not None:
         return _select(cfg, args)
@@ -32,8 +41,10 @@ def cmd_train(args) -> int:
     if not distributed.is_main():  # under torchrun, rank 0 reports for all
         return 0
     shown = {split: metrics[split] for split in ("validation", "test") if split in metrics}
-    print(dump({**shown, "trainable_params": metrics["trainable_params"],
+    print(dump({**shown, "kept": metrics.get("kept", "head"), "trainable_params": metrics["trainable_params"],
                 "train_seconds": metrics["train_seconds"]}))
+    if metrics.get("probe"):
+        print((Path(args.out) / "selection.md").read_text(encoding="utf-8"))
     if "test" not in metrics:
         print("no test split: the numbers above are validation only")
     print(f"run folder: {args.out}")
@@ -72,6 +83,13 @@ def add_commands(sub) -> None:
                    help="train the mixer, then its K most favoured single layers and the middle layer alone "
                         "(from the same base pass or cache), and keep the best on validation as --out's run; "
                         "OUT/selection.md says which won and why")
+    p.add_argument("--keep", choices=["head", "probe", "best"],
+                   help="what the run folder keeps: the trained head, the best linear probe (fitted on every run), "
+                        "or the better of the two on validation (default: best; train.keep); OUT/selection.md "
+                        "says which and why")
+    p.add_argument("--time-budget", type=float, metavar="MINUTES",
+                   help="minutes for the whole run, the cache build included: the head's training time (and if "
+                        "needed model.max_length) are chosen to fit, and said (train.time_budget)")
     from adalayers.data.tasks.shortcut import add_data_args
 
     add_data_args(p)  # --data FILE --text COLUMN --label COLUMN ...: your own data without a config

@@ -126,13 +126,14 @@ def adamw(groups: list[dict], s: FitSettings, device: torch.device) -> torch.opt
     return torch.optim.AdamW(groups, lr=s.lr, weight_decay=s.weight_decay, fused=fused or None)
 
 
-def time_left(epoch_seconds: list[float], epochs_left: int) -> str:
+def time_left(epoch_seconds: list[float], epochs_left: int, cap: float | None = None) -> str:
     """'  ~3m20s left at most': the median epoch so far times the epochs left (early stopping may end
-    training sooner), or '' when none are left. The first epoch counts only while it is the only one: it
-    also builds the hidden-state cache, so it can take many times a later epoch."""
+    training sooner), at most `cap` seconds (what train.max_minutes leaves), or '' when none are left. The
+    first epoch counts only while it is the only one: it can take longer than the later ones."""
     if epochs_left <= 0 or not epoch_seconds:
         return ""
     left = round(float(np.median(epoch_seconds[1:] or epoch_seconds)) * epochs_left)
+    left = left if cap is None else max(0, min(left, round(cap)))
     shown = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
     return f"  ~{shown} left at most"
 
@@ -319,7 +320,8 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
             times.append(entry["seconds"])
             log.info("%sepoch %3d/%d  loss %.4f  val %.4f%s  lr %.2e  %.1fs%s", f.name, epoch, s.max_epochs,
                      train_loss, metric, "  *" if improved else "", entry["lr"], entry["seconds"],
-                     time_left(times, s.max_epochs - epoch))
+                     time_left(times, s.max_epochs - epoch, None if s.max_minutes is None
+                               else s.max_minutes * 60 - (time.perf_counter() - t_start)))
             longest = max(longest, time.perf_counter() - t0)
             if f.should_stop(epoch, time.perf_counter() - t_start, longest):
                 break

@@ -6,7 +6,9 @@ token:                 pre-LayerNorm transformer encoder layer(s) -> linear, per
                        and projections over the real tokens only; dropout: adalayers.model.dropout)
 regression:            the sequence head with one output, in the training targets' units:
                        mean + std * out (head.target_mean / target_std; the loss divides by std^2)
-A new head kind is one class here and one line in HEADS.
+probe (head.type):     a linear probe, pool(F) -> linear (per token for token tasks) on one layer's features
+                       (probe_projection); fitted by adalayers.recipes.probes, served as any head.
+A new head kind is one class here and one line in HEADS (PROBES for head.type probe).
 Serving several sequence / regression heads of one shape: sequence_heads runs their attention in one call
 (SideTask's end_all groups them).
 Training with train.head_precision=bf16, the attention projections and the feed-forward multiply in
@@ -260,18 +262,78 @@ class RegressionHead(SequenceHead):
         return (self.cfg.target_mean or 0.0) + (self.cfg.target_std or 1.0) * super().output(pooled).squeeze(-1)
 
 
+class ProbeHead(nn.Module):
+    """head.type probe: a linear probe, pool(F) -> linear (classification logits), F one layer's features
+    (the mixer pinned to one layer, identity projection: F = LayerNorm_noaffine(GELU(Z_i))). No attention,
+    no dropout: what adalayers.recipes.probes fits with scikit-learn, its standardisation folded into `out`."""
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__()
+        self.out = nn.Linear(k, num_outputs)
+        self.pooling = cfg.pooling
+
+    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.output(pool(F, mask, self.pooling))
+
+    def output(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.out(pooled)
+
+
+class RegressionProbe(ProbeHead):
+    """The probe with one output in the training targets' units: mean + std * linear(pool(F))."""
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__(k, 1, cfg)
+        self.cfg = cfg
+
+    @property
+    def loss_scale(self) -> float:
+        return (self.cfg.target_std or 1.0) ** 2
+
+    def output(self, pooled: torch.Tensor) -> torch.Tensor:
+        return (self.cfg.target_mean or 0.0) + (self.cfg.target_std or 1.0) * self.out(pooled).squeeze(-1)
+
+
+class TokenProbe(nn.Module):
+    """The probe of a token task: one linear map per token, (B, T, k) -> (B, T, C), zeros on padding."""
+
+    def __init__(self, k: int, num_outputs: int, cfg: HeadConfig):
+        super().__init__()
+        self.out = nn.Linear(k, num_outputs)
+
+    def forward(self, F: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.out(F) * mask.unsqueeze(-1).to(F.dtype)
+
+
 HeadBuilder = Callable[[int, int, HeadConfig], nn.Module]  # (k, number of labels, head config) -> the head
 HEADS: dict[TaskKind, HeadBuilder] = {  # one line per head kind
     TaskKind.CLASSIFICATION: SequenceHead,
     TaskKind.REGRESSION: RegressionHead,
     TaskKind.TOKENS: TokenHead,
 }
+PROBES: dict[TaskKind, HeadBuilder] = {  # head.type probe: one line per task kind
+    TaskKind.CLASSIFICATION: ProbeHead,
+    TaskKind.REGRESSION: RegressionProbe,
+    TaskKind.TOKENS: TokenProbe,
+}
 
 
 def build_head(kind: str, k: int, num_labels: int, cfg: HeadConfig) -> nn.Module:
-    """The registered head of `kind` (a TaskKind or one of its names)."""
+    """The registered head of `kind` (a TaskKind or one of its names); a probe with head.type probe."""
     kind = TaskKind.parse(kind, "head.kind")
-    if kind not in HEADS:
+    registry = PROBES if cfg.type == "probe" else HEADS
+    if kind not in registry:
         raise ConfigError(f"head.kind: no head is registered for {kind.value!r} (registered: "
-                          f"{', '.join(k.value for k in HEADS)})")
-    return HEADS[kind](k, num_labels, cfg)
+                          f"{', '.join(k.value for k in registry)})")
+    return registry[kind](k, num_labels, cfg)
+
+
+def probe_projection(mixer) -> None:
+    """A probe's mixer (head.type probe): every layer's W_i is one shared identity matrix (k = the base's
+    width), so F = LayerNorm_noaffine(GELU(Z_i)) of the pinned layer, and the run folder holds it once
+    (named_parameters lists a shared tensor once; loading fills it for every layer)."""
+    if mixer.k != mixer.hidden_size:
+        raise ConfigError(f"head.type probe: mixer.k must be the base's width {mixer.hidden_size}, got {mixer.k}")
+    shared = nn.Parameter(torch.eye(mixer.k))
+    for proj in mixer.proj:
+        proj.weight = shared

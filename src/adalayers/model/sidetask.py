@@ -15,7 +15,7 @@ from adalayers.errors import ModelError
 from adalayers.model import bf16
 from adalayers.engine.loss import IGNORE, task_loss  # noqa: F401  (IGNORE: imported from here by older code)
 from adalayers.engine.protocol import count, trainable
-from adalayers.model.heads import SequenceHead, build_head, sequence_heads, unpack
+from adalayers.model.heads import SequenceHead, build_head, probe_projection, sequence_heads, unpack
 from adalayers.kinds import TaskKind
 from adalayers.model.mixer import AdaLayersMixer
 
@@ -30,6 +30,8 @@ class SideTask(nn.Module):
         self.kind = TaskKind.parse(cfg.head.kind or TaskKind.CLASSIFICATION, "head.kind")
         self.mixer = AdaLayersMixer(num_layers, hidden_size, cfg.mixer)
         self.head = build_head(self.kind, cfg.mixer.k, max(len(labels), 1), cfg.head)
+        if cfg.head.type == "probe":
+            probe_projection(self.mixer)
         self.mixer.train_dtype = self.head.train_dtype = bf16.parse(cfg.train.head_precision)
         self._acc, self._w = None, None
 

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 CANDIDATES = "candidates"
 SELECTION = "selection.json"
 # settings that do not change what a run learns: a finished candidate is reused even if they differ
-_IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}}
+_IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size", "keep"}}
 
 
 @dataclass
@@ -83,7 +83,9 @@ def _train_or_reuse(cfg, run_dir: Path, prepared) -> dict:
         if not config_mod.differences(stored, cfg.to_dict(), _IGNORED):
             log.info("select-layers: %s holds a finished run of these settings; reusing it", run_dir)
             return json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    return recipes.train(cfg, run_dir, prepared=prepared, overwrite=True)
+    # a candidate is its head: the probes are still fitted and reported in its metrics.json, never kept
+    return recipes.train(config_mod.from_dict(cfg.to_dict(), ["train.keep=head"]), run_dir, prepared=prepared,
+                         overwrite=True)
 
 
 def _candidate(name: str, out: Path, run_dir: Path, metrics: dict, main: str, pin: int | None) -> Candidate:
@@ -94,8 +96,9 @@ def _candidate(name: str, out: Path, run_dir: Path, metrics: dict, main: str, pi
 
 def _copy_run(src: Path, out: Path) -> None:
     """The winner's run files into `out`, each by rename from a temporary copy, metrics.json last (a run is
-    finished when it has one); `out`'s own older run files that the winner lacks are removed first."""
-    names = sorted(p.name for p in src.iterdir() if p.is_file())
+    finished when it has one); `out`'s own older run files that the winner lacks are removed first. The
+    winner's own selection files (its head against its probe) stay in its folder: `out`'s are the selection's."""
+    names = sorted(p.name for p in src.iterdir() if p.is_file() and p.name not in (SELECTION, "selection.md"))
     (out / "metrics.json").unlink(missing_ok=True)
     for p in out.iterdir():
         if p.is_file() and p.name not in names and p.name not in (SELECTION, "selection.md"):

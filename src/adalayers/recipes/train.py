@@ -30,7 +30,7 @@ from adalayers.store import run as runlib
 log = logging.getLogger(__name__)
 EpochCallback = Callable[[int, float], None]
 # what a resumed run may change: when to stop, how many threads, TensorBoard, and the tuner's section
-RESUME_FREE = {"train": {*STOPPING, "num_threads", "tensorboard"}, "tune": None}
+RESUME_FREE = {"train": {*STOPPING, "num_threads", "tensorboard", "keep", "time_budget"}, "tune": None}
 
 
 def resume_differences(stored: dict, config: dict) -> list[str]:

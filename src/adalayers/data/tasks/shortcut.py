@@ -13,7 +13,9 @@ from adalayers.data.tasks.tables import is_number, read_tables
 from adalayers.kinds import TaskKind
 
 
-FEW_STEPS = 2_000      # optimizer steps in max_epochs below which the small-data defaults apply
+FEW_STEPS = 2_000      # optimizer steps of 32 rows of REFERENCE_TOKENS tokens: the work below which the
+REFERENCE_TOKENS = 12  # small-data defaults apply is FEW_STEPS * batch_size * REFERENCE_TOKENS tokens (CoLA's rows)
+TOKENS_PER_WORD = 1.3  # the estimate of a text's tokens from its words (the tokenizer is not loaded yet)
 SMALL_DATA_LR = 1e-3
 MAX_SMALL_EPOCHS = 200
 MANY_CLASSES = 10      # classification with this many labels or more: early stopping, not the epoch cap, ends it
@@ -61,11 +63,24 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         base["head"]["kind"] = None  # follows the data
         base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
         classes = count_classes(probe.task.files, tables["train"]) if kind == TaskKind.CLASSIFICATION else None
-        _fit_to_data(base, len(tables["train"].rows or []), classes, "validation" in tables, overrides)
+        _fit_to_data(base, len(tables["train"].rows or []), classes, "validation" in tables, overrides,
+                     tokens_per_row(tables["train"], task))
     return config_mod.from_dict(base, overrides)
 
 
-def _fit_to_data(base: dict, rows: int, classes: int | None, own_validation: bool, overrides: list[str]) -> None:
+def tokens_per_row(table, task: dict) -> float | None:
+    """The training rows' mean token count, estimated from their words (TOKENS_PER_WORD, + 2 special tokens);
+    None when the text columns are not named columns of the table."""
+    cols = [task.get("text") or "text", task.get("text_pair")]
+    rows = table.rows or []
+    words = [sum(len(str(r.get(c, "")).split()) for c in cols if c is not None) for _, r in rows]
+    if not rows or not any(isinstance(c, str) and c in rows[0][1] for c in cols):
+        return None
+    return TOKENS_PER_WORD * float(sum(words)) / len(words) + 2
+
+
+def _fit_to_data(base: dict, rows: int, classes: int | None, own_validation: bool, overrides: list[str],
+                 row_tokens: float | None = None) -> None:
     """The closest config's lr and epochs are made for thousands of rows and two classes: a small file gets
     its own (few_step_defaults), a task of many classes more epochs (many_class_defaults), each said in the
     log; not when --set chooses any of them. The settings taken are always said."""
@@ -76,7 +91,7 @@ def _fit_to_data(base: dict, rows: int, classes: int | None, own_validation: boo
     n_train = rows if own_validation else rows - round(rows * base["task"]["validation_fraction"])
     train = base["train"]
     if not chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"} and n_train >= 1:
-        for note in (few_step_defaults(train, n_train), many_class_defaults(train, classes)):
+        for note in (few_step_defaults(train, n_train, row_tokens), many_class_defaults(train, classes)):
             if note:
                 log.info("%s", note)
     per_epoch = max(1, math.ceil(max(n_train, 1) / train["batch_size"]))
@@ -97,23 +112,28 @@ def many_class_defaults(train: dict, classes: int | None) -> str | None:
             f"(train.early_stopping {train['early_stopping']}) ends training, not the cap; --set it to choose")
 
 
-def few_step_defaults(train: dict, n_train: int) -> str | None:
+def few_step_defaults(train: dict, n_train: int, row_tokens: float | None = None) -> str | None:
     """A small training set: raise `train`'s lr and max_epochs (a config dict's train section, changed in
-    place) so the head gets about FEW_STEPS steps, and early_stopping with them; returns the log line
-    saying so, or None when the data gives enough steps as it is."""
-    per_epoch = max(1, math.ceil(n_train / train["batch_size"]))
-    if per_epoch * train["max_epochs"] >= FEW_STEPS:
+    place) so the head reads about FEW_STEPS * batch_size * REFERENCE_TOKENS tokens in all (the work of 2,000
+    steps on CoLA-sized rows), and early_stopping with them; returns the log line saying so, or None when
+    the data gives that much work as it is. Counted in tokens, not steps: 1,000 long texts reach it in a few
+    epochs where 2,000 steps would take 63 (issue 55). row_tokens: the rows' mean token count (None:
+    REFERENCE_TOKENS)."""
+    per_row = max(row_tokens or REFERENCE_TOKENS, 1.0)
+    target = FEW_STEPS * train["batch_size"] * REFERENCE_TOKENS
+    per_epoch = n_train * per_row
+    if per_epoch * train["max_epochs"] >= target:
         return None
     old = dict(train)
     train["lr"] = max(train["lr"], SMALL_DATA_LR)
-    train["max_epochs"] = max(train["max_epochs"], min(MAX_SMALL_EPOCHS, math.ceil(FEW_STEPS / per_epoch)))
+    train["max_epochs"] = max(train["max_epochs"], min(MAX_SMALL_EPOCHS, math.ceil(target / per_epoch)))
     train["early_stopping"] = max(train["early_stopping"], train["max_epochs"] // 4)
     changed = ", ".join(f"train.{k} {train[k]:g} (not {old[k]:g})" for k in ("lr", "max_epochs", "early_stopping")
                         if train[k] != old[k])
     if not changed:
         return None
-    return (f"small data set: {n_train:,} training rows give {per_epoch} steps an epoch, so {changed}; "
-            f"--set them to choose")
+    return (f"small data set: {n_train:,} training rows of about {per_row:.0f} tokens give {per_epoch:,.0f} tokens "
+            f"an epoch (the defaults are made for {target:,} in all), so {changed}; --set them to choose")
 
 
 def add_data_args(p) -> None:

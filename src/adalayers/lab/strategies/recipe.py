@@ -38,6 +38,7 @@ class AdaLayers(Strategy):
         if layer is not None and layer >= backbone.num_layers:
             raise ConfigError(f"{self.spec}: the base has layers 0..{backbone.num_layers - 1}, got {layer}")
         cfg.mixer.pin_layer = layer
+        cfg.train.keep = "head"  # the strategy is this head (its run still reports the linear probe)
         metrics = recipes.train(cfg, Path(out), backbone=backbone, overwrite=True)
         task, _, _ = runlib.load_head(out, backbone)
         task.to(backbone.device).eval()

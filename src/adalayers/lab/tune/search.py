@@ -246,8 +246,9 @@ def _search(study, cfg, out: Path, trials: int, first: int, deadline: float | No
                 raise optuna.TrialPruned(f"validation {main} {metric:.4f} after epoch {epoch}")
 
         try:
-            m = recipes.train(space_mod.apply(cfg, values), run_dir, resume=False, prepared=unseen,
-                              on_epoch=report)
+            trial_cfg = space_mod.apply(cfg, values)
+            trial_cfg.train.keep = "head"  # a trial scores the head its values trained (the probes are still reported)
+            m = recipes.train(trial_cfg, run_dir, resume=False, prepared=unseen, on_epoch=report)
         except optuna.TrialPruned as e:
             log.info("trial %d pruned: %s", trial.number, e)
             study.tell(trial, state=TrialState.PRUNED)
