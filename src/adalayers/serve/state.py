@@ -36,7 +36,8 @@ def scheduler(side, cfg) -> Scheduler | None:
     """The continuous-batching scheduler (serve/scheduler.py) the service generates through, or None: with
     cfg.continuous_batching off (or a runtime that cannot merge caches), infer/generate.stream per request
     (each alone, taking turns between steps)."""
-    return Scheduler(side, cfg.max_batch) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
+    rows = cfg.parallel or cfg.max_batch  # rows decoding together at most
+    return Scheduler(side, rows) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
 
 
 @dataclass
