@@ -107,6 +107,25 @@ class ServeState:
         except Exception as e:  # noqa: BLE001  (logged by the batcher)
             raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
 
+    async def embed_texts(self, texts: list[str], arrived: float) -> tuple[list[list[float]], int]:
+        """A decoder base's embeddings (SideTasks.embed, --pooling) and the tokens run: the texts checked as
+        answer_texts checks them, counted under --max-queue, answered within --request-timeout (else 503)."""
+        _, per_text = await self._checked(texts, None, [])
+        release = self.batcher.admit() if hasattr(self.batcher, "admit") else (lambda: None)
+        if release is None:
+            raise self.busy()
+        work = asyncio.ensure_future(asyncio.to_thread(self.side.embed, texts, self.cfg.pooling))
+        work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it ends
+        done, _ = await asyncio.wait({work}, timeout=max(0.0, self.cfg.request_timeout_s - (time.perf_counter()
+                                                                                          - arrived)))
+        if not done:
+            self.batcher.expired += 1
+            raise self.expired()
+        try:
+            return work.result(), sum(per_text)
+        except DataError as e:
+            raise HTTPException(422, str(e)) from None
+
     async def _checked(self, texts: list[str], text_pairs: list[str] | None,
                        tasks: list[str] | None) -> tuple[list[str], list[int]]:
         """(the heads to run, the tokens each text needs), or the HTTPException naming its first problem."""
