@@ -9,6 +9,7 @@
     serve/routers/       one module per endpoint group, each with add_routes(app, state):
         predict.py       POST /predict, GET /tasks
         health.py        GET /health (liveness, counters, memory; open even when an API key is set)
+        metrics.py       GET /metrics (Prometheus' text format; serve/metrics.py), every answer counted
         generate.py      POST /generate, /generate/stream (decoder LLM bases)
         openai.py        GET /v1/models, POST /v1/chat/completions, /v1/completions (OpenAI-compatible)
         pooling.py       POST /v1/classify (vLLM's shape), /v1/embeddings (OpenAI's)
@@ -36,11 +37,12 @@ from adalayers.serve.auth import BearerAuth
 from adalayers.serve.batcher import Batcher
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.limits import BodyLimit, add_error_handlers, max_body_bytes
-from adalayers.serve.routers import generate, health, openai, pooling, predict, ui
+from adalayers.serve.routers import generate, health, metrics, openai, pooling, predict, ui
 from adalayers.serve.state import ServeState
 
-# in this order: the /v1 routers add their error-shaping middleware after the app's own (outermost)
-ROUTERS = (predict, generate, ui, openai, pooling, health)
+# in this order: the /v1 routers add their error-shaping middleware after the app's own; metrics' counting one
+# comes last (outermost: it sees every answer)
+ROUTERS = (predict, generate, ui, openai, pooling, health, metrics)
 
 
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,

@@ -22,6 +22,7 @@ from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.batcher import Batcher, Busy
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.limits import client_gone
+from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
 from adalayers.textcheck import text_problem
 
@@ -51,6 +52,7 @@ class ServeState:
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
+    metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (serve/metrics.py); decode reports to it
 
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
@@ -58,7 +60,9 @@ class ServeState:
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
         decode = sched.stream if sched is not None else functools.partial(stream, side)
-        return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
+        metrics = Metrics()
+        return cls(side, cfg, batcher, metrics.watching(decode), public_name(side.backbone.name), scheduler=sched,
+                   metrics=metrics)
 
     def busy(self) -> HTTPException:
         """The 503 of a full queue, with the Retry-After the batcher expects."""
