@@ -97,16 +97,6 @@ def _ggml() -> ctypes.CDLL:
     return _GGML
 
 
-def _has_amx() -> bool:
-    """Does ggml's CPU backend use AMX on this CPU (ggml_cpu_has_amx_int8)?"""
-    lib_dir = Path(_lib().__file__).parent / "lib"
-    found = sorted(lib_dir.glob("libggml-cpu.*")) or sorted(lib_dir.glob("ggml-cpu.*"))
-    if not found:
-        return False
-    cpu = ctypes.CDLL(str(found[0]))
-    return hasattr(cpu, "ggml_cpu_has_amx_int8") and bool(cpu.ggml_cpu_has_amx_int8())
-
-
 @dataclass
 class StateNames:
     """Which graph node is which state, for a model of n_layer layers (see the module docstring)."""
@@ -248,8 +238,9 @@ class LlamaCpp:
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        if _has_amx():  # llama.cpp's AMX weight buffers crash llama_decode on K-quants (llama.cpp issue 20824):
-            mparams.use_extra_bufts = False  # no extra buffer types, as llama-server's --no-repack
+        cpu = sorted((Path(lib.__file__).parent / "lib").glob("libggml-cpu.*"))  # AMX weight buffers crash
+        if cpu and getattr(ctypes.CDLL(str(cpu[0])), "ggml_cpu_has_amx_int8", lambda: 0)():  # llama_decode on K-quants
+            mparams.use_extra_bufts = False  # (llama.cpp issue 20824): none, as llama-server's --no-repack
         self.model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise ModelError(f"llama.cpp cannot load {path}")
