@@ -129,9 +129,9 @@ class Loading:
         def load():  # a daemon thread: a server stopped while loading exits without waiting for the load
             try:
                 side = self.load()
-                loop.call_soon_threadsafe(lambda: loaded.done() or loaded.set_result(side))
+                loop.call_soon_threadsafe(lambda side=side: loaded.done() or loaded.set_result(side))
             except BaseException as e:  # noqa: BLE001  (handed to the event loop)
-                loop.call_soon_threadsafe(lambda: loaded.done() or loaded.set_exception(e))
+                loop.call_soon_threadsafe(lambda error=e: loaded.done() or loaded.set_exception(error))
 
         threading.Thread(target=load, name="adalayers-load", daemon=True).start()
         waiter = asyncio.ensure_future(stop.wait())
