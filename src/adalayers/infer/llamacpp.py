@@ -222,6 +222,19 @@ class LlamaCpp:
             pass
 
 
+def gguf_path(name: str) -> Path:
+    """An alias of a GGUF base (gemma3-270m, qwen2.5-0.5b) or a .gguf path -> the GGUF file itself."""
+    from adalayers.model import model_packages
+
+    if name in model_packages.SPLIT_GGUF:
+        return model_packages.joined_gguf(name)
+    path = Path(name).expanduser()
+    if path.suffix.lower() != ".gguf":
+        raise ModelError(f"the llama.cpp runtime runs GGUF bases (an alias: {', '.join(model_packages.SPLIT_GGUF)}, "
+                         f"or a .gguf file), not {name!r}")
+    return path
+
+
 def end_of_generation(engine: LlamaCpp) -> set[int]:
     """The vocabulary's end-of-generation tokens as llama.cpp reads them from the GGUF (eos, eot)."""
     lib = _lib()
