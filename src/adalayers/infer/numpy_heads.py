@@ -310,7 +310,7 @@ class LayerMix:
         for k, acc in self._acc.items():
             w_t, w = self._stack(k, tuple(layers))
             f = layer_norm(np.matmul(a, w_t).reshape(len(layers), a.shape[1], acc.shape[1], k))
-            acc += np.einsum("lh,lnhk->nhk", w, f, optimize=True)
+            acc += np.einsum("lh,lnhk->nhk", w, f)  # no optimize=: its path search costs more than the sum
 
     def _stack(self, k: int, layers: tuple) -> tuple[np.ndarray, np.ndarray]:
         key = (k, layers)
