@@ -226,7 +226,7 @@ def memory_child(kind: str, base: str, new: int, n_batch: int, threads: int) -> 
         SideTasks(backbone, heads, primary=False, max_length=64).generate(PROMPTS[:1], new, steps=True, ignore_eos=True)
     else:
         from adalayers.infer.llamacpp import LlamaCpp
-        from adalayers.infer.llamacpp_backbone import gguf_path
+        from adalayers.infer.llamacpp import gguf_path
         from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 
         engine = LlamaCpp(gguf_path(base), n_ctx=n_batch, n_seq=8, n_batch=n_batch, threads=threads,
@@ -272,7 +272,7 @@ def main() -> None:
     if args.memory_child:
         return memory_child(args.memory_child, args.base, args.new, args.n_batch_child, int(args.threads.split(",")[0]))
     from adalayers.infer.llamacpp import LlamaCpp
-    from adalayers.infer.llamacpp_backbone import gguf_path
+    from adalayers.infer.llamacpp import gguf_path
     from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 
     skip = set(args.skip.split(","))
