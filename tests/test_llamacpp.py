@@ -15,7 +15,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.errors import ModelError  # noqa: E402
-from adalayers.infer import llamacpp  # noqa: E402
+from adalayers.infer import llamacpp, llamacpp_states  # noqa: E402
 from adalayers.infer.llamacpp import LlamaCpp, Row  # noqa: E402
 from adalayers.infer.llamacpp_backbone import LlamaCppBackbone  # noqa: E402
 
@@ -113,19 +113,25 @@ def test_greedy_ids_with_taps_equal_llama_cpp_alone(both):
     assert seen and max(seen) == ours.num_layers - 1
 
 
-def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
-    """llama.cpp asks about every node of the graph; the compiled filter answers, and Python's data path runs once
-    per wanted state's node of a decode step (in layer order), never for a step without taps."""
+def _count_entries(monkeypatch) -> list:
     import ctypes
 
-    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
     entered, on_data = [], llamacpp.StateReader.on_data
 
     def counted(reader, t):
-        entered.append(reader.names.index(ctypes.string_at(t + llamacpp._NAME_OFFSET)))
+        entered.append(reader.names.index(ctypes.string_at(t + llamacpp_states._NAME_OFFSET)))
         return on_data(reader, t)
 
     monkeypatch.setattr(llamacpp.StateReader, "on_data", counted)
+    return entered
+
+
+def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
+    """A large pass (gather mode off here): llama.cpp asks about every node of the graph; the compiled filter
+    answers, and Python's data path runs once per wanted state's node (in layer order), never without taps."""
+    monkeypatch.setattr(llamacpp_states, "GATHER_TOKENS", 0)
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)
+    entered = _count_entries(monkeypatch)
     got = []
     engine.decode([Row([1, 5, 7], 0)], [lambda i, z: got.append(i)], outputs="all")
     every = list(range(engine.num_states))
@@ -140,6 +146,36 @@ def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
     engine.decode([Row([3], 0, 5)], [])  # no taps: the step never enters Python
     assert entered == []
     engine.close()
+
+
+def test_small_passes_are_gathered_without_python(tiny, monkeypatch):
+    """A pass of at most GATHER_TOKENS tokens: the compiled filter copies the wanted nodes into the reader's
+    buffer and Python's data path is never entered; the states equal the Python path's, bit for bit, and
+    stop_after still ends the graph (no logits)."""
+    def run(gather: bool):
+        monkeypatch.setattr(llamacpp_states, "GATHER_TOKENS", 64 if gather else 0)
+        engine = LlamaCpp(tiny, n_ctx=128, n_seq=2, threads=1)
+        got = []
+        logits = engine.decode([Row([1, 5, 7], 0), Row([2, 9], 1)], [lambda i, z: got.append((i, z))], outputs="all")
+        step = []
+        engine.decode([Row([4], 0, 3), Row([8], 1, 2)], [lambda i, z: step.append((i, z))], wanted={0, 2})
+        stopped = engine.decode([Row([6], 0, 4)], [lambda i, z: None], wanted={1}, stop_after=1)
+        read = engine.decode([Row([3], 1, 3)], wanted={1, 3}, read=True)
+        states = {i: z.copy() for i, z in engine.states().items()}
+        engine.close()
+        return got, logits, step, stopped, read, states
+
+    entered = _count_entries(monkeypatch)
+    fast = run(True)
+    assert entered == []
+    slow = run(False)
+    assert entered  # the Python path was entered
+    for (i, a), (j, b) in zip(fast[0] + fast[2], slow[0] + slow[2]):
+        assert i == j and np.array_equal(a, b)
+    assert [i for i, _ in fast[2]] == [0, 2]
+    assert np.array_equal(fast[1], slow[1]) and fast[3] is None and slow[3] is None
+    assert sorted(fast[5]) == [1, 3] and np.array_equal(fast[4], slow[4])
+    assert fast[5][1].shape == (1, 64)
 
 
 def test_a_graph_that_does_not_name_its_layers_is_refused(tiny, monkeypatch):

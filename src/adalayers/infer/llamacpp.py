@@ -27,184 +27,19 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from adalayers.errors import DataError, ModelError
+from adalayers.infer.llamacpp_states import (EMBEDDING_NAMES, GATHER_TOKENS, StateNames, StateReader,  # noqa: F401
+                                             _filter, _lib)
 
 log = logging.getLogger(__name__)
-Tap = Callable[[int, torch.Tensor], None]
-
-GGML_TYPE_F32 = 0
-# state 0 candidates, in order of preference: Gemma's scaled embeddings, then the embedding rows (named
-# inp_embd, or embd by the token-input path of this llama.cpp)
-EMBEDDING_NAMES = (b"inp_scaled", b"inp_embd", b"embd")
-_LAYER = re.compile(rb"l_out-(\d+)\Z")
-
-
-class _GgmlTensor(ctypes.Structure):
-    """The head of ggml.h's struct ggml_tensor (GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10,
-    GGML_MAX_NAME 64): type, buffer, ne, nb, op, op_params, flags, src, view_src, view_offs, data, name."""
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
-                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
-
-
-_NAME_OFFSET = _GgmlTensor.name.offset
-
-
-def _filter():
-    try:
-        from adalayers.infer import llamacpp_filter
-    except ImportError:
-        raise ModelError("the llama.cpp runtime needs numba for its eval callback: "
-                         "pip install 'adalayers[llamacpp]'") from None
-    return llamacpp_filter
-
-
-def _lib():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ModelError("the llama.cpp runtime needs llama-cpp-python: pip install 'adalayers[llamacpp]' "
-                         "(pip compiles llama.cpp; see docs/llm.md)") from None
-    return llama_cpp
-
-
-_GGML = None
-
-
-def _ggml() -> ctypes.CDLL:
-    """ggml's base library, shipped beside libllama in llama-cpp-python, for the two backend calls needed."""
-    global _GGML
-    if _GGML is None:
-        lib_dir = Path(_lib().__file__).parent / "lib"
-        found = sorted(lib_dir.glob("libggml-base.*")) or sorted(lib_dir.glob("ggml-base.*"))
-        if not found:
-            raise ModelError(f"llama-cpp-python has no ggml-base library in {lib_dir}")
-        ggml = ctypes.CDLL(str(found[0]))
-        ggml.ggml_backend_buffer_is_host.argtypes, ggml.ggml_backend_buffer_is_host.restype = [ctypes.c_void_p], ctypes.c_bool
-        ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-        ggml.ggml_backend_tensor_get.restype = None
-        _GGML = ggml
-    return _GGML
-
-
-@dataclass
-class StateNames:
-    """Which graph node is which state, for a model of n_layer layers (see the module docstring)."""
-    n_layer: int
-
-    def index(self, name: bytes) -> int | None:
-        """The state a node name holds, or None. inp_embd and inp_scaled both map to 0 (see StateReader)."""
-        if name in EMBEDDING_NAMES:
-            return 0
-        if name == b"result_norm":
-            return self.n_layer
-        m = _LAYER.match(name)
-        if m and int(m.group(1)) < self.n_layer - 1:
-            return int(m.group(1)) + 1
-        return None
-
-    def candidates(self) -> list[bytes]:
-        """Every node name that holds a state (index is not None)."""
-        names = [*EMBEDDING_NAMES, *(f"l_out-{k}".encode() for k in range(self.n_layer)), b"result_norm"]
-        return [n for n in names if self.index(n) is not None]
-
-
-class StateReader:
-    """The cb_eval callback: hands every wanted state, (tokens, d) as float32, to `sink(i, Z_i)` in layer order.
-
-    Only the nodes whose state some tap needs are asked for (each asked node splits llama.cpp's graph
-    compute), answered by the compiled filter (NodeFilter, its table the user_data), and the
-    callback checks what it gets: F32, contiguous rows of d values, one row per token of the batch, in host
-    memory (else copied out with ggml_backend_tensor_get). State 0 is held until layer 0's output arrives,
-    since Gemma's graph names two candidates (the embedding rows, then inp_scaled) and the scaled one is
-    transformers' state 0.
-    """
-
-    def __init__(self, names: StateNames, d: int):
-        self.names, self.d = names, d
-        self.wanted: set[int] = set()
-        self.stop_after: int | None = None
-        self.sink: Callable[[int, np.ndarray], None] | None = None
-        self.n_tokens = 0
-        self.seen: set[int] = set()
-        self.error: BaseException | None = None
-        self._held: dict[bytes, np.ndarray] = {}
-        self._index = {n: names.index(n) for n in names.candidates()}
-        self.filter = _filter().NodeFilter(list(self._index), _NAME_OFFSET, self)  # held as long as the context
-        self.callback = _lib().ggml_backend_sched_eval_callback(self.filter.address)
-
-    def start(self, n_tokens: int, wanted: set[int], sink, stop_after: int | None) -> None:
-        """A decode begins: the filter answers yes for the wanted states' nodes (state 0's too when state 1 is)."""
-        self.n_tokens, self.wanted, self.sink, self.stop_after = n_tokens, wanted, sink, stop_after
-        self.seen, self.error, self._held = set(), None, {}
-        self.filter.set_answers([i in wanted or i == 0 and 1 in wanted for i in self._index.values()])
-
-    def on_data(self, t: int) -> bool:
-        """A wanted node, computed (ask=false): its state goes to the sink; false ends the graph here."""
-        try:
-            name = ctypes.string_at(t + _NAME_OFFSET)
-            return self._take(name, self._index[name], _GgmlTensor.from_address(t))
-        except BaseException as e:  # noqa: BLE001  (never let an exception cross the C boundary)
-            self.error = e
-            return False
-
-    def _take(self, name: bytes, i: int, t: _GgmlTensor) -> bool:
-        rows = self._rows(name, t)
-        if i == 0:
-            self._held[name] = rows
-            return True
-        if 0 not in self.seen and self._held:
-            self._emit(0, self._embedding())
-        self._emit(i, rows)
-        return self.stop_after is None or i < self.stop_after
-
-    def finish(self) -> None:
-        """After the decode: the states asked for all arrived (a graph that names its layers otherwise
-        is refused), and an exception raised inside the callback is raised here."""
-        if self.error is not None:
-            raise self.error
-        if 0 in self.wanted and 0 not in self.seen and self._held:
-            self._emit(0, self._embedding())
-        top = self.names.n_layer if self.stop_after is None else self.stop_after
-        missing = sorted(i for i in self.wanted if i <= top and i not in self.seen)
-        if missing:
-            raise ModelError(f"llama.cpp's graph did not name the states {missing} as adalayers expects "
-                             "(inp_scaled/inp_embd/embd, l_out-N, result_norm): this model's architecture is not "
-                             "supported by the llama.cpp runtime; use the default runtime")
-
-    def _embedding(self) -> np.ndarray:
-        return next(self._held[n] for n in EMBEDDING_NAMES if n in self._held)
-
-    def _emit(self, i: int, rows: np.ndarray) -> None:
-        self.seen.add(i)
-        if i in self.wanted:
-            self.sink(i, rows)
-
-    def _rows(self, name: bytes, t: _GgmlTensor) -> np.ndarray:
-        ne, nb = list(t.ne), list(t.nb)
-        if t.type != GGML_TYPE_F32:
-            raise ModelError(f"llama.cpp state {name.decode()} is not F32 (ggml type {t.type})")
-        if ne[0] != self.d or ne[1] != self.n_tokens or ne[2] != 1 or ne[3] != 1:
-            raise ModelError(f"llama.cpp state {name.decode()} has shape {ne}, expected [{self.d}, {self.n_tokens}, 1, 1]"
-                             " (a batch split into several micro-batches, or another graph layout)")
-        if nb[0] != 4 or nb[1] != 4 * self.d:
-            raise ModelError(f"llama.cpp state {name.decode()} is not contiguous (strides {nb})")
-        size = self.n_tokens * self.d
-        if t.buffer and not _ggml().ggml_backend_buffer_is_host(t.buffer):  # e.g. a GPU buffer: copy it out
-            out = np.empty((self.n_tokens, self.d), np.float32)
-            _ggml().ggml_backend_tensor_get(ctypes.addressof(t), out.ctypes.data, 0, size * 4)
-            return out
-        return np.ctypeslib.as_array((ctypes.c_float * size).from_address(t.data)).reshape(self.n_tokens, self.d).copy()
+Tap = Callable[[int, np.ndarray], None]  # no torch here: the torch-free serving path runs this module
 
 
 @dataclass
@@ -308,11 +143,13 @@ class LlamaCpp:
         return self.n_layer + 1
 
     def decode(self, rows: list[Row], taps: Sequence[Callable[[int, np.ndarray], None]] = (),
-               wanted: set[int] | None = None, outputs: str = "last", stop_after: int | None = None) -> np.ndarray | None:
+               wanted: set[int] | None = None, outputs: str = "last", stop_after: int | None = None,
+               read: bool = False) -> np.ndarray | None:
         """Run the rows as one llama_batch. Each wanted state goes to every tap as (total tokens, d), the rows'
         tokens one after another in order. -> the next-token logits at each row's last token (rows, vocab),
         or None when the pass stopped early. outputs="all" asks for every position's output (needed for the
-        last states of all positions; costs the LM head on every token)."""
+        last states of all positions; costs the LM head on every token). read=True: the wanted states are read
+        without taps, into `states()` (a pass of at most GATHER_TOKENS tokens)."""
         lib = _lib()
         n = sum(len(r.tokens) for r in rows)
         if n == 0:
@@ -321,7 +158,9 @@ class LlamaCpp:
             raise DataError(f"{n} tokens in one llama.cpp batch; at most {self.n_batch}")
         if any(r.seq >= self.n_seq for r in rows):
             raise DataError(f"a sequence id beyond the {self.n_seq} the llama.cpp context holds")
-        if taps and not self.read_states:
+        if read and n > GATHER_TOKENS:
+            raise DataError(f"{n} tokens: states are read without taps for at most {GATHER_TOKENS} tokens a pass")
+        if (taps or read) and not self.read_states:
             raise ModelError("this llama.cpp context was made without its eval callback (read_states=False)")
         wanted = set(range(self.num_states)) if wanted is None else wanted
 
@@ -333,7 +172,7 @@ class LlamaCpp:
             self._forget_returned()
             last = self._fill(rows, outputs)
             if self.reader is not None:
-                self.reader.start(n, wanted if taps else set(), sink, stop_after)
+                self.reader.start(n, wanted if taps or read else set(), sink if taps else None, stop_after)
             code = lib.llama_decode(self.ctx, self._batch)
             if self.reader is not None:
                 self.reader.finish()
@@ -346,6 +185,10 @@ class LlamaCpp:
                 ptr = lib.llama_get_logits_ith(self.ctx, pos)  # by the token's index in the batch
                 outs[j] = np.ctypeslib.as_array(ptr, (self.n_vocab,))
             return outs
+
+    def states(self) -> dict[int, np.ndarray]:
+        """The states the last small pass read ({state: (tokens, d)}, views valid until the next decode)."""
+        return self.reader.gathered if self.reader is not None else {}
 
     def _fill(self, rows: list[Row], outputs: str) -> list[int]:
         """Write the rows into the llama_batch; -> the batch index of each row's last token."""
@@ -377,6 +220,19 @@ class LlamaCpp:
             self.close()
         except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass
+
+
+def gguf_path(name: str) -> Path:
+    """An alias of a GGUF base (gemma3-270m, qwen2.5-0.5b) or a .gguf path -> the GGUF file itself."""
+    from adalayers.model import model_packages
+
+    if name in model_packages.SPLIT_GGUF:
+        return model_packages.joined_gguf(name)
+    path = Path(name).expanduser()
+    if path.suffix.lower() != ".gguf":
+        raise ModelError(f"the llama.cpp runtime runs GGUF bases (an alias: {', '.join(model_packages.SPLIT_GGUF)}, "
+                         f"or a .gguf file), not {name!r}")
+    return path
 
 
 def end_of_generation(engine: LlamaCpp) -> set[int]:

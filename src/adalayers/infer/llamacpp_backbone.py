@@ -27,23 +27,10 @@ from adalayers.data.encoding import consecutive
 from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
 from adalayers.errors import ModelError
-from adalayers.infer.llamacpp import LlamaCpp, Row
+from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path  # noqa: F401  (gguf_path: imported from here too)
 from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
-
-
-def gguf_path(name: str) -> Path:
-    """An alias of a GGUF base (gemma3-270m, qwen2.5-0.5b) or a .gguf path -> the GGUF file itself."""
-    from adalayers.model import model_packages
-
-    if name in model_packages.SPLIT_GGUF:
-        return model_packages.joined_gguf(name)
-    path = Path(name).expanduser()
-    if path.suffix.lower() != ".gguf":
-        raise ModelError(f"the llama.cpp runtime runs GGUF bases (an alias: {', '.join(model_packages.SPLIT_GGUF)}, "
-                         f"or a .gguf file), not {name!r}")
-    return path
 
 
 class LlamaCppBackbone(TappedRuntime):

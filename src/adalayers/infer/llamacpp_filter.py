@@ -14,6 +14,12 @@ points to:
 The cfunc calls that ctypes callback through its address, which numba freezes into the machine code: it is
 compiled once per process (under a second, most of it numba's own start; a cache on disk cannot hold the
 address, so there is none).
+
+Gather mode (set_gather, a small pass such as a decode step): ask=false does not enter Python at all. The
+node's rows are checked (F32, [d, n_tokens, 1, 1], contiguous) and copied into slot s of a preallocated
+buffer (the row's slot byte), the row marked filled; a row marked as the stop ends the graph there (false).
+A check that fails records its code in the table's status and ends the graph; the owner raises it after the
+decode (StateReader.finish).
 """
 from __future__ import annotations
 
@@ -24,10 +30,20 @@ from typing import Protocol, Sequence
 import numba
 import numpy as np
 from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from adalayers.errors import ModelError
 
 ROW = 64  # GGML_MAX_NAME: a node name is at most 63 bytes and a NUL
+# the last bytes of a table row: the answer, the gather slot (NO_SLOT: none), the stop mark, the filled mark
+ANSWER, SLOT, STOP, FILLED = ROW - 1, ROW - 2, ROW - 3, ROW - 4
+NAME_BYTES = ROW - 5
+NO_SLOT = 255
+# the header (row 0) as int64: number of names, gather buffer address (0: off), floats per slot, d, tokens, status
+H_N, H_BUFFER, H_SLOT_SIZE, H_D, H_TOKENS, H_STATUS = range(6)
+STATUS = {1: "is not F32", 2: "has another shape than [d, tokens, 1, 1] (a batch split into micro-batches?)",
+          3: "is not contiguous"}
 
 
 class DataPath(Protocol):
@@ -51,45 +67,107 @@ _COMPILED: dict[int, object] = {}
 class NodeFilter:
     """The eval callback for one llama.cpp context: `address` (cb_eval) and `user_data` (cb_eval_user_data).
 
-    user_data is this filter's table, rows of ROW bytes: row 0 holds n, the number of names (int64, its
-    first 8 bytes); row r = 1..n a node name, NUL-padded, and in its last byte the answer (1: wanted). The
-    rows never move: the answers are rewritten in place between decodes (set_answers). The owner is held
-    weakly; keep this filter as long as the context."""
+    user_data is this filter's table, rows of ROW bytes: row 0 the header (int64s: H_N the number of names,
+    then the gather settings); row r = 1..n a node name, NUL-padded, and in its last bytes the answer (1:
+    wanted), the gather slot, the stop and filled marks. The rows never move: the answers are rewritten in
+    place between decodes (set_answers, set_gather). The owner is held weakly; keep this filter as long as
+    the context. `layout`: the byte offsets of ggml_tensor's name, ne, nb and data fields (type is at 0)."""
 
-    def __init__(self, names: Sequence[bytes], name_offset: int, owner: DataPath):
-        if any(len(n) > ROW - 2 for n in names):
-            raise ModelError(f"llama.cpp node names have at most {ROW - 2} bytes here: {max(names, key=len)!r}")
+    def __init__(self, names: Sequence[bytes], layout: tuple[int, int, int, int], owner: DataPath):
+        if any(len(n) > NAME_BYTES for n in names):
+            raise ModelError(f"llama.cpp node names have at most {NAME_BYTES} bytes here: {max(names, key=len)!r}")
         self.rows = np.zeros((1 + len(names), ROW), np.uint8)
-        self.rows[0, :8] = np.frombuffer(np.int64(len(names)).tobytes(), np.uint8)
+        self.header = self.rows[0].view(np.int64)  # a view: writes reach the table
+        self.header[H_N] = len(names)
         for r, name in enumerate(names, 1):
             self.rows[r, :len(name)] = np.frombuffer(name, np.uint8)
         self.user_data = ctypes.c_void_p(self.rows.ctypes.data)
         _OWNERS[self.rows.ctypes.data] = owner
-        if name_offset not in _COMPILED:
-            _COMPILED[name_offset] = _compile(name_offset)
-        self.address: int = _COMPILED[name_offset].address
+        if layout not in _COMPILED:
+            _COMPILED[layout] = _compile(*layout)
+        self.address: int = _COMPILED[layout].address
 
     def set_answers(self, wanted: Sequence[bool]) -> None:
-        """The answer for every name, in the order they were given."""
-        self.rows[1:, ROW - 1] = np.asarray(wanted, np.uint8)
+        """The answer for every name, in the order they were given; gather mode off."""
+        self.rows[1:, ANSWER] = np.asarray(wanted, np.uint8)
+        self.header[H_BUFFER] = 0
+
+    def set_gather(self, buffer: np.ndarray, slots: Sequence[int | None], stops: Sequence[bool], d: int,
+                   n_tokens: int) -> None:
+        """Gather mode for the next decode: name r's rows copied into buffer[slots[r]] (float32, C-contiguous,
+        each slot at least n_tokens * d floats; None: not wanted), the graph ended after a name whose stop is set."""
+        self.rows[1:, ANSWER] = [s is not None for s in slots]
+        self.rows[1:, SLOT] = [NO_SLOT if s is None else s for s in slots]
+        self.rows[1:, STOP] = np.asarray(stops, np.uint8)
+        self.rows[1:, FILLED] = 0
+        self.header[[H_SLOT_SIZE, H_D, H_TOKENS, H_STATUS]] = buffer.shape[1], d, n_tokens, 0
+        self.header[H_BUFFER] = buffer.ctypes.data
+
+    def filled(self) -> np.ndarray:
+        """Per name: copied in the last gathered decode."""
+        return self.rows[1:, FILLED].astype(bool)
+
+    def status(self) -> str | None:
+        """What the last gathered decode's check found wrong with a node (None: nothing)."""
+        code = int(self.header[H_STATUS])
+        return STATUS.get(code, f"status {code}") if code else None
 
 
-def _compile(name_offset: int):
-    end = name_offset + ROW
+@intrinsic
+def _pointer(typingctx, address):
+    """An int64 address as a void pointer (numba.carray takes pointers only)."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(types.int64), codegen
+
+
+def _compile(name_offset: int, ne_offset: int, nb_offset: int, data_offset: int):
+    end = max(name_offset + ROW, data_offset + 8, ne_offset + 32, nb_offset + 32)
+
+    @numba.njit(inline="always")
+    def read64(node, at):
+        v = np.int64(0)
+        for b in range(8):
+            v |= np.int64(node[at + b]) << np.int64(8 * b)
+        return v
 
     @numba.cfunc(types.boolean(types.voidptr, types.boolean, types.voidptr), nopython=True)
     def answer(t, ask, user):
-        if not ask:
+        header = numba.carray(user, (8,), np.int64)
+        if not ask and header[H_BUFFER] == 0:
             return _ON_DATA(t, ask, user)
-        n = numba.carray(user, (1,), np.int64)[0]
+        n = header[H_N]
         table = numba.carray(user, (n + 1, ROW), np.uint8)
         node = numba.carray(t, (end,), np.uint8)
+        row = -1
         for r in range(1, n + 1):
             j = 0
-            while j < ROW - 1 and table[r, j] != 0 and table[r, j] == node[name_offset + j]:
+            while j < NAME_BYTES and table[r, j] != 0 and table[r, j] == node[name_offset + j]:
                 j += 1
-            if j < ROW - 1 and table[r, j] == 0 and node[name_offset + j] == 0:
-                return table[r, ROW - 1] != 0
-        return False
+            if j < NAME_BYTES and table[r, j] == 0 and node[name_offset + j] == 0:
+                row = r
+                break
+        if row < 0:
+            return False
+        if ask:
+            return table[row, ANSWER] != 0
+        d, tokens = header[H_D], header[H_TOKENS]  # gather mode: check, copy, mark
+        if read64(node, 0) & 0xFFFFFFFF != 0:
+            header[H_STATUS] = 1
+            return False
+        if read64(node, ne_offset) != d or read64(node, ne_offset + 8) != tokens or \
+                read64(node, ne_offset + 16) != 1 or read64(node, ne_offset + 24) != 1:
+            header[H_STATUS] = 2
+            return False
+        if read64(node, nb_offset) != 4 or read64(node, nb_offset + 8) != 4 * d:
+            header[H_STATUS] = 3
+            return False
+        size = d * tokens
+        src = numba.carray(_pointer(read64(node, data_offset)), (size,), np.float32)
+        slot = np.int64(table[row, SLOT])
+        dst = numba.carray(_pointer(header[H_BUFFER] + slot * header[H_SLOT_SIZE] * 4), (size,), np.float32)
+        dst[:] = src
+        table[row, FILLED] = 1
+        return table[row, STOP] == 0
 
     return answer

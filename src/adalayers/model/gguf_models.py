@@ -18,7 +18,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from adalayers.engine.progress import bar
 from adalayers.errors import ModelError
 from adalayers.files import cache_root, sha256 as file_sha256
 
@@ -93,6 +92,8 @@ def _own_bar():
         yield
         return
     original = getattr(gguf_utils, "tqdm", None)
+    from adalayers.engine.progress import bar  # here: the engine package imports torch, a GGUF header needs none
+
     gguf_utils.tqdm = lambda items, *args, **kw: bar(items, len(items) if hasattr(items, "__len__") else None,
                                                      "converting the GGUF tensors (once)")
     try:

@@ -1,0 +1,340 @@
+"""The heads' inference arithmetic in numpy: no torch in the process (the torch-free llama.cpp serving path).
+
+The same formulas as the torch modules they mirror (tests/test_numpy_heads.py holds them to 1e-4 on random
+weights), for a trained head in eval mode (dropout is the identity):
+
+    mixer      w = softmax(alpha p), pinned layers out, weights <= cutoff -> 0, renormalised   (AdaLayersMixer)
+               f_i = LayerNorm_noaffine(GELU(Z_i) W_i^T);  F = sum_i w_i f_i
+    read       F on the tokens the head sees (less BOS with skip_bos), GELU (gelu_after_sum), + sinusoidal
+               positions counted over those tokens                                      (SideTask.read)
+    sequence   self-attention (padding keys masked) -> GELU -> pooling -> linear        (SequenceHead)
+    regression the sequence head, mean + std * out                                      (RegressionHead)
+    token      pre-LayerNorm encoder layer(s) -> linear, per token                      (TokenHead)
+
+LayerMix feeds every head's accumulator at once: per layer i, the W_i of all heads that read layer i stacked
+into one (d, H k) matrix, so a layer costs one GELU, one matrix product and one LayerNorm whatever the number
+of heads (add); a decode step's few positions go through every layer at once (add_layers: one batched product).
+read_all runs the sequence heads of one shape as one: their projections stacked, one product per step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+EPS = 1e-5  # torch's LayerNorm default, the mixer's and the token head's
+
+# Numerical Recipes' erfcc (a Chebyshev fit, relative error < 1.2e-7 everywhere): erfc without scipy or torch
+_C = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+      -0.82215223, 0.17087277)
+
+
+def erfc_abs(a: np.ndarray) -> np.ndarray:
+    """erfc(a) for a >= 0."""
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = _C[-1]
+    for c in _C[-2::-1]:
+        poly = c + t * poly
+    return t * np.exp(-a * a + poly)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (torch's default, not the tanh approximation);
+    1 + erf(y) taken as erfc(|y|) for y < 0, so the small values of the negative side keep their precision."""
+    q = erfc_abs(np.abs(x) * np.float32(1.0 / math.sqrt(2.0)))
+    return (0.5 * x * np.where(x >= 0, 2.0 - q, q)).astype(np.float32, copy=False)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+    """Over the last axis, biased variance, eps 1e-5; without weight and bias: LayerNorm_noaffine."""
+    mean = x.mean(-1, keepdims=True)
+    c = x - mean
+    y = c / np.sqrt((c * c).mean(-1, keepdims=True) + EPS)
+    return y if weight is None else y * weight + bias
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def layer_weights(p: np.ndarray, alpha: float, cutoff: float, pin_layer: int | None) -> np.ndarray:
+    """AdaLayersMixer.layer_weights: softmax(alpha p) (float32), pinned-out layers 0, the cutoff, renormalised."""
+    logits = (np.float32(alpha) * p.astype(np.float32)).astype(np.float32)
+    if pin_layer is not None:
+        logits = np.where(np.arange(len(p)) == pin_layer, logits, -np.inf).astype(np.float32)
+    w = softmax(logits).astype(np.float32)
+    if cutoff > 0:
+        w = np.where((w > np.float32(cutoff)) | (w == w.max()), w, np.float32(0))
+        w = (w / w.sum()).astype(np.float32)
+    return w
+
+
+def position_table(pos: np.ndarray, dim: int) -> np.ndarray:
+    """adalayers.model.mixer.position_table: sin/cos rows for the positions (any shape) -> pos.shape + (dim,)."""
+    freq = np.exp(np.arange(0, dim, 2, dtype=np.float32) * np.float32(-math.log(10000.0) / dim))
+    angles = pos.astype(np.float32)[..., None] * freq
+    return np.stack([np.sin(angles), np.cos(angles)], -1).reshape(*pos.shape, -1)[..., :dim]
+
+
+def attention(qkv: np.ndarray, keys: np.ndarray, num_heads: int) -> np.ndarray:
+    """softmax(q k^T / sqrt(d)) v per attention head, keys (B, T) False masked: qkv (..., B, T, 3k) ->
+    (..., B, T, k). A masked key gets the float32 minimum (a row without keys stays finite)."""
+    *lead, b, t, three_k = qkv.shape
+    k = three_k // 3
+    split = qkv.reshape(*lead, b, t, 3, num_heads, k // num_heads)
+    q, kk, v = (np.moveaxis(split[..., j, :, :], -2, -3) for j in range(3))  # (..., B, heads, T, d)
+    scores = (q * np.float32((k // num_heads) ** -0.5)) @ np.swapaxes(kk, -1, -2)
+    scores = np.where(keys[:, None, None, :], scores, np.finfo(np.float32).min)
+    out = softmax(scores) @ v  # (..., B, heads, T, d)
+    return np.moveaxis(out, -3, -2).reshape(*lead, b, t, k).astype(np.float32, copy=False)
+
+
+def pool(x: np.ndarray, mask: np.ndarray, how: str) -> np.ndarray:
+    """adalayers.model.heads.pool: (..., B, T, k) -> (..., B, k) over the real tokens."""
+    m = mask[..., None]
+    if how == "max":
+        return np.where(m, x, np.finfo(np.float32).min).max(-2)
+    if how in ("first", "last"):
+        b = np.arange(mask.shape[0])
+        col = mask.argmax(1) if how == "first" else mask.shape[1] - 1 - mask[:, ::-1].argmax(1)
+        return x[..., b, col, :]
+    return (x * m).sum(-2) / np.maximum(m.sum(-2), 1)
+
+
+@dataclass
+class SequenceHead:
+    """SequenceHead / RegressionHead in eval mode. `scale`: regression's (mean, std), else None."""
+    num_heads: int
+    in_w: np.ndarray   # (3k, k)
+    in_b: np.ndarray   # (3k,)
+    out_proj_w: np.ndarray
+    out_proj_b: np.ndarray
+    out_w: np.ndarray  # (C, k)
+    out_b: np.ndarray
+    pooling: str
+    scale: tuple[float, float] | None = None
+
+    def shape_key(self) -> tuple:
+        return (self.in_w.shape, self.num_heads)
+
+    def output(self, pooled: np.ndarray) -> np.ndarray:
+        y = pooled @ self.out_w.T + self.out_b
+        return y if self.scale is None else self.scale[0] + self.scale[1] * y[..., 0]
+
+    def __call__(self, F: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return sequence_heads([self], F[None], mask)[0]
+
+
+def sequence_heads(heads: list[SequenceHead], F: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """H sequence heads of one shape on F (H, B, T, k), one mask: each step one stacked product for all of them
+    (adalayers.model.heads.sequence_heads), each head's own pooling and output layer."""
+    n, b, t, k = F.shape
+    w_in = np.stack([h.in_w.T for h in heads])                      # (H, k, 3k)
+    qkv = np.matmul(F.reshape(n, b * t, k), w_in) + np.stack([h.in_b for h in heads])[:, None]
+    o = attention(qkv.reshape(n, b, t, 3 * k), mask, heads[0].num_heads).reshape(n, b * t, k)
+    x = gelu(np.matmul(o, np.stack([h.out_proj_w.T for h in heads])) + np.stack([h.out_proj_b for h in heads])[:, None])
+    x = x.reshape(n, b, t, k)
+    return [h.output(pool(x[j], mask, h.pooling)) for j, h in enumerate(heads)]
+
+
+@dataclass
+class EncoderLayer:
+    """One pre-LayerNorm nn.TransformerEncoderLayer (GELU) in eval mode."""
+    num_heads: int
+    norm1: tuple[np.ndarray, np.ndarray]
+    in_w: np.ndarray
+    in_b: np.ndarray
+    out_proj_w: np.ndarray
+    out_proj_b: np.ndarray
+    norm2: tuple[np.ndarray, np.ndarray]
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: np.ndarray
+
+    def __call__(self, x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """x: the real tokens' rows (N, k) in the order of keep (B, T)."""
+        qkv = np.zeros((*keep.shape, self.in_w.shape[0]), np.float32)
+        qkv[keep] = layer_norm(x, *self.norm1) @ self.in_w.T + self.in_b
+        x = x + attention(qkv, keep, self.num_heads)[keep] @ self.out_proj_w.T + self.out_proj_b
+        h = gelu(layer_norm(x, *self.norm2) @ self.w1.T + self.b1)
+        return x + h @ self.w2.T + self.b2
+
+
+@dataclass
+class TokenHead:
+    layers: list[EncoderLayer]
+    out_w: np.ndarray
+    out_b: np.ndarray
+
+    def __call__(self, F: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(B, T, k) -> (B, T, C), zeros where mask is False."""
+        x = F[mask]
+        for layer in self.layers:
+            x = layer(x, mask)
+        out = np.zeros((*mask.shape, self.out_w.shape[0]), np.float32)
+        out[mask] = x @ self.out_w.T + self.out_b
+        return out
+
+
+@dataclass
+class Task:
+    """A trained side task for inference: its layer weights, projections W_i and head (one of the above)."""
+    kind: str
+    labels: list[str]
+    weights: np.ndarray                 # (L,) the mixer's layer weights
+    proj: dict[int, np.ndarray]         # i -> W_i (k, d), the layers with w_i > 0
+    head: SequenceHead | TokenHead
+    skip_bos: bool = False
+    positional: bool = True
+    gelu_after_sum: bool = False
+    members: list["Task"] = field(default_factory=list)  # a seed ensemble: its members answer, averaged
+
+    @property
+    def k(self) -> int:
+        return next(iter(self.proj.values())).shape[0]
+
+    def used_layers(self) -> list[int]:
+        return sorted(self.proj)
+
+    def seen(self, mask: np.ndarray, skip_bos: bool | None = None) -> np.ndarray:
+        """The tokens the head sees: the real ones, less each row's first with skip_bos."""
+        mask = mask.astype(bool)
+        if self.skip_bos if skip_bos is None else skip_bos:
+            mask = mask & (np.cumsum(mask, 1) > 1)
+        return mask
+
+    def features(self, acc: np.ndarray, mask: np.ndarray, skip_bos: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """SideTask.features: F masked to the seen tokens, GELU (gelu_after_sum), + positions; (F, seen)."""
+        seen = self.seen(mask, skip_bos)
+        acc = np.where(seen[..., None], acc, np.float32(0))
+        if self.gelu_after_sum:
+            acc = gelu(acc)
+        if self.positional:
+            acc = acc + position_table(np.maximum(np.cumsum(seen, 1) - 1, 0), acc.shape[-1])
+        return acc.astype(np.float32, copy=False), seen
+
+    def read(self, acc: np.ndarray, mask: np.ndarray, skip_bos: bool | None = None) -> np.ndarray:
+        """The head's logits (class scores; regression: the value) on F so far, acc (B, T, k), mask (B, T)."""
+        return self.head(*self.features(acc, mask, skip_bos))
+
+
+def probabilities(task: Task, logits: np.ndarray) -> np.ndarray:
+    """What an answer shows: class probabilities (softmax), or a regression's value as it is."""
+    return logits if task.kind == "regression" else softmax(logits.astype(np.float64)).astype(np.float32)
+
+
+def read_all(tasks: list[Task], accs: list[np.ndarray], mask: np.ndarray, skip_bos: bool | None = None
+             ) -> list[np.ndarray]:
+    """[t.read(acc, mask) ...] with the sequence heads of one shape and the same reading of the mask run as one
+    (sequence_heads). A seed ensemble's answer is log of its members' mean probabilities (regression: the
+    mean value), as EnsembleTask's."""
+    out: list[np.ndarray | None] = [None] * len(tasks)
+    groups: dict[tuple, list[int]] = {}
+    for j, t in enumerate(tasks):
+        if isinstance(t.head, SequenceHead) and not t.members:
+            key = (t.head.shape_key(), t.skip_bos, t.positional, t.gelu_after_sum, accs[j].shape)
+            groups.setdefault(key, []).append(j)
+        else:
+            out[j] = _ensemble(t, accs[j], mask, skip_bos) if t.members else t.read(accs[j], mask, skip_bos)
+    for members in groups.values():
+        group = [tasks[j] for j in members]
+        F, seen = group[0].features(np.stack([accs[j] for j in members]), mask, skip_bos)
+        for j, y in zip(members, sequence_heads([t.head for t in group], F, seen)):
+            out[j] = y
+    return out
+
+
+def _ensemble(task: Task, acc: np.ndarray, mask: np.ndarray, skip_bos: bool | None) -> np.ndarray:
+    """acc (..., M k): the members' accumulators side by side (LayerMix feeds the members as heads)."""
+    k = task.members[0].k
+    outs = read_all(task.members, [acc[..., m * k:(m + 1) * k] for m in range(len(task.members))], mask, skip_bos)
+    if task.kind == "regression":
+        return np.mean(outs, 0)
+    return np.log(np.mean([probabilities(task, o) for o in outs], 0))
+
+
+class LayerMix:
+    """Every head's accumulator F, fed layer by layer: per layer, the W_i of all heads reading layer i stacked
+    (heads of one k form a group; a seed ensemble's members are heads here), one product per layer and group.
+
+        mix.begin(n)                # n token positions in this pass
+        mix.add(i, Z_i)             # Z_i (n, d), as the base computes layer i
+        mix.add_layers(layers, Z)   # or all at once, Z (len(layers), n, d): one batched product (decode steps)
+        accs = mix.take()           # [task's F (n, k)] in the order of the tasks (an ensemble: (n, M k))
+    """
+
+    def __init__(self, tasks: list[Task]):
+        self.tasks = tasks
+        self.leaves = [m for t in tasks for m in (t.members or [t])]
+        self.groups: dict[int, list[int]] = {}  # k -> leaf indices
+        for j, leaf in enumerate(self.leaves):
+            self.groups.setdefault(leaf.k, []).append(j)
+        layers = sorted({i for leaf in self.leaves for i in leaf.proj})
+        self.layers = layers
+        self._plans = {(k, i): self._plan(members, i) for k, members in self.groups.items() for i in layers}
+        self._stacks: dict[tuple, tuple] = {}
+        self._acc: dict[int, np.ndarray] = {}
+
+    def _plan(self, members: list[int], i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        live = [h for h, j in enumerate(members) if i in self.leaves[j].proj]
+        if not live:
+            return None
+        w_t = np.ascontiguousarray(np.concatenate([self.leaves[members[h]].proj[i] for h in live]).T)  # (d, H k)
+        w = np.array([self.leaves[members[h]].weights[i] for h in live], np.float32)[:, None]
+        return np.array(live), w_t, w
+
+    def begin(self, n: int) -> None:
+        self._acc = {k: np.zeros((n, len(m), k), np.float32) for k, m in self.groups.items()}
+
+    def add(self, i: int, z: np.ndarray) -> None:
+        a = None
+        for k, acc in self._acc.items():
+            plan = self._plans.get((k, i))
+            if plan is None:
+                continue
+            live, w_t, w = plan
+            a = gelu(z) if a is None else a
+            f = layer_norm((a @ w_t).reshape(len(a), len(live), k))
+            if len(live) == acc.shape[1]:
+                acc += f * w
+            else:
+                acc[:, live] += f * w
+
+    def add_layers(self, layers: list[int], z: np.ndarray) -> None:
+        """Layers `layers` at once, z (L, n, d): one GELU, per group one (L, n, d) x (L, d, H k) product, one
+        LayerNorm and one weighted sum over the layers (a head that does not read layer i has W_i and w_i 0)."""
+        a = gelu(z)
+        for k, acc in self._acc.items():
+            w_t, w = self._stack(k, tuple(layers))
+            f = layer_norm(np.matmul(a, w_t).reshape(len(layers), a.shape[1], acc.shape[1], k))
+            acc += np.einsum("lh,lnhk->nhk", w, f)  # no optimize=: its path search costs more than the sum
+
+    def _stack(self, k: int, layers: tuple) -> tuple[np.ndarray, np.ndarray]:
+        key = (k, layers)
+        if key not in self._stacks:
+            members = self.groups[k]
+            d = next(iter(self.leaves[members[0]].proj.values())).shape[1]
+            w_t = np.zeros((len(layers), d, len(members) * k), np.float32)
+            w = np.zeros((len(layers), len(members)), np.float32)
+            for li, i in enumerate(layers):
+                for h, j in enumerate(members):
+                    if i in self.leaves[j].proj:
+                        w_t[li, :, h * k:(h + 1) * k] = self.leaves[j].proj[i].T
+                        w[li, h] = self.leaves[j].weights[i]
+            self._stacks[key] = (w_t, w)
+        return self._stacks[key]
+
+    def take(self) -> list[np.ndarray]:
+        """Each task's F of this pass, (n, k) (an ensemble: its members' side by side), and the pass's state dropped."""
+        where = {j: (k, h) for k, members in self.groups.items() for h, j in enumerate(members)}
+        leaf = [self._acc[where[j][0]][:, where[j][1]] for j in range(len(self.leaves))]
+        out, j = [], 0
+        for t in self.tasks:
+            m = len(t.members) or 1
+            out.append(leaf[j] if m == 1 else np.concatenate(leaf[j:j + m], -1))
+            j += m
+        self._acc = {}
+        return out

@@ -1,0 +1,97 @@
+"""llama.cpp's own tokenizer (adalayers.infer.llamacpp_tokenizer) against the transformers tokenizer read from the
+same GGUF: the same ids on the test texts of every task the project ships (sentence pairs: each text alone; CoNLL:
+the words joined by spaces, as served), and in a process where torch and transformers cannot be imported.
+IMDB's 25,000 test reviews are read in part (the first --imdb-texts, 2,000 by default, both labels): the rest is
+the same kind of text and would make the test minutes long."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
+
+from adalayers.infer.llamacpp import LlamaCpp, gguf_path  # noqa: E402
+from adalayers.infer.llamacpp_tokenizer import GgufTokenizer  # noqa: E402
+
+from tinygguf import write_tiny_llama  # noqa: E402
+
+TASKS = ["cola", "sst2", "sst5", "stsb", "qqp", "conll2003", "imdb"]
+IMDB_TEXTS = 2000
+
+
+def _installed(alias: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from adalayers.model.model_packages import SPLIT_GGUF
+    try:
+        for dist, _ in SPLIT_GGUF[alias].parts:
+            distribution(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _test_texts(task: str) -> list[str]:
+    from adalayers.config import Config
+    from adalayers.data.tasks import load_task
+
+    cfg = Config()
+    cfg.task.name = task
+    data = load_task(cfg)
+    split = data.splits.get("test") or data.splits["validation"]
+    if task == "imdb":
+        split = split[:IMDB_TEXTS // 2] + split[-IMDB_TEXTS // 2:]
+    texts = []
+    for ex in split:
+        texts += [" ".join(ex.words)] if ex.words is not None else [ex.text] + ([ex.text_pair] if ex.text_pair else [])
+    return texts
+
+
+@pytest.fixture(scope="module")
+def user_cache():
+    """The user's cache (where the bases' joined GGUF files live), not a test's."""
+    return os.environ.get("ADALAYERS_CACHE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["gemma3-270m", "qwen2.5-0.5b"])
+def test_the_ids_equal_transformers_on_every_tasks_test_texts(alias):
+    if not _installed(alias):
+        pytest.skip(f"{alias}'s packages are not installed")
+    from transformers import AutoTokenizer
+
+    path = gguf_path(alias)
+    engine = LlamaCpp(path, n_ctx=64, n_seq=1, n_batch=64, threads=1, read_states=False)
+    ours = GgufTokenizer(engine)
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    differ, total = {}, 0
+    for task in TASKS:
+        texts = _test_texts(task)
+        want = theirs(texts)["input_ids"]
+        bad = [t for t, w in zip(texts, want) if ours.encode(t) != w]
+        total += len(texts)
+        if bad:
+            differ[task] = (len(bad), len(texts), bad[:2])
+    assert not differ, differ
+    assert total > 10_000
+    engine.close()
+
+
+def test_tokenizer_runs_without_torch_and_round_trips(tmp_path):
+    """The tiny GGUF's byte vocabulary in a process where torch and transformers cannot be imported: ids, the
+    text back, and each token's character span."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            "from adalayers.infer.llamacpp import LlamaCpp\n"
+            "from adalayers.infer.llamacpp_tokenizer import GgufTokenizer\n"
+            f"e = LlamaCpp({str(path)!r}, n_ctx=64, n_seq=1, n_batch=64, threads=1)\n"
+            "t = GgufTokenizer(e)\ntext = 'the cat sat'\nids = t.encode(text)\n"
+            "assert t.decode(ids, skip_special_tokens=True) == text, (ids, t.decode(ids))\n"
+            "spans = [s for s in t.offsets(text, ids) if s != (0, 0)]\n"
+            "assert ''.join(text[a:b] for a, b in spans) == text, spans\nprint(len(ids))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.strip()) >= len("the cat sat")

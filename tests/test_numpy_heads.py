@@ -1,0 +1,177 @@
+"""The numpy heads (adalayers.infer.numpy_heads) against the torch modules on random weights: every head kind,
+the mixer fed layer by layer and all layers at once, several heads batched, an ensemble, a run folder read
+without torch. The torch side is the obvious, slow reference: each SideTask's own tap() and end()/read()."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from adalayers.config import Config
+from adalayers.infer import numpy_heads as nh
+from adalayers.infer.numpy_runs import ensemble, load_task, task_from_state
+from adalayers.model.sidetask import SideTask
+
+L, D = 5, 24
+TOL = 1e-4
+
+
+def make(kind: str, k: int = 16, pooling: str = "mean", seed: int = 0, bos: bool = False, **mixer) -> SideTask:
+    cfg = Config()
+    cfg.head.kind, cfg.mixer.k, cfg.head.num_heads, cfg.head.pooling = kind, k, 2, pooling
+    cfg.head.dim_feedforward, cfg.head.encoder_layers = 32, 2
+    cfg.mixer.cutoff = 0.05
+    for name, value in mixer.items():
+        setattr(cfg.mixer, name, value)
+    if kind == "regression":
+        cfg.head.target_mean, cfg.head.target_std = 2.5, 1.5
+    torch.manual_seed(seed)
+    task = SideTask(cfg, L, D, [] if kind == "regression" else ["a", "b", "c"], bos=bos).eval()
+    with torch.no_grad():
+        task.mixer.p.copy_(torch.randn(L) * 0.05)  # some layers under the cutoff, some kept
+        for p in task.head.parameters():  # LayerNorm weights away from 1 and biases away from 0
+            p.add_(torch.randn_like(p) * 0.1)
+    return task
+
+
+def to_numpy(task: SideTask) -> nh.Task:
+    state = {n: p.detach().numpy() for n, p in task.named_parameters()}
+    return task_from_state(task.cfg, task.labels, state, task.skip_bos, L, D)
+
+
+def reference(task: SideTask, states: list[torch.Tensor], mask: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        task.begin()
+        for i, z in enumerate(states):
+            task.tap(i, z)
+        return task.read(task.take(), mask).numpy()
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    states = [torch.randn(3, 7, D, generator=g) * 2 for _ in range(L)]
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, :3] = False  # left padding, as generation's prompts
+    mask[2, :5] = False
+    return states, mask
+
+
+def numpy_accs(tasks: list[nh.Task], states, mask, all_at_once: bool) -> list[np.ndarray]:
+    """The LayerMix over the real tokens only (as llama.cpp hands them), spread back to (B, T, k)."""
+    keep = mask.numpy()
+    mix = nh.LayerMix(tasks)
+    mix.begin(int(keep.sum()))
+    zs = [z.numpy()[keep] for z in states]
+    if all_at_once:
+        mix.add_layers(list(range(L)), np.stack(zs))
+    else:
+        for i, z in enumerate(zs):
+            mix.add(i, z)
+    out = []
+    for acc in mix.take():
+        full = np.zeros((*keep.shape, acc.shape[-1]), np.float32)
+        full[keep] = acc
+        out.append(full)
+    return out
+
+
+KINDS = [("sequence", "mean"), ("sequence", "max"), ("sequence", "first"), ("regression", "last"), ("token", "mean")]
+
+
+@pytest.mark.parametrize("kind,pooling", KINDS)
+@pytest.mark.parametrize("all_at_once", [False, True])
+def test_each_head_kind_equals_torch(kind, pooling, all_at_once):
+    task = make(kind, pooling=pooling, seed=3, bos=True)
+    states, mask = batch(1)
+    mine = to_numpy(task)
+    assert 0 < len(mine.proj) < L  # the cutoff left some layers out
+    acc = numpy_accs([mine], states, mask, all_at_once)[0]
+    got = mine.read(acc, mask.numpy())
+    want = reference(task, states, mask)
+    if kind == "token":
+        seen = task.seen(mask).numpy()
+        got, want = got[seen], want[seen]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_mixer_options_equal_torch():
+    """gelu_after_sum, no positions, a pinned layer."""
+    task = make("sequence", seed=4, gelu_after_sum=True, positional=False, pin_layer=2)
+    states, mask = batch(2)
+    mine = to_numpy(task)
+    assert list(mine.proj) == [2]
+    got = mine.read(numpy_accs([mine], states, mask, False)[0], mask.numpy())
+    np.testing.assert_allclose(got, reference(task, states, mask), atol=TOL, rtol=0)
+
+
+def test_many_heads_batched_equal_each_alone():
+    tasks = [make("sequence", 16, "mean", 1), make("sequence", 16, "max", 2), make("regression", 16, "last", 3),
+             make("token", 16, seed=5), make("sequence", 8, seed=6)]
+    states, mask = batch(3)
+    mine = [to_numpy(t) for t in tasks]
+    for all_at_once in (False, True):
+        accs = numpy_accs(mine, states, mask, all_at_once)
+        outs = nh.read_all(mine, accs, mask.numpy())
+        for t, got in zip(tasks, outs):
+            want = reference(t, states, mask)
+            if t.kind == "token":
+                seen = mask.numpy()
+                got, want = got[seen], want[seen]
+            np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_ensemble_equals_torch(tmp_path):
+    from adalayers.model.ensemble import EnsembleTask
+
+    members = [make("sequence", 16, seed=s) for s in (7, 8, 9)]
+    ens = EnsembleTask(members).eval()
+    states, mask = batch(4)
+    mine = ensemble([to_numpy(m) for m in members])
+    acc = numpy_accs([mine], states, mask, True)[0]
+    with torch.no_grad():
+        want = ens(states, mask).numpy()
+    np.testing.assert_allclose(nh.read_all([mine], [acc], mask.numpy())[0], want, atol=TOL, rtol=0)
+
+
+def test_gelu_is_the_exact_one():
+    """x Phi(x) to float32 precision (math.erfc in float64 as the truth); torch's float32 GELU is itself off by
+    up to 1e-6 in the negative tail, so against it the bound is absolute."""
+    import math
+
+    x = np.linspace(-8, 8, 10001, dtype=np.float32)
+    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
+    np.testing.assert_allclose(nh.gelu(x), exact, rtol=1e-5, atol=1e-30)
+    np.testing.assert_allclose(nh.gelu(x), torch.nn.functional.gelu(torch.from_numpy(x)).numpy(), atol=2e-6, rtol=0)
+
+
+def test_run_folder_loads_without_torch(tmp_path):
+    """A run folder written by training's own writer, read in a process where torch cannot be imported."""
+    from adalayers.store import run as runlib
+
+    task = make("sequence", seed=11, bos=True)
+
+    class Base:  # what save_config reads of a base
+        name, num_layers, hidden_size, is_causal, adds_bos, states = "tiny", L, D, True, True, "decoder"
+
+        def fingerprint(self):
+            return "f" * 16
+
+        def num_parameters(self):
+            return 1
+    sha = runlib.save_head(tmp_path, task)
+    runlib.save_config(tmp_path, task.cfg, task.labels, Base(), sha)
+    states, mask = batch(5)
+    np.save(tmp_path / "states.npy", torch.stack(states).numpy())
+    np.save(tmp_path / "mask.npy", mask.numpy())
+    code = (f"import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            f"import numpy as np\nfrom adalayers.infer import numpy_heads as nh\n"
+            f"from adalayers.infer.numpy_runs import load_task\n"
+            f"t = load_task({str(tmp_path)!r})[0]\nz = np.load({str(tmp_path / 'states.npy')!r})\n"
+            f"m = np.load({str(tmp_path / 'mask.npy')!r})\nmix = nh.LayerMix([t]); mix.begin(int(m.sum()))\n"
+            f"mix.add_layers(list(range(z.shape[0])), z[:, m])\nacc = np.zeros((*m.shape, t.k), np.float32)\n"
+            f"acc[m] = mix.take()[0]\nnp.save({str(tmp_path / 'out.npy')!r}, t.read(acc, m))\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), reference(task, states, mask), atol=TOL, rtol=0)
+    assert load_task(tmp_path)[0].skip_bos
