@@ -21,6 +21,7 @@ from adalayers.infer.generate import stream
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.batcher import Batcher, Busy
 from adalayers.serve.config import ServeConfig
+from adalayers.serve.guards import GuardPolicy
 from adalayers.serve.limits import client_gone
 from adalayers.serve.scheduler import Scheduler
 from adalayers.textcheck import text_problem
@@ -50,14 +51,16 @@ class ServeState:
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
+    guards: GuardPolicy | None = None  # the server's guards (--guard), joined to every request's
 
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
         batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
-        decode = sched.stream if sched is not None else functools.partial(stream, side)
-        return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
+        guards = GuardPolicy.from_config(cfg, side)
+        decode = guards.wrap(sched.stream if sched is not None else functools.partial(stream, side))
+        return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched, guards=guards)
 
     def busy(self) -> HTTPException:
         """The 503 of a full queue, with the Retry-After the batcher expects."""
