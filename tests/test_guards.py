@@ -139,6 +139,8 @@ def test_a_client_that_sends_no_guard_is_stopped_mid_answer(servers, rule, folde
     assert log[0]["request_id"] == r.id and len({x["request_id"] for x in log}) == len(log)
     stops = servers["step"].health()["guard_stops"]
     assert stops == {f"{head}:{label}": 6}
+    metrics = httpx.get(f"{servers['step'].url}/metrics", timeout=10).text
+    assert f'adalayers:guard_stops_total{{head="{head}",label="{label}"}} 6.0' in metrics
 
 
 def test_a_client_cannot_switch_it_off(servers, rule, side):

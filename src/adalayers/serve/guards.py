@@ -8,7 +8,8 @@ value at least V). The rules join every request's own guards (a client's guards 
 one): on the generation routes they are checked on the prompt after the prefill and at every generated token
 (infer/generate: the row ends, finish "guard"; the /v1 routes say finish_reason "content_filter" and carry the
 refusal text); on /predict and /v1/classify the rows that trip a rule are marked. Every trip is counted per
-head and label (GuardPolicy.stops, in GET /health as "guard_stops") and, with --guard-log, written as one
+head and label (GET /metrics: adalayers:guard_stops_total{head,label}; GET /health: "guard_stops") and, with
+--guard-log, written as one
 JSON line: time, request id, route, head, label, value, token (0: the prompt, k: the k-th generated token;
 null on /predict), and the text only with --guard-log-text.
 """
@@ -82,16 +83,20 @@ class GuardPolicy:
     """The server's rules, the refusal text, the stop counts and the audit log (see the module doc)."""
 
     def __init__(self, rules: list[Rule], message: str = MESSAGE, log_path: str | None = None,
-                 log_text: bool = False):
+                 log_text: bool = False, metrics=None):
         self.rules, self.message, self.log_path, self.log_text = list(rules), message or MESSAGE, log_path, log_text
         self.stops: Counter = Counter()  # (head, label) -> trips
+        self._counter = None if metrics is None else metrics.counter(  # serve/metrics.Metrics: GET /metrics
+            "guard_stops", "Guard trips (generations stopped, /predict rows marked), by head and label "
+                           "(label empty: a regression head)", ["head", "label"])
         self._lock = threading.Lock()
         if log_path:
             open(log_path, "a", encoding="utf-8").close()  # a path that cannot be written fails at startup
 
     @classmethod
-    def from_config(cls, cfg, side) -> GuardPolicy:
-        return cls(checked_rules(cfg.guard or [], side), cfg.guard_message, cfg.guard_log, cfg.guard_log_text)
+    def from_config(cls, cfg, side, metrics=None) -> GuardPolicy:
+        return cls(checked_rules(cfg.guard or [], side), cfg.guard_message, cfg.guard_log, cfg.guard_log_text,
+                   metrics)
 
     @property
     def heads(self) -> list[str]:
@@ -171,6 +176,8 @@ class GuardPolicy:
         """Count one trip and append it to the audit log (when one is set)."""
         with self._lock:
             self.stops[(trip["head"], trip["label"])] += 1
+            if self._counter is not None:
+                self._counter.labels(head=trip["head"], label=trip["label"] or "").inc()
             if not self.log_path:
                 return
             line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1000):03d}Z",
