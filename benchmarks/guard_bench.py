@@ -130,7 +130,7 @@ def quality(args) -> int:
     y = np.array([lab == POSITIVE for lab in labels], dtype=int)
     tag = args.base + ("" if args.runtime == "torch" else f"_{args.runtime}")
     runs = {s: Path(args.runs) / f"{tag}_s{s}" for s in args.seeds}
-    result = {"settings": {"data": str(data), "base": args.base, "runtime": args.runtime, "seeds": args.seeds,
+    result = {"settings": {"data": data.name, "base": args.base, "runtime": args.runtime, "seeds": args.seeds,
                            "set": args.set, "test_rows": len(texts), "flagged_share": float(y.mean()),
                            "torch_threads": __import__("torch").get_num_threads(),
                            "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)"},
