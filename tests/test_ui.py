@@ -275,14 +275,15 @@ def test_key_heads_predictions_spans_errors_and_escaping(server, browser):
         p.close()
 
 
-def _guard(steps: list[list[float]], labels: list[str], n: int) -> tuple[str, float, int]:
+def _guard(steps: list[list[float]], labels: list[str], n: int, prompt: dict) -> tuple[str, float, int]:
     """A guard that fires mid-way through this run: a label and the value at a step where that label's
-    probability is higher than at every step before it (the first step whose value reaches it)."""
+    probability is higher than at every step before it and than on the prompt (a guard is checked there too,
+    after the prefill): the first step whose value reaches it."""
     best = None
     for j, label in enumerate(labels):
         values = [row[j] for row in steps]
         for i, v in enumerate(values):
-            if all(v > u for u in values[:i]) and (best is None or abs(i - n // 2) < abs(best[2] - n // 2)):
+            if all(v > u for u in values[:i]) and v > prompt[label] and (best is None or abs(i - n // 2) < abs(best[2] - n // 2)):
                 best = (label, v, i)
     return best
 
@@ -326,7 +327,8 @@ def test_streamed_generation_with_live_values_and_a_guard(server, browser):
         assert _words(_card(p, "gen-final-tasks", "ner").locator(".tagged")).split() == (prompt + want["text"]).split()
 
         # a guard that fires mid-way: the run stops there, says so, and draws the threshold
-        label, threshold, at = _guard(want["steps"]["acc"], ["bad", "good"], n)
+        label, threshold, at = _guard(want["steps"]["acc"], ["bad", "good"], n,
+                                      want["prompt_tasks"]["acc"]["probabilities"])
         p.page.select_option("#guard-head", "acc")
         p.page.select_option("#guard-label", label)
         p.page.fill("#guard-threshold", repr(threshold))

@@ -31,7 +31,8 @@ def add_setting_flags(p) -> None:
                            help=ServeConfig.help(name))
         else:
             p.add_argument(*flags, dest=name, type=_flag_type(field.annotation), default=field.default,
-                           metavar=serve_metavar(name), help=ServeConfig.help(name))
+                           metavar=serve_metavar(name), help=ServeConfig.help(name),
+                           action=(field.json_schema_extra or {}).get("action", "store"))  # append: repeatable
 
 
 def cmd_serve(args) -> int:

@@ -33,6 +33,7 @@ class Row:
     generated: list[int] = field(default_factory=list)
     finish: str | None = None
     steps: dict = field(default_factory=dict)  # head -> per-token values (steps or guard)
+    guard: dict | None = None     # the guard that ended it: {head, label, value, token} (token 0: the prompt)
 
 
 @dataclass

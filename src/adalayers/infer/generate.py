@@ -24,7 +24,7 @@ rows of several requests share one batch (adalayers.infer.batching), so one loop
 step) serves a single call here and serve's continuous-batching scheduler alike. With `steps` (or a `guard`),
 sequence heads are read after every step: the head (small next to the base) runs on the F so far.
 A guard {head: (label, threshold)} stops a row once that head gives the label at least that
-probability (a streaming guard, e.g. a policy head).
+probability (a streaming guard, e.g. a policy head), on the prompt after the prefill too (infer/guarding.py).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import torch
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.answers import answer, answer_text, cut
 from adalayers.infer.batching import Batch, Row
+from adalayers.infer.guarding import guard_rules, guard_trip, prompt_trips
 from adalayers.infer.outputs import head_output
 from adalayers.kinds import TaskKind
 from adalayers.model.sidetask import read_all
@@ -66,7 +67,7 @@ def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int
 def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str] | None, answer_only, guard,
                   ignore_eos: bool) -> tuple[list[str], dict, set]:
     """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
-    the guard {head: (label, threshold)}, the end-of-text token ids; none with ignore_eos)."""
+    the guard {head: [(label, threshold), ...]} (infer/guarding.py), the end-of-text token ids; none with ignore_eos)."""
     decoder = side.runtime.decoder()  # refuses a base that cannot generate
     names = side.check_tasks(tasks)
     for n in list(answer_only) + list(guard or {}):
@@ -79,11 +80,7 @@ def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str
             raise DataError(f"prompt {i + 1} is empty")
     if not 1 <= int(max_new_tokens) <= 4096:
         raise DataError(f"max_new_tokens must be 1..4096, got {max_new_tokens}")
-    guard = {n: (lab, float(th)) for n, (lab, th) in (guard or {}).items()}
-    for n, (lab, _) in guard.items():
-        if side.heads[n].kind == TaskKind.TOKENS or lab not in side.heads[n].task.labels:
-            raise DataError(f"guard on {n!r}: needs a sequence head and one of its labels "
-                            f"({', '.join(side.heads[n].task.labels)}), got {lab!r}")
+    guard = guard_rules(side, guard)
     eos = set() if ignore_eos else decoder.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
     return names, guard, eos
 
@@ -191,9 +188,9 @@ class Generation:
         self.decoder = side.runtime.decoder()
         self.deepest = deepest_layer([h.task for h in self.heads]) if self.heads else None
 
-    def prefill(self, jobs: list[Job]) -> Batch:
+    def prefill(self, jobs: list[Job]) -> Batch | None:
         """The jobs' prompts as one left-padded batch, one forward with the heads' hooks on; each job gets its
-        "prompt" event once the whole prefill has succeeded."""
+        "prompt" event once the whole prefill has succeeded; rows whose prompt trips a guard end (None: all did)."""
         side, tok = self.side, self.tok
         wrapped = [w for job in jobs for w in job.wrapped]
         enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
@@ -211,9 +208,23 @@ class Generation:
             prompt_ids = [ids[b][real[b]].tolist() for b in mine]
             events.append((job, {"event": "prompt", "results": job.prompt_json, "token_ids": prompt_ids}))
             rows += [Row(job, j, prompt_ids[j], offsets(enc, b), 0, attn.shape[1]) for j, b in enumerate(mine)]
+            prompt_trips(side, job, rows[-len(mine):], values)
         for job, event in events:
             job.events.put(event)
-        return Batch(rows, attn, real, accs, cache, logits)
+        return self._prompt_guards(Batch(rows, attn, real, accs, cache, logits))
+
+    def _prompt_guards(self, batch: Batch) -> Batch | None:
+        """Rows whose prompt tripped a guard end, having generated nothing (-> the rest; None: none is left)."""
+        tripped, failed = [i for i, r in enumerate(batch.rows) if r.finish], {}
+        self._finish(batch, tripped, failed)
+        for job in {id(batch.rows[i].owner): batch.rows[i].owner for i in tripped}.values():
+            if job in failed:
+                job.events.put(failed[job])
+                job.cancelled.set()
+            elif all(r is not None for r in job.results):
+                job.events.put({"event": "done", "results": job.results})
+        batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.finish and r.owner not in failed])
+        return batch if batch.rows else None  # keep([]) gives the rows' KV cache back (llama.cpp sequences)
 
     def step(self, batch: Batch) -> Batch | None:
         """One token for every row; rows that end leave; each request gets its step (and done) event.
@@ -292,9 +303,8 @@ class Generation:
             v = values[n].tolist()
             ev["values"][n][r.index] = v
             r.steps.setdefault(n, []).append(v)
-        for n, (label, threshold) in r.owner.guard.items():
-            if values[n][self.side.heads[n].task.labels.index(label)] >= threshold:
-                r.finish = "guard"
+        r.guard = guard_trip(self.side, r.owner.guard, values, len(r.generated)) if r.owner.guard else None
+        r.finish = "guard" if r.guard else r.finish
 
     def _read(self, batch: Batch, names: list[str], idx: list[int]) -> dict[str, torch.Tensor]:
         """Heads `names` on the rows at idx, stacked per head: a row whose request reads a head on the answer alone
@@ -326,7 +336,7 @@ class Generation:
         wrapped = job.wrapped[r.index]
         res = {"prompt": job.prompts[r.index], "text": cut(text, job.stop), "tokens": len(r.generated),
                "token_ids": r.generated, "finish": r.finish or "length", "prompt_tasks": job.prompt_json[r.index],
-               "tasks": {}}
+               "tasks": {}, **({"guard": r.guard} if r.guard else {})}
         for n in job.names:
             value = self._read(batch, [n], [i])[n][0]
             if self.side.heads[n].kind == TaskKind.TOKENS:

@@ -14,7 +14,8 @@
       5. data: [DONE]
 
 finish_reason: "stop" (end-of-text token or a stop string), "length" (max_tokens), "content_filter"
-(a guard stopped it). Side-task values ride in one extra top-level object, "adalayers":
+(a guard stopped it: the choice, or its last chunk's delta, carries "refusal": the refusal text, --guard-message;
+the text is what was generated up to the token that tripped it, "" when the prompt did). Side-task values ride in one extra top-level object, "adalayers":
 {"choices": [{"index", "prompt_tasks", "tasks", "steps", "step", "values"}]} (the keys each chunk has).
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Completion:
     side_tasks: bool = False      # the request asked for side tasks ("adalayers")
     stops: list[str] = field(default_factory=list)
     include_usage: bool = False
+    refusal: str = ""             # said when a guard stopped a choice (serve/guards.py)
     id: str = ""
     created: int = 0
 
@@ -71,10 +73,12 @@ class Completion:
         return out
 
     def _choice(self, i: int, r: dict) -> dict:
+        refusal = self.refusal if r["finish"] == "guard" else None
         if self.chat:
-            return {"index": i, "message": {"role": "assistant", "content": r["text"], "refusal": None},
+            return {"index": i, "message": {"role": "assistant", "content": r["text"], "refusal": refusal},
                     "logprobs": None, "finish_reason": FINISH[r["finish"]]}
-        return {"index": i, "text": r["text"], "logprobs": None, "finish_reason": FINISH[r["finish"]]}
+        return {"index": i, "text": r["text"], "logprobs": None, "finish_reason": FINISH[r["finish"]],
+                **({"refusal": refusal} if refusal else {})}
 
     # --- stream -------------------------------------------------------------------------------
     def sse(self, first: dict, events: Iterator[dict]) -> Iterator[str]:
@@ -119,7 +123,10 @@ class Completion:
             rest = r["text"][len(sent[i]):] if r["text"].startswith(sent[i]) else ""
             side = {"index": i, "tasks": r["tasks"]} if self.side_tasks else None
             delta = ({"content": rest} if rest else {}) if self.chat else rest
-            yield self._chunk(i, delta, FINISH[r["finish"]], side)
+            refusal = self.refusal if r["finish"] == "guard" else None
+            if refusal and self.chat:
+                delta["refusal"] = refusal
+            yield self._chunk(i, delta, FINISH[r["finish"]], side, refusal if not self.chat else None)
         if self.include_usage:
             chunk = self._envelope([])
             chunk["usage"] = _usage(prompt_ids, results)
@@ -133,8 +140,11 @@ class Completion:
             out["usage"] = None
         return out
 
-    def _chunk(self, i: int, delta, finish: str | None = None, side: dict | None = None) -> str:
+    def _chunk(self, i: int, delta, finish: str | None = None, side: dict | None = None,
+               refusal: str | None = None) -> str:
         choice = {"index": i, "delta": delta} if self.chat else {"index": i, "text": delta}
+        if refusal:
+            choice["refusal"] = refusal
         chunk = self._envelope([{**choice, "logprobs": None, "finish_reason": finish}])
         if side is not None:
             chunk["adalayers"] = {"choices": [side]}

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adalayers.config import one_line
 from adalayers.errors import ConfigError
+from adalayers.serve.guards import parse_rule
 
 
 def serve_flag(name: str) -> str:
@@ -117,6 +118,26 @@ class ServeConfig(BaseModel):
                                                         "/v1/chat/completions, in place of the base tokenizer's own "
                                                         "(for bases that have none, e.g. GGUF files).",
                                       json_schema_extra={"metavar": "FILE"})
+
+    guard: list[str] | None = Field(None, description="A guard every request gets, whatever the client sends: "
+                                                      "HEAD:LABEL>=P (that label at least probability P) or "
+                                                      "HEAD>=V (a regression head); repeat for more "
+                                                      "(docs/guards.md).",
+                                    json_schema_extra={"metavar": "HEAD:LABEL>=P", "action": "append"})
+    guard_message: str = Field("This request was stopped by the service's content guard.", min_length=1,
+                               description="The refusal text of a generation a guard stopped (/v1 routes).",
+                               json_schema_extra={"metavar": "TEXT"})
+    guard_log: str | None = Field(None, description="Append every guard trip to this JSON Lines file (time, request "
+                                                    "id, route, head, label, value, token position).",
+                                  json_schema_extra={"metavar": "FILE"})
+    guard_log_text: bool = Field(False, description="Write the text that tripped a guard into --guard-log too.")
+
+    @field_validator("guard")
+    @classmethod
+    def _rules(cls, specs):
+        for spec in specs or []:
+            parse_rule(spec)  # ConfigError naming the rule
+        return specs
 
     def __init__(self, **values):
         try:

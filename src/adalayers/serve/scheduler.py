@@ -138,7 +138,7 @@ class Scheduler:
         if not jobs:
             return []
         try:
-            return [self.loop.prefill(jobs)]
+            return [b for b in [self.loop.prefill(jobs)] if b is not None]  # None: every prompt tripped a guard
         except Exception as e:  # noqa: BLE001
             if len(jobs) == 1:
                 # a prefill nobody waits for: its traceback would hold the pass's tensors as long as the job lives

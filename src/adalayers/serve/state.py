@@ -21,6 +21,7 @@ from adalayers.infer.generate import stream
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.batcher import Batcher, Busy
 from adalayers.serve.config import ServeConfig
+from adalayers.serve.guards import GuardPolicy
 from adalayers.serve.limits import client_gone
 from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
@@ -52,6 +53,7 @@ class ServeState:
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
+    guards: GuardPolicy | None = None  # the server's guards (--guard), joined to every request's
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (serve/metrics.py); decode reports to it
 
     @classmethod
@@ -59,10 +61,11 @@ class ServeState:
         batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
-        decode = sched.stream if sched is not None else functools.partial(stream, side)
         metrics = Metrics()
+        guards = GuardPolicy.from_config(cfg, side, metrics)
+        decode = guards.wrap(sched.stream if sched is not None else functools.partial(stream, side))
         return cls(side, cfg, batcher, metrics.watching(decode), public_name(side.backbone.name), scheduler=sched,
-                   metrics=metrics)
+                   metrics=metrics, guards=guards)
 
     def busy(self) -> HTTPException:
         """The 503 of a full queue, with the Retry-After the batcher expects."""

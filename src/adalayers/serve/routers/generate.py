@@ -83,7 +83,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         arrived, batcher = time.perf_counter(), state.batcher
         _check(req, side, cfg)
         try:  # the scheduler checks a request as it takes it: a bad one is a 400 before it counts or runs
-            events = decode(req.prompts, **_kwargs(req))
+            events = decode(req.prompts, route="/generate", **_kwargs(req))
         except (ModelError, AdaLayersError) as e:
             raise HTTPException(400, str(e)) from None
         release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)
@@ -118,7 +118,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         arrived, batcher = time.perf_counter(), state.batcher
         _check(req, side, cfg)
         try:
-            events = decode(req.prompts, **_kwargs(req))
+            events = decode(req.prompts, route="/generate/stream", **_kwargs(req))
         except (ModelError, AdaLayersError) as e:
             raise HTTPException(400, str(e)) from None
         release = batcher.admit() if hasattr(batcher, "admit") else (lambda: None)

@@ -29,4 +29,5 @@ def counters(state: ServeState) -> dict:
             "generations_stopped": getattr(b, "generations_stopped", 0), "max_batch_tokens": b.max_batch_tokens,
             "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
             "requests_sliced": getattr(b, "sliced", 0), "base_tokens_per_s": round(getattr(b, "tokens_per_s", 0.0), 1),
-            **(state.scheduler.stats() if state.scheduler is not None else {}), **side.runtime.usage()}
+            **(state.scheduler.stats() if state.scheduler is not None else {}), **side.runtime.usage(),
+            "guard_stops": state.guards.stats() if state.guards is not None else {}}

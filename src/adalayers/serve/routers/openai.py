@@ -66,7 +66,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         prompt = _chat_prompt(req.messages, side, cfg, template)
         _fits(side, prompt, "the conversation", "messages", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
         return await _generate(generate, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
-                                                                           side.backbone.tokenizer),
+                                                                           side.backbone.tokenizer,
+                                                                           refusal=cfg.guard_message),
                                cfg.request_timeout_s, cfg.ctx_size)
 
     @app.post("/v1/completions")
@@ -76,7 +77,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         for i, p in enumerate(prompts):
             _fits(side, p, f"prompt {i + 1}", "prompt", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
         return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
-                                                                          side.backbone.tokenizer),
+                                                                          side.backbone.tokenizer,
+                                                                          refusal=cfg.guard_message),
                                cfg.request_timeout_s, cfg.ctx_size)
 
 
@@ -245,7 +247,8 @@ async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[st
     late = OpenAIError(503, f"not answered within {timeout_s:g} s (--request-timeout); retry later",
                        headers={"Retry-After": "1"})
     try:  # the prefill runs here: a bad request is answered before the response starts
-        events = generate(prompts, **kwargs)
+        events = generate(prompts, route="/v1/chat/completions" if shape.chat else "/v1/completions",
+                          request_id=shape.id, **kwargs)
         ok, first = await within(lambda: next(events), events, timeout_s - (time.perf_counter() - arrived),
                                  lambda: _close(events, release))
     except AdaLayersError as e:

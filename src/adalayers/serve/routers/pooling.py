@@ -42,9 +42,14 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
             raise OpenAIError(404, f"the model {req.model!r} is not a sequence head of this server; classify takes "
                                    f"one of: {', '.join(heads) or '(none loaded)'}", "model", "model_not_found")
         texts, pairs = _inputs(req.input, cfg, pairs=head.pairs)
-        results, tokens = await state.answer_texts(request, arrived, texts, pairs, [req.model])
+        guards = state.guards if state.guards and state.guards.rules else None
+        tasks = guards.text_tasks(side, [req.model], pairs is not None) if guards else [req.model]
+        results, tokens = await state.answer_texts(request, arrived, texts, pairs, tasks)
+        if guards:
+            guards.mark(results, texts, "/v1/classify", [req.model])  # rows that trip a --guard say so
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": req.model, "data": [_classification(i, head, r["tasks"][req.model])
+                "model": req.model, "data": [{**_classification(i, head, r["tasks"][req.model]),
+                                              **({"guard": r["guard"]} if "guard" in r else {})}
                                              for i, r in enumerate(results)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                           "prompt_tokens_details": None}}

@@ -33,7 +33,11 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
             raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
                                      f"(--max-texts)")
         texts, text_pairs = _split_pairs(req)
-        results, _ = await state.answer_texts(request, arrived, texts, text_pairs, req.tasks)
+        guards = state.guards
+        tasks = guards.text_tasks(side, req.tasks, text_pairs is not None) if guards else req.tasks
+        results, _ = await state.answer_texts(request, arrived, texts, text_pairs, tasks)
+        if guards and guards.rules:
+            guards.mark(results, texts, "/predict", req.tasks)  # rows that trip a --guard say so
         if not req.base:
             for r in results:
                 r.pop("base", None)
