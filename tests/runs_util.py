@@ -73,7 +73,7 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """`adalayers serve --base BASE --heads HEADS... FLAGS` under uvicorn in a subprocess on a free loopback
+    """`adalayers serve --base BASE --heads HEADS... FLAGS` (no heads: no --heads) under uvicorn in a subprocess on a free loopback
     port (this checkout's src first on PYTHONPATH), its output in ROOT_DIR/server-PORT.log."""
 
     def __init__(self, base, heads: list, root: Path, *flags: str):
@@ -82,7 +82,7 @@ class ServeProcess:
         self.logfile = Path(root) / f"server-{self.port}.log"
         self.log = open(self.logfile, "w")
         cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(base),
-               "--heads", *map(str, heads), "--port", str(self.port), "--threads", "1", *flags]
+               *(["--heads", *map(str, heads)] if heads else []), "--port", str(self.port), "--threads", "1", *flags]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 

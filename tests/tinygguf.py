@@ -15,7 +15,9 @@ def _byte_tokens() -> list[str]:
 
 
 def write_tiny_llama(path: Path, layers: int = 3, d: int = 64, heads: int = 4, kv_heads: int = 2,
-                     ff: int = 128, seed: int = 0) -> Path:
+                     ff: int = 128, seed: int = 0, chat_template: str | None = None) -> Path:
+    """`chat_template`: a Jinja chat template written into the metadata (tokenizer.chat_template), as an
+    instruction-tuned model's file has one; None: none, as a pretrained base's."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -45,6 +47,8 @@ def write_tiny_llama(path: Path, layers: int = 3, d: int = 64, heads: int = 4, k
     w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
     w.add_add_bos_token(True)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def t(name, *shape, scale=0.1):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))

@@ -25,11 +25,12 @@ def add_setting_flags(p) -> None:
     """One flag per ServeConfig field, its value stored under the field's name: a bool is a switch
     (--no-NAME turns off one that is on by default), anything else takes a value of the field's type."""
     for name, field in ServeConfig.model_fields.items():
+        flags = [serve_flag(name), *(field.json_schema_extra or {}).get("aliases", [])]
         if field.annotation is bool:
-            p.add_argument(serve_flag(name), dest=name, action="store_false" if field.default else "store_true",
+            p.add_argument(*flags, dest=name, action="store_false" if field.default else "store_true",
                            help=ServeConfig.help(name))
         else:
-            p.add_argument(serve_flag(name), dest=name, type=_flag_type(field.annotation), default=field.default,
+            p.add_argument(*flags, dest=name, type=_flag_type(field.annotation), default=field.default,
                            metavar=serve_metavar(name), help=ServeConfig.help(name))
 
 
@@ -37,14 +38,17 @@ def cmd_serve(args) -> int:
     import torch
     import uvicorn
 
+    from adalayers.errors import ConfigError
     from adalayers.infer.sidetasks import SideTasks
-    from adalayers.serve.app import create_app
+    from adalayers.serve.app import Loading, create_app
     from adalayers.serve.auth import read_api_key
     from adalayers.serve.limits import timed_h11
 
     cfg = ServeConfig(**{name: getattr(args, name) for name in ServeConfig.model_fields})
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
-    api_key = read_api_key(cfg.api_key_file)
+    if not args.heads and not args.base:
+        raise ConfigError("name the model to serve: --base BASE (and --heads RUN ... for side tasks)")
+    api_key = cfg.api_key or read_api_key(cfg.api_key_file)
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without an API key: anyone who can reach it can use it "
                     "(give --api-key-file, or put it behind a proxy that authenticates)", cfg.host)
@@ -52,14 +56,32 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(cfg.num_threads)
     if args.engine == "ray":
         return _serve_on_ray(args, cfg)
-    side = SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
-                          max_length=cfg.max_length, batch_size=cfg.max_batch, backend=args.backend,
-                          threads=cfg.num_threads)
-    print(f"serving {', '.join(side.names)} on {side.backbone.name} (fingerprint {side.backbone.fingerprint()}) "
-          f"at http://{cfg.host}:{cfg.port}  (docs: /docs{', playground: /' if cfg.ui else ''})", flush=True)
-    uvicorn.run(create_app(side, cfg, api_key), host=cfg.host, port=cfg.port, log_level=args.log_level,
-                http=timed_h11(cfg.read_timeout_s), timeout_keep_alive=cfg.keep_alive_s,
-                h11_max_incomplete_event_size=16 * 1024)  # request line + headers: 16 KiB at most
+
+    def load() -> SideTasks:
+        # without heads a prompt may fill the context; with them, the heads' model.max_length (or --max-length)
+        return SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
+                              max_length=cfg.max_length or (None if args.heads else cfg.ctx_size),
+                              batch_size=cfg.max_batch, backend=args.backend, threads=cfg.num_threads,
+                              ctx_size=cfg.ctx_size, parallel=cfg.parallel)
+
+    def ready(side: SideTasks) -> None:
+        print(f"serving {', '.join(side.names) or 'no side tasks'} on {side.backbone.name} (fingerprint "
+              f"{side.backbone.fingerprint()}) at http://{cfg.host}:{cfg.port}  (docs: /docs"
+              f"{', playground: /' if cfg.ui else ''})", flush=True)
+
+    def failed(error: BaseException) -> None:
+        server.should_exit = True  # the error is raised below, once the server has stopped
+
+    app = Loading(load, lambda side: create_app(side, cfg, api_key), ready, failed)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
+                                           http=timed_h11(cfg.read_timeout_s), timeout_keep_alive=cfg.keep_alive_s,
+                                           h11_max_incomplete_event_size=16 * 1024))  # request line + headers: 16 KiB
+    what = args.base or "the heads' base"
+    print(f"loading {what} for http://{cfg.host}:{cfg.port} (GET /health: 503 until it is ready, then 200)",
+          flush=True)
+    server.run()
+    if app.error is not None:
+        raise app.error
     return 0
 
 
@@ -94,8 +116,9 @@ def add_commands(sub) -> None:
     p.add_argument("--base", default=None,
                    help="the frozen base the heads were trained on: an alias, a model folder or a hub id "
                         "(default: the base the heads' run folders name, when they all name the same one)")
-    p.add_argument("--heads", nargs="+", required=True, metavar="RUN",
-                   help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name")
+    p.add_argument("--heads", nargs="*", default=[], metavar="RUN",
+                   help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name "
+                        "(none: a plain OpenAI-style server of the base, --base then required)")
     add_setting_flags(p)  # --host, --port, --max-batch, ... --no-ui: ServeConfig's fields
     p.add_argument("--backend", "--runtime", default="torch", choices=["torch", "onnx", "onnx-int8", "llama.cpp"],
                    help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "

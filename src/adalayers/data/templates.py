@@ -152,6 +152,44 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Tru
     return s[len(bos):] if bos and s.startswith(bos) else s
 
 
+def gguf_chat_template(base: str) -> str | None:
+    """The Jinja chat template in a GGUF base's own metadata (tokenizer.chat_template, what llama-server uses),
+    or None: the base is no GGUF file (an alias of one, or a .gguf path), or its file has none (a pretrained
+    base model, e.g. gemma3-270m). Both runtimes' tokenizers usually carry it already (transformers reads it
+    from the file); this reads it when a tokenizer does not."""
+    from adalayers.model import model_packages
+
+    if base in model_packages.SPLIT_GGUF:
+        path = model_packages.joined_gguf(base)
+    elif base.lower().endswith(".gguf"):
+        path = Path(base).expanduser()
+    else:
+        return None
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).get_field("tokenizer.chat_template")
+    except ImportError:
+        raise ModelError("reading a GGUF file's chat template needs the gguf package: pip install "
+                         "'adalayers[llm]'") from None
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read the metadata of {path}: {e}") from None
+    return field.contents() if field is not None else None
+
+
+def base_chat_template(tokenizer, base: str, given: str | None = None) -> str | None:
+    """The chat template a chat completion is rendered with: `given` (--chat-template), else None when the
+    tokenizer has its own, else the GGUF file's (gguf_chat_template); a ModelError, one line, when the base
+    has none at all (a pretrained base model: it continues text, it does not answer a conversation)."""
+    if given or getattr(tokenizer, "chat_template", None):
+        return given
+    found = gguf_chat_template(base)
+    if found:
+        return found
+    raise ModelError(f"{Path(base).name} is a pretrained base model without a chat template: use /v1/completions, "
+                     "or give the server --chat-template FILE")
+
+
 def read_chat_template(path: str | None) -> str | None:
     """The Jinja chat template in the file `path` (None: none given); ConfigError when it cannot be read."""
     if path is None:

@@ -9,6 +9,7 @@
     serve/routers/       one module per endpoint group, each with add_routes(app, state):
         predict.py       POST /predict, GET /tasks
         health.py        GET /health (liveness, counters, memory; open even when an API key is set)
+        metrics.py       GET /metrics (Prometheus' text format; serve/metrics.py), every answer counted
         generate.py      POST /generate, /generate/stream (decoder LLM bases)
         openai.py        GET /v1/models, POST /v1/chat/completions, /v1/completions (OpenAI-compatible)
         pooling.py       POST /v1/classify (vLLM's shape), /v1/embeddings (OpenAI's)
@@ -16,11 +17,17 @@
 
 GET /openapi.json, /docs and /redoc load their scripts from the package (no CDN). A new endpoint group
 is a new module in routers/ with add_routes(app, state), and one entry in ROUTERS.
+
+`adalayers serve` binds first and loads after (Loading, as llama-server does): until the base and heads are
+loaded every request is answered 503 (GET /health: {"status": "loading"}), then the app above answers.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import threading
+from typing import Callable
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -30,11 +37,12 @@ from adalayers.serve.auth import BearerAuth
 from adalayers.serve.batcher import Batcher
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.limits import BodyLimit, add_error_handlers, max_body_bytes
-from adalayers.serve.routers import generate, health, openai, pooling, predict, ui
+from adalayers.serve.routers import generate, health, metrics, openai, pooling, predict, ui
 from adalayers.serve.state import ServeState
 
-# in this order: the /v1 routers add their error-shaping middleware after the app's own (outermost)
-ROUTERS = (predict, generate, ui, openai, pooling, health)
+# in this order: the /v1 routers add their error-shaping middleware after the app's own; metrics' counting one
+# comes last (outermost: it sees every answer)
+ROUTERS = (predict, generate, ui, openai, pooling, health, metrics)
 
 
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
@@ -67,3 +75,77 @@ def _lifespan(batcher):
         with contextlib.suppress(asyncio.CancelledError):
             await worker
     return lifespan
+
+
+class Loading:
+    """An ASGI app that answers at once and becomes `build(load())` once load() has run (in a thread, after the
+    server's startup): until then every HTTP request is a 503 with Retry-After (GET /health: {"status":
+    "loading"}, as llama-server's). The built app's own lifespan (its batcher's worker) runs from then until
+    shutdown. on_ready(side) runs once it answers; a failing load calls on_failure(error) (the CLI stops the
+    server and reports the error) and keeps answering 503."""
+
+    def __init__(self, load: Callable[[], SideTasks], build: Callable[[SideTasks], FastAPI],
+                 on_ready: Callable[[SideTasks], None] = lambda side: None,
+                 on_failure: Callable[[BaseException], None] = lambda error: None):
+        self.load, self.build, self.on_ready, self.on_failure = load, build, on_ready, on_failure
+        self.app: FastAPI | None = None
+        self.error: BaseException | None = None
+        self._task: asyncio.Task | None = None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if self.app is not None:
+            return await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await send({"type": "websocket.close", "code": 1013})
+        loading = scope["path"] == "/health"
+        body = json.dumps({"status": "loading"} if loading else
+                          {"error": {"message": "the model is loading; retry later", "type": "unavailable_error",
+                                     "param": None, "code": 503}}).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _lifespan(self, receive, send) -> None:
+        stop = asyncio.Event()
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._task = asyncio.create_task(self._serve(stop))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                stop.set()
+                if self._task is not None:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        loop, loaded = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+
+        def load():  # a daemon thread: a server stopped while loading exits without waiting for the load
+            try:
+                side = self.load()
+                loop.call_soon_threadsafe(lambda: loaded.done() or loaded.set_result(side))
+            except BaseException as e:  # noqa: BLE001  (handed to the event loop)
+                loop.call_soon_threadsafe(lambda: loaded.done() or loaded.set_exception(e))
+
+        threading.Thread(target=load, name="adalayers-load", daemon=True).start()
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({loaded, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not loaded.done():
+            return  # shut down while loading
+        waiter.cancel()
+        try:
+            app = self.build(loaded.result())
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+            self.on_failure(e)
+            return
+        async with app.router.lifespan_context(app):
+            self.app = app
+            self.on_ready(app.state.side)
+            await stop.wait()

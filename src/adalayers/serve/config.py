@@ -5,7 +5,8 @@ all come from the field:
 
     flag     --field-name without a trailing _s (max_wait_ms -> --max-wait-ms, request_timeout_s ->
              --request-timeout); a bool that is on by default: --no-field-name turns it off; or the
-             field's json_schema_extra "flag" (num_threads -> --threads)
+             field's json_schema_extra "flag" (num_threads -> --threads); its "aliases": more names of the
+             same flag (llama-server's short ones: -c, -np, -t)
     metavar  SECONDS for a field ending in _s, else the json_schema_extra "metavar", else argparse's
     help     the field's description and its default; for a --no-NAME flag, the json_schema_extra "off":
              what turning the setting off does
@@ -62,7 +63,20 @@ class ServeConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = Field(None, ge=1, description="CPU threads: torch's, and the ONNX Runtime or llama.cpp "
                                                             "engine's (None = each one's default).",
-                                    json_schema_extra={"flag": "--threads"})
+                                    json_schema_extra={"flag": "--threads", "aliases": ["-t"]})
+    ctx_size: int = Field(4096, ge=64, description="Context of the generations, in tokens (llama-server's --ctx-size): "
+                                                   "a prompt and its max_tokens fit in it; on --runtime llama.cpp the "
+                                                   "KV cache all running generations share (the passes of /predict "
+                                                   "and /v1/embeddings get as much again beside it).",
+                          json_schema_extra={"aliases": ["-c"], "metavar": "TOKENS"})
+    parallel: int | None = Field(None, ge=1, description="Generations decoding together at most (llama-server's "
+                                                         "--parallel slots); more wait in the queue (None: "
+                                                         "--max-batch, and 16 on --runtime llama.cpp).",
+                                 json_schema_extra={"aliases": ["-np"], "metavar": "N"})
+    pooling: Literal["mean", "last"] = Field("mean", description="/v1/embeddings of a decoder base (llama-server's "
+                                                                 "--pooling): the mean of the last layer's states "
+                                                                 "over the text's tokens, or the last token's state; "
+                                                                 "L2-normalized.")
     max_tokens: int = Field(16_384, ge=1, description="Tokens per request (plain rows plus token-head windows); "
                                                       "more is answered 413.")
     max_batch_tokens: int = Field(16_384, ge=1, description="Tokens per base pass: a batch stops growing at this "
@@ -84,6 +98,11 @@ class ServeConfig(BaseModel):
     api_key_file: str | None = Field(None, description="File holding the bearer token every request must send "
                                                        "(Authorization: Bearer TOKEN); ADALAYERS_API_KEY works too.",
                                      json_schema_extra={"metavar": "FILE"})
+    api_key: str | None = Field(None, min_length=16, pattern=r"^[!-~]+$", description="The bearer token itself (llama-server's --api-key; "
+                                                                "other users of the machine can read a command "
+                                                                "line: --api-key-file keeps it off); one printable "
+                                                                "word of 16 characters or more.",
+                                json_schema_extra={"metavar": "KEY"})
     ui: bool = Field(True, description="Serve the playground page at GET / (heads, a text box, streamed "
                                        "generation); off: the API alone.",
                      json_schema_extra={"off": "leave out the playground page at GET / (default: served; see "

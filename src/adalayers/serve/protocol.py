@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adalayers.serve.limits import FiniteRequest
 
-MAX_NEW_TOKENS = 256  # tokens one generation request may ask for (/generate, /v1/*completions)
+MAX_NEW_TOKENS = 256  # tokens a /generate request may ask for; a chat completion's default max_tokens
 
 
 # --- /predict ---------------------------------------------------------------------------------------
@@ -113,6 +113,8 @@ class OpenAIRequest(FiniteRequest):
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
     logprobs: bool | int | None = None
+    ignore_eos: bool | None = Field(None, description="Generate max_tokens tokens, past the end-of-text token "
+                                                      "(llama-server's and vLLM's field; for benchmarks).")
     adalayers: SideOptions | None = None
 
     def stops(self) -> list[str]:
@@ -184,13 +186,13 @@ def unsupported(req: BaseModel) -> OpenAIError | None:
     return None
 
 
-def max_new_tokens(req: ChatRequest | CompletionRequest) -> int:
-    """max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat);
-    more than MAX_NEW_TOKENS is a 400."""
-    default = MAX_NEW_TOKENS if isinstance(req, ChatRequest) else 16
+def max_new_tokens(req: ChatRequest | CompletionRequest, limit: int = MAX_NEW_TOKENS) -> int:
+    """max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat, at most
+    `limit`); more than `limit` (the server's context, --ctx-size) is a 400."""
+    default = min(MAX_NEW_TOKENS, limit) if isinstance(req, ChatRequest) else 16
     asked = getattr(req, "max_completion_tokens", None) or req.max_tokens or default
-    if asked > MAX_NEW_TOKENS:
+    if asked > limit:
         param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-        raise OpenAIError(400, f"{param} is {asked}; adalayers serve generates at most {MAX_NEW_TOKENS} tokens "
-                               "per completion", param, "unsupported_value")
+        raise OpenAIError(400, f"{param} is {asked}; this server's context holds {limit} tokens (--ctx-size), "
+                               "prompt included", param, "context_length_exceeded")
     return asked

@@ -22,6 +22,7 @@ from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.batcher import Batcher, Busy
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.limits import client_gone
+from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
 from adalayers.textcheck import text_problem
 
@@ -36,7 +37,8 @@ def scheduler(side, cfg) -> Scheduler | None:
     """The continuous-batching scheduler (serve/scheduler.py) the service generates through, or None: with
     cfg.continuous_batching off (or a runtime that cannot merge caches), infer/generate.stream per request
     (each alone, taking turns between steps)."""
-    return Scheduler(side, cfg.max_batch) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
+    rows = cfg.parallel or cfg.max_batch  # rows decoding together at most
+    return Scheduler(side, rows) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
 
 
 @dataclass
@@ -50,6 +52,7 @@ class ServeState:
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
+    metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (serve/metrics.py); decode reports to it
 
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
@@ -57,7 +60,9 @@ class ServeState:
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
         decode = sched.stream if sched is not None else functools.partial(stream, side)
-        return cls(side, cfg, batcher, decode, public_name(side.backbone.name), scheduler=sched)
+        metrics = Metrics()
+        return cls(side, cfg, batcher, metrics.watching(decode), public_name(side.backbone.name), scheduler=sched,
+                   metrics=metrics)
 
     def busy(self) -> HTTPException:
         """The 503 of a full queue, with the Retry-After the batcher expects."""
@@ -105,6 +110,25 @@ class ServeState:
             raise HTTPException(500, f"server-side error: {e}") from None
         except Exception as e:  # noqa: BLE001  (logged by the batcher)
             raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
+
+    async def embed_texts(self, texts: list[str], arrived: float) -> tuple[list[list[float]], int]:
+        """A decoder base's embeddings (SideTasks.embed, --pooling) and the tokens run: the texts checked as
+        answer_texts checks them, counted under --max-queue, answered within --request-timeout (else 503)."""
+        _, per_text = await self._checked(texts, None, [])
+        release = self.batcher.admit() if hasattr(self.batcher, "admit") else (lambda: None)
+        if release is None:
+            raise self.busy()
+        work = asyncio.ensure_future(asyncio.to_thread(self.side.embed, texts, self.cfg.pooling))
+        work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it ends
+        done, _ = await asyncio.wait({work}, timeout=max(0.0, self.cfg.request_timeout_s - (time.perf_counter()
+                                                                                          - arrived)))
+        if not done:
+            self.batcher.expired += 1
+            raise self.expired()
+        try:
+            return work.result(), sum(per_text)
+        except DataError as e:
+            raise HTTPException(422, str(e)) from None
 
     async def _checked(self, texts: list[str], text_pairs: list[str] | None,
                        tasks: list[str] | None) -> tuple[list[str], list[int]]:

@@ -25,14 +25,14 @@ import weakref
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from adalayers.errors import AdaLayersError
+from adalayers.errors import AdaLayersError, ModelError
 from adalayers.kinds import TaskKind
 from adalayers.serve.completions import Completion
 from adalayers.serve.deadlines import within
 from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
                                       max_new_tokens, unsupported)
 from adalayers.serve.state import ServeState
-from adalayers.data.templates import chat_text, read_chat_template
+from adalayers.data.templates import base_chat_template, chat_text, read_chat_template
 from adalayers.textcheck import text_problem
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -44,7 +44,11 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
     side, cfg, name, generate = state.side, state.cfg, state.name, state.decode  # /generate's decoder, shared
     install_errors(app)
     slots, started = Slots(cfg.max_queue, state.batcher), int(time.time())
-    template = read_chat_template(cfg.chat_template)  # None: the tokenizer's own
+    try:  # --chat-template, else the tokenizer's own (None), else the GGUF file's; none: chat is a 400
+        template, no_chat = base_chat_template(side.backbone.tokenizer, side.backbone.name,
+                                               read_chat_template(cfg.chat_template)), None
+    except ModelError as e:
+        template, no_chat = None, str(e)
 
     @app.get("/v1/models")
     async def models():
@@ -55,21 +59,24 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest):
-        _check(req, side, name)
+        _check(req, side, name, cfg.ctx_size)
+        if no_chat:
+            raise OpenAIError(400, no_chat, "model", "model_not_supported")
         prompt = _chat_prompt(req.messages, side, cfg, template)
+        _fits(side, prompt, "the conversation", "messages", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
         return await _generate(generate, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
                                                                            side.backbone.tokenizer),
-                               cfg.request_timeout_s)
+                               cfg.request_timeout_s, cfg.ctx_size)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        _check(req, side, name)
+        _check(req, side, name, cfg.ctx_size)
         prompts = _prompts(req.prompt, cfg)
         for i, p in enumerate(prompts):
-            _fits(side, p, f"prompt {i + 1}", "prompt")
+            _fits(side, p, f"prompt {i + 1}", "prompt", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
         return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
                                                                           side.backbone.tokenizer),
-                               cfg.request_timeout_s)
+                               cfg.request_timeout_s, cfg.ctx_size)
 
 
 def install_errors(app: FastAPI) -> None:
@@ -113,7 +120,7 @@ class Slots:
         return release
 
 
-def _check(req: OpenAIRequest, side, name: str) -> None:
+def _check(req: OpenAIRequest, side, name: str, ctx_size: int) -> None:
     """What every generation request must be: supported fields, this server's model, a decoder base,
     at most 4 non-empty stop strings, known side tasks."""
     problem = unsupported(req)
@@ -136,7 +143,7 @@ def _check(req: OpenAIRequest, side, name: str) -> None:
         if unknown:
             raise OpenAIError(400, f"unknown side task(s): {', '.join(unknown)}; known: {', '.join(side.names)}",
                               "adalayers")
-    max_new_tokens(req)
+    max_new_tokens(req, ctx_size)
 
 
 def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
@@ -157,7 +164,6 @@ def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
         prompt = chat_text(side.backbone.tokenizer, conversation, template=template)
     except AdaLayersError as e:
         raise OpenAIError(400, f"the base's chat template: {e}; or use /v1/completions", "messages") from None
-    _fits(side, prompt, "the conversation", "messages")
     return prompt
 
 
@@ -200,16 +206,20 @@ def _prompts(prompt, cfg) -> list[str]:
     return prompts
 
 
-def _fits(side, text: str, what: str, param: str) -> None:
-    """Refuse a prompt the base would read truncated (its tokens past the server's max length)."""
+def _fits(side, text: str, what: str, param: str, new_tokens: int, ctx_size: int) -> None:
+    """Refuse a prompt the base would read truncated (its tokens past the server's max length), or one whose
+    answer of new_tokens would not fit the context (--ctx-size)."""
     n = len(side.backbone.tokenizer(text)["input_ids"])
     if n > side.max_length:
         raise OpenAIError(400, f"{what} has {n} tokens; this server reads at most {side.max_length} "
                                "(--max-length, or the heads' model.max_length)", param, "context_length_exceeded")
+    if n + new_tokens > ctx_size:
+        raise OpenAIError(400, f"{what} has {n} tokens and max_tokens is {new_tokens}: {n + new_tokens} tokens; the "
+                               f"context holds {ctx_size} (--ctx-size)", param, "context_length_exceeded")
 
 
 async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion,
-                    timeout_s: float):
+                    timeout_s: float, ctx_size: int):
     """Run `generate` (Scheduler.stream, or infer/generate.stream) for the prompts; a bad request is a 400
     before any token is generated. Its start (the prefill, after any wait for room) within timeout_s
     (--request-timeout), else 503 and the request leaves the queue; once it runs, it runs to its end (or until
@@ -218,7 +228,8 @@ async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[st
     opts = req.adalayers
     shape.side_tasks, shape.stops = opts is not None, req.stops()
     shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    kwargs = dict(max_new_tokens=max_new_tokens(req), tasks=opts.tasks if opts else [], **req.sampling(),
+    kwargs = dict(max_new_tokens=max_new_tokens(req, ctx_size), tasks=opts.tasks if opts else [], **req.sampling(),
+                  ignore_eos=bool(req.ignore_eos),
                   stop=shape.stops, raw=True, steps=bool(opts and opts.steps),
                   answer_only=opts.answer_only if opts else [],
                   guard={n: (g.label, g.threshold) for n, g in ((opts.guard or {}) if opts else {}).items()})

@@ -1,4 +1,5 @@
-"""POST /v1/classify (vLLM's shape, every sequence head) and POST /v1/embeddings (OpenAI's, encoder bases).
+"""POST /v1/classify (vLLM's shape, every sequence head) and POST /v1/embeddings (OpenAI's; encoder bases, and
+decoder bases pooled as llama-server pools them: --pooling mean or last, SideTasks.embed).
 
     /v1/classify   {"model": HEAD, "input": ["text", ...] or [["text", "second"], ...] for a pair head}
                    -> {"id", "object": "list", "created", "model", "usage",
@@ -9,7 +10,8 @@
 
 Both are /predict underneath (ServeState.answer_texts): the same limits, batching with every other
 request, deadline and text rules, so a classify answer equals /predict's for that head and an
-embedding equals /predict's "base" output.
+encoder's embedding equals /predict's "base" output. A decoder's embeddings run on their own pass
+(ServeState.embed_texts): the same limits, --max-queue and deadline.
 """
 from __future__ import annotations
 
@@ -54,13 +56,15 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         if req.model != name:
             raise OpenAIError(404, f"the model {req.model!r} does not exist; this server embeds with {name!r}",
                               "model", "model_not_found")
-        if side.backbone.is_causal or not side.primary:
-            why = "is a decoder LLM" if side.backbone.is_causal else "runs without its own output (--no-primary)"
-            raise OpenAIError(400, f"the base {name} {why}: /v1/embeddings needs an encoder base's sentence "
-                                   "embedding", "model", "unsupported_model")
+        if not side.backbone.is_causal and not side.primary:
+            raise OpenAIError(400, f"the base {name} runs without its own output (--no-primary): /v1/embeddings "
+                                   "needs an encoder base's sentence embedding", "model", "unsupported_model")
         texts, _ = _inputs(req.input, cfg)
-        results, tokens = await state.answer_texts(request, arrived, texts, None, [])
-        vectors = [(r.get("base") or {}).get("embedding") for r in results]
+        if side.backbone.is_causal:  # a decoder's last state, pooled (--pooling), as llama-server embeds
+            vectors, tokens = await state.embed_texts(texts, arrived)
+        else:
+            results, tokens = await state.answer_texts(request, arrived, texts, None, [])
+            vectors = [(r.get("base") or {}).get("embedding") for r in results]
         if any(v is None for v in vectors):
             raise OpenAIError(400, f"the base {name} has a task head of its own: it gives no sentence embedding",
                               "model", "unsupported_model")
