@@ -8,6 +8,7 @@ Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the sam
     adalayers           adalayers serve --runtime llama.cpp, no heads
     adalayers+4heads    the same with four heads (two sequence heads, a token head, and a sequence head read
                         at every step as a guard whose threshold is never reached), every head asked per request
+                        (--head-names: other run folders)
 
 Loads: C concurrent streaming clients (the real `openai` AsyncOpenAI client, one completion each, temperature
 0, --new tokens, `ignore_eos` where the server accepts it; the real counts are recorded), prompts of mixed
@@ -21,7 +22,7 @@ ratios taken side by side keep the comparison fair); the JSON holds every repeat
     benchmarks/build_llama_server.sh
     nice -n 10 python benchmarks/llm_server.py train-heads --base gemma3-270m      # runs/llm_server/gemma3-270m
     nice -n 10 python benchmarks/llm_server.py run --base gemma3-270m --threads 2 --clients 1,4,8,16 --repeats 3
-    python benchmarks/llm_server_table.py benchmarks/results/llm_server/gemma3-270m_t2.json   # markdown
+    python benchmarks/llm_server_table.py benchmarks/results/llm_server/gemma3-270m_t2.json   # markdown (the run writes BASE_tTHREADS.json)
 """
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ HEADS = {  # run folder -> adalayers train arguments (quality is not the point: 
     "conll2003": ["configs/conll.yaml"],
     "sst2": ["configs/cola.yaml", "--set", "task.name=sst2"],   # the guard
 }
-GUARD = "sst2"
 
 
 def gguf_path(base: str) -> Path:
@@ -74,15 +74,18 @@ def adalayers_flags() -> str:
                           text=True, env=_env()).stdout
 
 
-LIBS = {"own": True}  # run every server on the llama.cpp build of build_llama_server.sh (--pip-libs: not)
+BUILD = Path(os.environ.get("LLAMA_SERVER_CACHE", Path.home() / ".cache/adalayers/llama-server/0.3.36")) / "build/bin"
+LIBS: dict = {"dir": BUILD}  # llama.cpp's shared libraries of build_llama_server.sh's build (--pip-libs: None)
 
 
 def _env() -> dict:
     """The servers' environment: this checkout's src, offline, and (unless --pip-libs) LLAMA_CPP_LIB_PATH at the
     shared libraries built beside llama-server, so that all four servers run one build of llama.cpp."""
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
-    if LIBS["own"]:
-        env["LLAMA_CPP_LIB_PATH"] = str(llama_server_bin().parent)
+    if LIBS["dir"] is not None:
+        if not (LIBS["dir"] / "libllama.so").is_file():
+            sys.exit(f"no libllama.so in {LIBS['dir']}: run benchmarks/build_llama_server.sh (or --pip-libs)")
+        env["LLAMA_CPP_LIB_PATH"] = str(LIBS["dir"])
     return env
 
 
@@ -156,12 +159,12 @@ def start(name: str, args, heads: list[Path], logdir: Path) -> tuple[subprocess.
 def extra_body(name: str, url: str, model: str, heads: list[Path], new: int) -> dict:
     """ignore_eos where the server accepts it (a short probe: a 4xx means it does not; llama-cpp-python:
     min_tokens = new, its own way to the same count, a logits processor in Python); the side tasks for
-    adalayers+4heads: every head, and the guard on GUARD's first label at probability 1.0 (never reached)."""
+    adalayers+4heads: every head, and the guard on the last head's first label at probability 1.0 (never reached)."""
     extra = {}
     if name == "adalayers+4heads":
         labels = json.loads((heads[-1] / "config.json").read_text())["labels"]
         extra["adalayers"] = {"tasks": [h.name for h in heads],
-                              "guard": {GUARD: {"label": labels[0], "threshold": 1.0}}}
+                              "guard": {heads[-1].name: {"label": labels[0], "threshold": 1.0}}}
     if name == "llama-cpp-python":  # no ignore_eos (unknown fields are dropped silently): its own min_tokens
         return {"min_tokens": new}
     r = httpx.post(f"{url}/v1/completions", timeout=600, json={"model": model, "prompt": "Hello", "max_tokens": 4,
@@ -248,7 +251,8 @@ def _div(a, b):
 
 def run(args) -> None:
     servers = args.servers
-    heads = [args.heads_dir / args.base / h for h in HEADS] if "adalayers+4heads" in servers else []
+    names = args.head_names or list(HEADS)
+    heads = [args.heads_dir / args.base / h for h in names] if "adalayers+4heads" in servers else []
     missing = [h for h in heads if not (h / "config.json").is_file()]
     if missing:
         sys.exit(f"no trained head in {missing[0]}: run `python benchmarks/llm_server.py train-heads --base {args.base}`")
@@ -282,7 +286,9 @@ def run(args) -> None:
                               "python": platform.python_version()},
                   "medians": med, "ratios": rat, "goals": goals(rat), "repeats": repeats}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        # no machine's absolute paths in a results file: the checkout is ".", the home folder "~"
+        text = json.dumps(result, indent=1).replace(sys.executable, "python")
+        out.write_text(text.replace(str(ROOT), ".").replace(str(Path.home()), "~") + "\n")
         log.info("wrote %s", out)
 
 
@@ -313,6 +319,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--servers", type=lambda s: s.split(","), default=list(SERVERS))
     p.add_argument("--heads-dir", type=Path, default=ROOT / "runs" / "llm_server")
+    p.add_argument("--head-names", type=lambda s: s.split(","), default=None,
+                   help="the run folders in --heads-dir/BASE that (d) serves, the last one the guard (default: "
+                        "the four train-heads trains)")
     p.add_argument("--timeout", type=float, default=900, help="seconds a client waits for its completion")
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llm_server" / "x",
@@ -320,10 +329,11 @@ def main() -> None:
     p.add_argument("--train-examples", type=int, default=400)
     p.add_argument("--eval-examples", type=int, default=200)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--libs", type=Path, default=BUILD, help="the folder of llama.cpp's shared libraries for (b)-(d)")
     p.add_argument("--pip-libs", action="store_true", help="llama-cpp-python's own llama.cpp libraries for (b)-(d) "
                    "(default: the libraries built with llama-server, one build for all four)")
     args = p.parse_args()
-    LIBS["own"] = not args.pip_libs
+    LIBS["dir"] = None if args.pip_libs else args.libs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if len(args.lengths) < max(args.clients):
         p.error(f"--lengths gives {len(args.lengths)} prompts, fewer than {max(args.clients)} clients")
