@@ -94,7 +94,7 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
     t, ctx, gguf = str(args.threads_now), str(args.ctx_size), str(gguf_path(args.base))
     if name == "llama-server":
         return [str(llama_server_bin()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", t, "-tb", t,
-                "-c", ctx, "-np", str(max(args.clients))]
+                "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else [])]
     if name == "llama-cpp-python":
         return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port",
                 str(port), "--n_threads", t, "--n_threads_batch", t, "--n_ctx", ctx]
@@ -330,6 +330,8 @@ def main() -> None:
     p.add_argument("--eval-examples", type=int, default=200)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--libs", type=Path, default=BUILD, help="the folder of llama.cpp's shared libraries for (b)-(d)")
+    p.add_argument("--no-repack", action="store_true", help="llama-server without extra (repacked) weight buffers, "
+                   "as adalayers' runtime runs where llama-cpp-python's own ggml reports AMX (infer/llamacpp.py)")
     p.add_argument("--pip-libs", action="store_true", help="llama-cpp-python's own llama.cpp libraries for (b)-(d) "
                    "(default: the libraries built with llama-server, one build for all four)")
     args = p.parse_args()
