@@ -330,6 +330,38 @@ def test_generations_stay_within_their_share_of_the_context(both):
     ours.engine.release(held)
 
 
+def test_a_burst_of_prompts_over_one_batch_is_prefilled_in_groups(both, tiny):
+    """Scheduler on llama.cpp with a small n_batch (runtime.prefill_tokens): waiting requests whose prompts
+    together exceed one llama_decode are prefilled in groups, one group between two decode steps, and answer as
+    each alone; a request whose own prompts exceed it is refused in one line before it is queued."""
+    from adalayers.errors import DataError
+    from adalayers.infer.llamacpp import LlamaCpp
+    from adalayers.infer.sidetasks import SideTasks
+    from adalayers.serve.scheduler import Scheduler
+
+    reference, ours = both
+    engine = LlamaCpp(tiny, n_ctx=1024, n_seq=8, n_batch=96, threads=1)
+    small = LlamaCppBackbone(engine, ours.tokenizer, ours.name, ours.path)
+    side = SideTasks(small, _heads(reference))
+    assert small.prefill_tokens() == 96
+    text = "the cat sat on the mat and a man in the other room"
+    prompts = [" ".join([text] * 2), text + " there", " ".join([text] * 2) + " the cat"]
+    lengths = [len(i) for i in small.tokenizer(prompts)["input_ids"]]
+    assert max(lengths) <= 96 < sum(lengths[1:])  # each fits one decode, the waiting ones together do not
+    requests = [(["the cat"], dict(max_new_tokens=30, ignore_eos=True))] + [
+        ([p], dict(max_new_tokens=6, ignore_eos=True)) for p in prompts]
+    scheduler = Scheduler(side, max_rows=engine.n_seq)
+    sizes, got = _stream_together(scheduler, requests)
+    grew = [b for a, b in zip(sizes, sizes[1:]) if b > a]
+    assert len(grew) >= 2  # the waiting rows joined over several steps
+    for (p, kw), events in zip(requests, got):
+        assert events[-1]["results"][0]["token_ids"] == side.generate(p, **kw)[0]["token_ids"]
+    with pytest.raises(DataError, match="one prefill on this runtime takes at most 96"):
+        scheduler.stream(prompts[:2], max_new_tokens=2)
+    held = engine.acquire(engine.n_seq)  # every sequence was given back
+    engine.release(held)
+
+
 _USER_CACHE = os.environ.get("ADALAYERS_CACHE")  # before the module's fixtures point it at a test folder
 
 

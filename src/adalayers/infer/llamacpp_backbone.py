@@ -31,6 +31,7 @@ from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path  # noqa: F401  (gg
 from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
+MAX_BATCH = 4096  # tokens of one llama_decode at most (n_batch = n_ubatch), whatever the context
 
 
 class LlamaCppBackbone(TappedRuntime):
@@ -56,7 +57,11 @@ class LlamaCppBackbone(TappedRuntime):
         from transformers import AutoTokenizer
 
         path = gguf_path(name)
-        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=n_ctx, threads=threads, read_states=read_states)
+        # one decode takes at most n_batch tokens in one graph (the eval callback needs n_ubatch = n_batch), and
+        # llama.cpp reserves its compute buffer for n_ubatch tokens' logits (Gemma 3: 1 MB a token): a larger
+        # context does not make the batch larger (at n_ctx 32768 the context could not be made at all)
+        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, MAX_BATCH), threads=threads,
+                          read_states=read_states)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         except (OSError, ValueError, KeyError) as e:
@@ -78,6 +83,10 @@ class LlamaCppBackbone(TappedRuntime):
         """(sequences, KV tokens) of the context left to generations beside the passes' share (above)."""
         engine = self.engine
         return engine.n_seq - engine.n_seq // 2, max(0, engine.n_ctx - max(engine.n_ctx // 2, max_length))
+
+    def prefill_tokens(self) -> int:
+        """One prefill is one llama_decode: at most n_batch tokens (serve's scheduler prefills in groups)."""
+        return self.engine.n_batch
 
     def usage(self) -> dict:
         return {"llamacpp_sequences": self.engine.n_seq, "llamacpp_sequences_free": self.engine.free_sequences}

@@ -7,6 +7,8 @@
     runtime.decoder()                     -> prefill and decode steps for generation (Decoder), or a ModelError
     runtime.generation_room(max_length)   -> (rows, KV tokens) generation may hold at once beside the passes,
                                              or None (no fixed room: transformers' cache grows in memory)
+    runtime.prefill_tokens()              -> prompt tokens one prefill may hold at most (llama.cpp: its n_batch),
+                                             or None (no limit)
     runtime.usage()                       -> what a fixed-size runtime holds now, for /health ({} by default)
     runtime.base                          -> what the doors read of the base: name, tokenizer, fingerprint(),
                                              num_layers, hidden_size, device, is_causal
@@ -116,6 +118,10 @@ class Runtime(ABC):
     def generation_room(self, max_length: int) -> tuple[int, int] | None:
         """(rows, KV tokens) that running generations may hold at once while passes over texts of up to
         max_length tokens run beside them; None: no fixed room."""
+        return None
+
+    def prefill_tokens(self) -> int | None:
+        """Prompt tokens (all rows together) that one prefill may hold at most; None: no limit."""
         return None
 
     def usage(self) -> dict:

@@ -21,6 +21,11 @@ runtime.generation_room(max_length) = (rows, tokens): a request is admitted only
 and it fit, each row counted at its most (its prompt's tokens + max_new_tokens), so the passes' share stays
 free. A request that does not fit now waits at the head of the queue (requests behind it wait too: first
 come, first served) until rows leave; one that can never fit is refused before it is queued (DataError).
+
+Prefill in groups. A runtime whose prefill takes a bounded number of prompt tokens (llama.cpp: one llama_decode
+of n_batch tokens, runtime.prefill_tokens()) gets the waiting requests in groups of at most that many prompt
+tokens, one group between two decode steps: a burst of long prompts neither overflows the batch nor holds the
+running rows for all its prompts at once. A request whose own prompts exceed it is refused before it is queued.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ class Scheduler:
         self.room = side.runtime.generation_room(side.max_length)  # (rows, KV tokens) or None
         if self.room is not None:
             self.max_rows = min(max_rows, self.room[0])
+        self.prefill_limit = side.runtime.prefill_tokens()  # prompt tokens of one prefill at most, or None
         self.loop = Generation(side)
         self.waiting: queue.Queue = queue.Queue()
         self._next: tuple[Job, int] | None = None  # taken from the queue, waiting for room
@@ -66,24 +72,29 @@ class Scheduler:
         """infer/generate.stream's events for this request, decoded together with every other running one.
         A bad request, or one that can never fit the room, raises here (DataError, ModelError), before it is queued."""
         job = Job(self.side, prompts, **kw)
-        need = self._tokens(job)
+        need, prompt = self._tokens(job)
         if self.room is not None and (len(job.prompts) > self.room[0] or need > self.room[1]):
             raise DataError(f"the request needs {len(job.prompts)} sequence(s) and {need} KV tokens (prompt tokens + "
                             f"max_new_tokens per prompt); generations on this runtime hold at most {self.room[0]} "
                             f"sequences and {self.room[1]} KV tokens (the context less /predict's share)")
+        if self.prefill_limit is not None and prompt > self.prefill_limit:
+            raise DataError(f"the request's prompts have {prompt} tokens; one prefill on this runtime takes at most "
+                            f"{self.prefill_limit}")
         with self._start:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="adalayers-scheduler", daemon=True)
                 self._thread.start()
-        self.waiting.put((job, need))
+        self.waiting.put((job, need, prompt))
         return Stream(_events(job), job)
 
-    def _tokens(self, job: Job) -> int:
-        """The KV tokens the job's rows hold at most: each prompt's tokens (as the prefill cuts them) + max_new."""
-        if self.room is None:
-            return 0
+    def _tokens(self, job: Job) -> tuple[int, int]:
+        """(the KV tokens the job's rows hold at most: each prompt's tokens (as the prefill cuts them) + max_new,
+        its prompt tokens); (0, 0) on a runtime with neither a fixed room nor a prefill limit."""
+        if self.room is None and self.prefill_limit is None:
+            return 0, 0
         ids = self.side.backbone.tokenizer(job.wrapped, truncation=True, max_length=self.side.max_length)["input_ids"]
-        return sum(len(i) + job.max_new for i in ids)
+        prompt = sum(len(i) for i in ids)
+        return prompt + job.max_new * len(ids), prompt
 
     def _fits(self, rows: int, tokens: int) -> bool:
         return rows <= self.max_rows and (self.room is None or tokens <= self.room[1])
@@ -115,19 +126,21 @@ class Scheduler:
             batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.owner.cancelled.is_set()])
             batch = batch if batch.rows else None
         jobs, rows = [], batch.rows if batch is not None else []
-        held, tokens = len(rows), sum(_held(r) for r in rows)
+        held, tokens, prompts = len(rows), sum(_held(r) for r in rows), 0
         while True:
             if self._next is None:
                 try:
                     self._next = self.waiting.get(block=batch is None and not jobs)
                 except queue.Empty:
                     break
-            job, need = self._next
+            job, need, prompt = self._next
             if not job.cancelled.is_set():
                 if (batch is not None or jobs) and not self._fits(held + len(job.prompts), tokens + need):
                     break  # waits (at the head of the queue) until rows leave
+                if jobs and self.prefill_limit is not None and prompts + prompt > self.prefill_limit:
+                    break  # the next group's: prefilled after the next decode step
                 jobs.append(job)
-                held, tokens = held + len(job.prompts), tokens + need
+                held, tokens, prompts = held + len(job.prompts), tokens + need, prompts + prompt
             self._next = None
         for new in self._prefilled(jobs):
             batch = new if batch is None else batch.merge(new)
