@@ -239,7 +239,7 @@ def trained(tmp_path_factory):
 
 
 def _files(folder) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_a_finished_run_is_refused_without_overwrite_and_swapped_whole_with_it(trained, tmp_path):

@@ -28,6 +28,10 @@ def _other_value(name: str, field):
         value = next(v for v in typing.get_args(field.annotation) if v != field.default)
         return value, str(value)
     kind = kind[0]
+    if name == "guard":  # a list of rules in their own syntax (serve/guards.py)
+        return ["some-head:some-label>=0.5"], "some-head:some-label>=0.5"
+    if name == "api_key":  # at least 16 characters
+        return "some-api-key-of-sixteen-characters", "some-api-key-of-sixteen-characters"
     if kind is int or kind is float:
         value = kind((field.default or 8) + 3)
         return value, str(value)

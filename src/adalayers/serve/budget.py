@@ -89,13 +89,14 @@ class JsonBudget:
     budget, else passed on to the app unchanged."""
 
     def __init__(self, app, max_items: int, max_values: int, max_depth: int = MAX_DEPTH, counters=None):
-        """`counters`: the batcher; a body dropped because its client left counts in its `gone`."""
+        """`counters`: the batcher; a body dropped because its client left counts in its `gone` and `dropped`."""
         self.app, self.max_items, self.max_values, self.max_depth = app, max_items, max_values, max_depth
         self.counters = counters
 
     def _dropped(self) -> None:
-        if self.counters is not None:
+        if self.counters is not None:  # never queued, never run: counted as the handler counts such a request
             self.counters.gone += 1
+            self.counters.dropped += 1
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
