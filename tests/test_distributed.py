@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from conftest import ROOT, tiny_model, tiny_tokenizer
 from test_resume import write_fake_cola
 
 LOSS_TOL, METRIC_TOL = 1e-4, 0.02
+# the tests that compare no metrics train on 160 rows (10 steps an epoch): what they check is the run folder
+FEW = ("--set", "task.max_train_examples=160")
 
 
 def free_port() -> int:
@@ -85,27 +88,11 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    one = recipes.train(cfg, tmp / "one")  # one process, in this one
-
-    victim = torchrun(cfg_path, tmp / "two", env)
-    log = tmp / "two" / "log.jsonl"
-    rank1 = rank_pid(victim.pid, 1)
-    deadline = time.time() + 300
-    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().strip()):
-        time.sleep(0.005)
-    os.kill(rank1, signal.SIGKILL)
-    assert victim.wait(timeout=120) != 0, victim.output()
-    assert not (tmp / "two" / "metrics.json").exists(), "the run finished before rank 1 could be killed"
-
-    resumed = torchrun(cfg_path, tmp / "two", env)  # the same command: an unfinished run folder resumes
-    assert resumed.wait(timeout=600) == 0, resumed.output()
-    out = resumed.output()
-    assert "resuming" in out and out.count('"trainable_params"') == 1  # rank 0 alone reports
-
-    files = sorted(p.name for p in (tmp / "two").iterdir())
-    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
-    two = json.loads((tmp / "two" / "metrics.json").read_text())
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    with ThreadPoolExecutor(1) as pool:  # one process (this one, one thread) trains while torchrun's two do
+        one = pool.submit(recipes.train, cfg, tmp / "one")
+        two = _killed_and_resumed(cfg_path, tmp / "two", env)
+        one = one.result()
+    lines = [json.loads(line) for line in (tmp / "two" / "log.jsonl").read_text().splitlines()]
     ref = [json.loads(line) for line in (tmp / "one" / "log.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in lines] == [1, 2, 3]  # each epoch logged once, by one process
     for a, b in zip(ref, lines):
@@ -115,13 +102,35 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
             assert abs(two[split][metric] - one[split][metric]) <= METRIC_TOL, (split, metric, one, two)
 
 
+def _killed_and_resumed(cfg_path: Path, out: Path, env: dict) -> dict:
+    """torchrun with 2 processes, rank 1 killed after the first epoch, then the same command; its metrics."""
+    victim = torchrun(cfg_path, out, env)
+    log = out / "log.jsonl"
+    rank1 = rank_pid(victim.pid, 1)
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().strip()):
+        time.sleep(0.005)
+    os.kill(rank1, signal.SIGKILL)
+    assert victim.wait(timeout=120) != 0, victim.output()
+    assert not (out / "metrics.json").exists(), "the run finished before rank 1 could be killed"
+
+    resumed = torchrun(cfg_path, out, env)  # the same command: an unfinished run folder resumes
+    assert resumed.wait(timeout=600) == 0, resumed.output()
+    said = resumed.output()
+    assert "resuming" in said and said.count('"trainable_params"') == 1  # rank 0 alone reports
+
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    return json.loads((out / "metrics.json").read_text())
+
+
 def test_two_nodes_through_a_c10d_rendezvous_write_one_complete_run_folder(setup):
     """Multi-node as torchrun does it: two launchers (two "nodes", one process each) meet at one c10d
     rendezvous endpoint (here 127.0.0.1; across machines, a host all of them reach) and train together."""
     tmp, cfg_path, _, env = setup
     port, out = free_port(), tmp / "nodes"
     nodes = [torchrun(cfg_path, out, env, nproc=1, nodes=2, port=port, log_name=f"-node{n}",
-                      extra=("--set", "train.max_epochs=2")) for n in range(2)]
+                      extra=("--set", "train.max_epochs=2", *FEW)) for n in range(2)]
     for node in nodes:
         assert node.wait(timeout=600) == 0, node.output()
     outputs = "".join(node.output() for node in nodes)
@@ -156,16 +165,16 @@ def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup,
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    cfg.train.max_epochs = 1
+    cfg.train.max_epochs, cfg.task.max_train_examples = 1, 160
     recipes.train(cfg, tmp / "run")  # a finished run, made by one process
     old = json.loads((tmp / "run" / "metrics.json").read_text())
 
-    refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2"))
+    refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", *FEW))
     assert refused.wait(timeout=300) != 0
     assert "give --overwrite" in refused.output()
     assert json.loads((tmp / "run" / "metrics.json").read_text()) == old  # refused: untouched
 
-    again = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", "--overwrite"))
+    again = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", *FEW, "--overwrite"))
     assert again.wait(timeout=600) == 0, again.output()
     assert again.output().count('"trainable_params"') == 1  # rank 0 alone reports
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".run.")) == []  # no new-/old- folder left
