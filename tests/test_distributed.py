@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,11 +87,27 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    with ThreadPoolExecutor(1) as pool:  # one process (this one, one thread) trains while torchrun's two do
-        one = pool.submit(recipes.train, cfg, tmp / "one")
-        two = _killed_and_resumed(cfg_path, tmp / "two", env)
-        one = one.result()
-    lines = [json.loads(line) for line in (tmp / "two" / "log.jsonl").read_text().splitlines()]
+    one = recipes.train(cfg, tmp / "one")  # one process, in this one
+
+    victim = torchrun(cfg_path, tmp / "two", env)
+    log = tmp / "two" / "log.jsonl"
+    rank1 = rank_pid(victim.pid, 1)
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().strip()):
+        time.sleep(0.005)
+    os.kill(rank1, signal.SIGKILL)
+    assert victim.wait(timeout=120) != 0, victim.output()
+    assert not (tmp / "two" / "metrics.json").exists(), "the run finished before rank 1 could be killed"
+
+    resumed = torchrun(cfg_path, tmp / "two", env)  # the same command: an unfinished run folder resumes
+    assert resumed.wait(timeout=600) == 0, resumed.output()
+    out = resumed.output()
+    assert "resuming" in out and out.count('"trainable_params"') == 1  # rank 0 alone reports
+
+    files = sorted(p.name for p in (tmp / "two").iterdir())
+    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    two = json.loads((tmp / "two" / "metrics.json").read_text())
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
     ref = [json.loads(line) for line in (tmp / "one" / "log.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in lines] == [1, 2, 3]  # each epoch logged once, by one process
     for a, b in zip(ref, lines):
@@ -100,28 +115,6 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
     for split in ("validation", "test"):
         for metric in ("accuracy", "mcc"):
             assert abs(two[split][metric] - one[split][metric]) <= METRIC_TOL, (split, metric, one, two)
-
-
-def _killed_and_resumed(cfg_path: Path, out: Path, env: dict) -> dict:
-    """torchrun with 2 processes, rank 1 killed after the first epoch, then the same command; its metrics."""
-    victim = torchrun(cfg_path, out, env)
-    log = out / "log.jsonl"
-    rank1 = rank_pid(victim.pid, 1)
-    deadline = time.time() + 300
-    while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().strip()):
-        time.sleep(0.005)
-    os.kill(rank1, signal.SIGKILL)
-    assert victim.wait(timeout=120) != 0, victim.output()
-    assert not (out / "metrics.json").exists(), "the run finished before rank 1 could be killed"
-
-    resumed = torchrun(cfg_path, out, env)  # the same command: an unfinished run folder resumes
-    assert resumed.wait(timeout=600) == 0, resumed.output()
-    said = resumed.output()
-    assert "resuming" in said and said.count('"trainable_params"') == 1  # rank 0 alone reports
-
-    files = sorted(p.name for p in out.iterdir())
-    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
-    return json.loads((out / "metrics.json").read_text())
 
 
 def test_two_nodes_through_a_c10d_rendezvous_write_one_complete_run_folder(setup):
