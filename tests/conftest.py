@@ -1,4 +1,4 @@
-"""Tiny random models built locally (no downloads) and the path of the real data."""
+"""Tiny random models built locally (no downloads), the path of the real data, and one local Ray for the session."""
 from __future__ import annotations
 
 import os
@@ -74,3 +74,30 @@ def _private_cache(tmp_path_factory):
     if "ADALAYERS_CACHE" not in os.environ:
         os.environ["ADALAYERS_CACHE"] = str(tmp_path_factory.mktemp("adalayers-cache"))
     yield
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray for every Ray test of the session (loopback only, no dashboard, no usage stats), started by
+    the first test that asks for it and stopped at the session's end; the tests that use it (or are marked `ray`)
+    run last, together (pytest_collection_modifyitems), so the other tests never share the machine with an idle Ray.
+    Its workers inherit the environment of that first moment (test_llamacpp_ray starts it inside its runs' cache)."""
+    ray = pytest.importorskip("ray")
+    from adalayers.raylocal import init_ray
+
+    started = init_ray(num_cpus=2)
+    assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback, though a test module imported Ray first
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _uses_ray(item) -> bool:
+    return item.get_closest_marker("ray") is not None or "local_ray" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by their parametrized fixtures
+def pytest_collection_modifyitems(items):
+    """The tests that use local_ray (or are marked `ray`) move to the end, in their order: one Ray start serves
+    them all."""
+    items[:] = [i for i in items if not _uses_ray(i)] + [i for i in items if _uses_ray(i)]

@@ -23,6 +23,8 @@ from conftest import ROOT, tiny_model, tiny_tokenizer
 from test_resume import write_fake_cola
 
 LOSS_TOL, METRIC_TOL = 1e-4, 0.02
+# the tests that compare no metrics train on 160 rows (10 steps an epoch): what they check is the run folder
+FEW = ("--set", "task.max_train_examples=160")
 
 
 def free_port() -> int:
@@ -121,7 +123,7 @@ def test_two_nodes_through_a_c10d_rendezvous_write_one_complete_run_folder(setup
     tmp, cfg_path, _, env = setup
     port, out = free_port(), tmp / "nodes"
     nodes = [torchrun(cfg_path, out, env, nproc=1, nodes=2, port=port, log_name=f"-node{n}",
-                      extra=("--set", "train.max_epochs=2")) for n in range(2)]
+                      extra=("--set", "train.max_epochs=2", *FEW)) for n in range(2)]
     for node in nodes:
         assert node.wait(timeout=600) == 0, node.output()
     outputs = "".join(node.output() for node in nodes)
@@ -156,16 +158,16 @@ def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup,
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    cfg.train.max_epochs = 1
+    cfg.train.max_epochs, cfg.task.max_train_examples = 1, 160
     recipes.train(cfg, tmp / "run")  # a finished run, made by one process
     old = json.loads((tmp / "run" / "metrics.json").read_text())
 
-    refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2"))
+    refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", *FEW))
     assert refused.wait(timeout=300) != 0
     assert "give --overwrite" in refused.output()
     assert json.loads((tmp / "run" / "metrics.json").read_text()) == old  # refused: untouched
 
-    again = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", "--overwrite"))
+    again = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", *FEW, "--overwrite"))
     assert again.wait(timeout=600) == 0, again.output()
     assert again.output().count('"trainable_params"') == 1  # rank 0 alone reports
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".run.")) == []  # no new-/old- folder left

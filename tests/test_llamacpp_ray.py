@@ -1,7 +1,9 @@
 """The llama.cpp runtime on Ray: `serve --engine ray` and `predict-files --engine ray`, each replica and actor loading
 its own llama.cpp engine (one thread), on the tiny F32 GGUF base and heads of runs_util.tiny_gguf_runs.
 
-One local Ray for the module (node address 127.0.0.1, no dashboard, no usage stats), one replica, one actor:
+The session's local Ray (conftest.local_ray: node address 127.0.0.1, no dashboard, no usage stats; each test
+asks for `runs` before it, so a Ray this module starts is started inside tiny_gguf_runs and its workers inherit
+that ADALAYERS_CACHE), one replica, one actor:
 - Ray Serve with `--runtime llama.cpp`: /predict answers what the default runtime's app answers on the same texts
   (labels and tags equal, values within 2e-3: llama.cpp keeps its KV cache in f16); /generate's greedy JSON,
   token ids included, is the llama.cpp runtime's own in this process (SideTasks.generate).
@@ -36,19 +38,6 @@ def runs(tmp_path_factory):
     with tiny_gguf_runs(tmp_path_factory.mktemp("llamacpp_ray")) as runs:
         runs["heads"] = [str(runs["acc"]), str(runs["ner"])]
         yield runs
-
-
-@pytest.fixture(scope="module")
-def local_ray(runs):
-    """Started inside tiny_gguf_runs: Ray's workers inherit its ADALAYERS_CACHE."""
-    from adalayers.raylocal import import_ray, init_ray
-
-    ray = import_ray()
-    started = init_ray(num_cpus=2)
-    assert ray.util.get_node_ip_address() == "127.0.0.1"
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

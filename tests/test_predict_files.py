@@ -255,42 +255,29 @@ def test_pair_bad_rows_and_resume_after_an_interruption(pairs_model, pair_predic
         local.run(other, out, predictor=pair_predictor)
 
 
-# --- the Ray Data engine --------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for this module's Ray tests: loopback only, no dashboard, no usage stats."""
-    ray = pytest.importorskip("ray")
-    from adalayers.bulk.ray_engine import init_ray
-
-    started = init_ray(num_cpus=2)
-    assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback, though this module imported Ray first
-    yield ray
-    if started:
-        ray.shutdown()
-
+# --- the Ray Data engine (on the session's local Ray: conftest.local_ray) ---------------------------
 
 def test_ray_data_equals_the_local_engine_row_for_row(model, predictor, local_ray, tmp_path):
     """One format: the same rows in the same order. Mixed formats (a union in Ray): the same rows by id."""
-    texts = sentences(2000, seed=4)
+    texts = sentences(600, seed=4)  # several batches and output parts a file, spread over 2 actors
     folder = tmp_path / "in"
     folder.mkdir()
-    write_csv(folder / "a.csv", [(f"{i:05d}", t) for i, t in enumerate(texts[:800])])
-    write_csv(folder / "b.csv", [(f"{i:05d}", t) for i, t in enumerate(texts[800:1400], start=800)])
-    pq.write_table(pa.table({"id": [f"p{i}" for i in range(600)], "text": texts[1400:]}), tmp_path / "c.parquet")
-    job = Job(base=model[0], heads=model[1], input=str(folder), part_rows=500)
-    mine = local.run(job, tmp_path / "local", batch_size=64, predictor=predictor)
+    write_csv(folder / "a.csv", [(f"{i:05d}", t) for i, t in enumerate(texts[:240])])
+    write_csv(folder / "b.csv", [(f"{i:05d}", t) for i, t in enumerate(texts[240:420], start=240)])
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(180)], "text": texts[420:]}), tmp_path / "c.parquet")
+    job = Job(base=model[0], heads=model[1], input=str(folder), part_rows=150)
+    mine = local.run(job, tmp_path / "local", batch_size=32, predictor=predictor)
     from adalayers.bulk import ray_engine
 
-    theirs = ray_engine.run(job, tmp_path / "ray", batch_size=64, concurrency=2, cpus_per_actor=0.5, device="cpu")
-    assert mine["rows"] == theirs["rows"] == 1400
+    theirs = ray_engine.run(job, tmp_path / "ray", batch_size=32, concurrency=2, cpus_per_actor=0.5, device="cpu")
+    assert mine["rows"] == theirs["rows"] == 420
     a, b = read_output(tmp_path / "local"), read_output(tmp_path / "ray")
-    assert a.column("id").to_pylist() == [f"{i:05d}" for i in range(1400)]  # ids stay text, in input order
+    assert a.column("id").to_pylist() == [f"{i:05d}" for i in range(420)]  # ids stay text, in input order
     assert_same_rows(a, b)
     (folder / "c.parquet").write_bytes((tmp_path / "c.parquet").read_bytes())  # now csv + parquet
-    job = Job(base=model[0], heads=model[1], input=str(folder), part_rows=500)
-    local.run(job, tmp_path / "local2", batch_size=64, predictor=predictor)
-    assert ray_engine.run(job, tmp_path / "ray2", batch_size=64, concurrency=2, device="cpu")["rows"] == 2000
+    job = Job(base=model[0], heads=model[1], input=str(folder), part_rows=150)
+    local.run(job, tmp_path / "local2", batch_size=32, predictor=predictor)
+    assert ray_engine.run(job, tmp_path / "ray2", batch_size=32, concurrency=2, device="cpu")["rows"] == 600
     assert_same_rows(read_output(tmp_path / "local2").sort_by("id"), read_output(tmp_path / "ray2").sort_by("id"))
 
 

@@ -31,7 +31,7 @@ def setup(tmp_path):
     model_dir = tmp_path / "tiny-bert"
     tiny_model("bert", len(tiny_tokenizer())).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
-    write_fake_cola(tmp_path / "data" / "glue" / "CoLA", 2000, seed=1)
+    write_fake_cola(tmp_path / "data" / "glue" / "CoLA", 640, seed=1)  # 36 steps an epoch: a kill lands mid-run
     cfg = {"task": {"name": "cola", "data_dir": str(tmp_path / "data")},
            "model": {"base": str(model_dir), "max_length": 16},
            "mixer": {"k": 8}, "head": {"num_heads": 2},
@@ -55,9 +55,7 @@ def train(cfg, out, env, *extra):
 
 def test_sigkill_then_resume_equals_uninterrupted_run(setup):
     tmp, cfg, env = setup
-    full = train(cfg, tmp / "full", env)
-    assert full.wait(timeout=600) == 0, full.output()
-
+    full = train(cfg, tmp / "full", env)  # the uninterrupted run, beside the one killed (one thread each)
     victim = train(cfg, tmp / "killed", env)
     log = tmp / "killed" / "log.jsonl"
     deadline = time.time() + 600
@@ -71,6 +69,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(setup):
     assert not (tmp / "killed" / "metrics.json").exists(), "the run finished before it could be killed"
 
     resumed = train(cfg, tmp / "killed", env)  # no flag: an unfinished run folder resumes by itself
+    assert full.wait(timeout=600) == 0, full.output()
     assert resumed.wait(timeout=600) == 0, resumed.output()
     out = resumed.output()
     assert "resuming" in out
@@ -123,7 +122,7 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
 def test_resume_may_change_only_when_to_stop(setup):
     """An interrupted run can be finished with fewer epochs or extended; other changes are refused."""
     tmp, cfg, env = setup
-    victim = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400")
+    victim = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200")
     log = tmp / "run" / "log.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and victim.poll() is None and not (log.is_file() and log.read_text().count("\n") >= 2):
@@ -131,10 +130,10 @@ def test_resume_may_change_only_when_to_stop(setup):
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not (tmp / "run" / "metrics.json").exists()
-    other = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", "train.lr=0.01")
+    other = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200", "--set", "train.lr=0.01")
     assert other.wait(timeout=300) == 2
     assert "different settings" in other.output()
     done = len(log.read_text().splitlines())
-    finish = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=400", "--set", f"train.max_epochs={done}")
+    finish = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200", "--set", f"train.max_epochs={done}")
     assert finish.wait(timeout=300) == 0, finish.output()
     assert json.loads((tmp / "run" / "metrics.json").read_text())["epochs"] == done

@@ -36,23 +36,20 @@ def side(runs):
 LIMITS = ServeConfig(max_texts=3, max_chars=50, max_wait_ms=1)
 
 
-@pytest.fixture(scope="module", params=["app", "ray-serve"])
+@pytest.fixture(scope="module", params=["app", pytest.param("ray-serve", marks=pytest.mark.ray)])
 def client(request, side, runs):
-    """The app in-process (FastAPI's test client), and the same app as a Ray Serve deployment over HTTP."""
+    """The app in-process (FastAPI's test client), and the same app as a Ray Serve deployment over HTTP (on the
+    session's local Ray, conftest.local_ray: these tests run last, with the other Ray tests)."""
     if request.param == "app":
         with TestClient(create_app(side, LIMITS)) as c:
             yield c
         return
-    pytest.importorskip("ray")
-    from adalayers.raylocal import import_ray
-
-    ray = import_ray()
+    request.getfixturevalue("local_ray")
     from adalayers.serve import ray_serve
 
     port = _free_port()
     # deadlines far above a request's cost: a loaded machine (two busy cores, two replicas) must not fail the test
     cfg = LIMITS.model_copy(update={"port": port, "device": "cpu", "num_threads": 1, "request_timeout_s": 300.0})
-    started = not ray.is_initialized()
     url = ray_serve.start(runs[1], runs[2], cfg, replicas=2)
     try:
         with httpx.Client(base_url=url, timeout=330) as c:
@@ -61,8 +58,6 @@ def client(request, side, runs):
         from ray import serve
 
         serve.shutdown()
-        if started:
-            ray.shutdown()
 
 
 def test_predict_answers_every_text_from_one_pass(client, side):
