@@ -26,6 +26,10 @@ LOSS_TOL, METRIC_TOL = 1e-4, 0.02
 # the tests that compare no metrics train on 160 rows (10 steps an epoch): what they check is the run folder
 FEW = ("--set", "task.max_train_examples=160")
 
+# a finished run folder: the head, its log and metrics, the probe beside it and which of the two was kept
+RUN_FILES = ["candidates", "config.json", "head.safetensors", "log.jsonl", "metrics.json", "selection.json",
+             "selection.md"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -105,7 +109,7 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
     assert "resuming" in out and out.count('"trainable_params"') == 1  # rank 0 alone reports
 
     files = sorted(p.name for p in (tmp / "two").iterdir())
-    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    assert files == RUN_FILES, files
     two = json.loads((tmp / "two" / "metrics.json").read_text())
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     ref = [json.loads(line) for line in (tmp / "one" / "log.jsonl").read_text().splitlines()]
@@ -128,7 +132,7 @@ def test_two_nodes_through_a_c10d_rendezvous_write_one_complete_run_folder(setup
         assert node.wait(timeout=600) == 0, node.output()
     outputs = "".join(node.output() for node in nodes)
     assert "process 0 of 2 joined" in outputs and outputs.count('"trainable_params"') == 1  # rank 0 reports
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"]
+    assert sorted(p.name for p in out.iterdir()) == RUN_FILES
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in lines] == [1, 2]  # each epoch logged once, by one process
     assert {"validation", "test"} <= set(json.loads((out / "metrics.json").read_text()))
@@ -172,7 +176,7 @@ def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup,
     assert again.output().count('"trainable_params"') == 1  # rank 0 alone reports
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".run.")) == []  # no new-/old- folder left
     files = sorted(p.name for p in (tmp / "run").iterdir())
-    assert files == ["config.json", "head.safetensors", "log.jsonl", "metrics.json"], files
+    assert files == RUN_FILES, files
     new = json.loads((tmp / "run" / "metrics.json").read_text())
     assert (old["epochs"], new["epochs"]) == (1, 2)
     assert [json.loads(line)["epoch"] for line in (tmp / "run" / "log.jsonl").read_text().splitlines()] == [1, 2]

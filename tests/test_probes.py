@@ -38,7 +38,7 @@ def _trained(world, tmp_path, name, **train):
 
 
 def test_every_run_reports_its_probe_beside_the_head_and_keeps_the_better(world, tmp_path):
-    cfg, out, m = _trained(world, tmp_path, "best")
+    cfg, out, m = _trained(world, tmp_path, "best", keep="best")
     probe = m["probe"]
     assert 0 <= probe["layer"] < 3 and probe["pooling"] == "mean"  # an encoder: mean pooling only
     assert probe["regularisation"] > 0 and len(probe["search"]) == 3 * 3  # 3 layers x the C grid

@@ -38,10 +38,10 @@ def setup_logging(level: int = logging.INFO) -> None:
     from adalayers.engine import distributed
 
     root = logging.getLogger("adalayers")
-    if any(isinstance(h, _TqdmHandler) for h in root.handlers):
-        return
-    handler = _TqdmHandler()
+    handler = next((h for h in root.handlers if isinstance(h, _TqdmHandler)), None)
+    if handler is None:  # one handler a process; its prefix and level follow the process's rank at each call
+        handler = _TqdmHandler()
+        root.addHandler(handler)
     prefix = f"[rank {distributed.rank()}] " if distributed.launched() else ""
     handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
-    root.addHandler(handler)
     root.setLevel(level if distributed.is_main() else logging.WARNING)
