@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from adalayers.infer.shared_tokenizer import SharedTokenizer, shared
 from adalayers.infer.sidetasks import SideTasks
 
-from conftest import tiny_backbone
+from conftest import tiny_backbone, tiny_tokenizer
 from runs_util import NER, make_run
 
 
@@ -48,7 +48,8 @@ def test_counts_and_passes_in_threads_never_mix_their_truncation(tokenizer, tmp_
     assert not failures, failures[:3]
 
 
-def test_the_shared_tokenizer_reads_writes_and_pickles_as_the_tokenizer(tokenizer):
+def test_the_shared_tokenizer_reads_writes_and_pickles_as_the_tokenizer():
+    tokenizer = tiny_tokenizer()  # its own: the test sets padding_side, the session's fixture must not change
     tok = shared(tokenizer)
     assert shared(tok) is tok and isinstance(tok, PreTrainedTokenizerBase) and type(tok) is SharedTokenizer
     assert tok("a b c")["input_ids"] == tokenizer("a b c")["input_ids"] and len(tok) == len(tokenizer)
