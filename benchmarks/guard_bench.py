@@ -2,8 +2,8 @@
 
     # quality: train the head (adalayers train --data ..., 3 seeds), then its test F1 (flagged) and AUROC,
     # beside logistic-regression probes on the same frozen states (every layer; mean and last-token pooling)
-    python benchmarks/guard_bench.py quality --data /work/guarddata/davidson --base minilm-l6 --seeds 0,1,2
-    python benchmarks/guard_bench.py quality --data /work/guarddata/davidson --base gemma3-270m \\
+    python benchmarks/guard_bench.py quality --data $ADALAYERS_DATA/davidson --base minilm-l6 --seeds 0,1,2
+    python benchmarks/guard_bench.py quality --data $ADALAYERS_DATA/davidson --base gemma3-270m \\
         --runtime llama.cpp --seeds 0
 
     # cost: per request, as a share of the LLM's own generation time, side by side in one run
