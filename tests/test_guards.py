@@ -13,13 +13,11 @@ import pytest
 
 from adalayers.errors import ConfigError
 from adalayers.infer.sidetasks import SideTasks
-from adalayers.model.backbone import Backbone
 from adalayers.serve.guards import GuardPolicy, parse_rule
 from runs_util import ServeProcess, make_run
-from tinydecoders import decoder_model, decoder_tokenizer
+from tinydecoders import TINY_CHAT, chat_decoder_folder
 
-CHAT = ("{{ bos_token }}{% for m in messages %}they love {{ m['content'] }} .{% endfor %}"
-        "{% if add_generation_prompt %} it is{% endif %}")
+CHAT = TINY_CHAT
 MODEL = "tiny-llama-guard"
 MESSAGES = [{"role": "user", "content": "the dog runs quickly"}]
 RENDERED = "<s>they love the dog runs quickly . it is"  # CHAT on MESSAGES (checked in test_rendered)
@@ -43,11 +41,7 @@ def started(server: ServeProcess, tries: int = 3) -> ServeProcess:
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("guards")
     base = root / MODEL
-    tok = decoder_tokenizer(True)
-    tok.chat_template = CHAT
-    decoder_model("llama", len(tok)).save_pretrained(base)
-    tok.save_pretrained(base)
-    bb = Backbone.load(str(base))
+    bb = chat_decoder_folder(base)
     heads = [make_run(root / "acc", bb, "sequence", ["bad", "good"], seed=3),
              make_run(root / "pol", bb, "sequence", ["safe", "unsafe"], seed=5)]
     return {"root": root, "base": base, "heads": heads}

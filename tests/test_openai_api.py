@@ -16,12 +16,11 @@ from adalayers.model.backbone import Backbone
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.data.templates import chat_text
 from runs_util import NER, ServeProcess, make_run
-from tinydecoders import decoder_model, decoder_tokenizer
+from tinydecoders import TINY_CHAT, chat_decoder_folder
 from tinymodels import tiny_bert
 
 KEY = "openai-test-key-0123"  # at least 16 characters (serve/auth.py)
-CHAT = ("{{ bos_token }}{% for m in messages %}they love {{ m['content'] }} .{% endfor %}"
-        "{% if add_generation_prompt %} it is{% endif %}")
+CHAT = TINY_CHAT
 CONTENT = "the dog runs quickly"
 MODEL = "tiny-llama-chat"
 MESSAGES = [{"role": "user", "content": CONTENT}]
@@ -32,11 +31,7 @@ TOP = {"id", "object", "created", "model", "choices", "usage", "system_fingerpri
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("openai")
     base = root / MODEL
-    tok = decoder_tokenizer(True)
-    tok.chat_template = CHAT
-    decoder_model("llama", len(tok)).save_pretrained(base)
-    tok.save_pretrained(base)
-    bb = Backbone.load(str(base))
+    bb = chat_decoder_folder(base)
     heads = [make_run(root / "acc", bb, "sequence", ["bad", "good"], seed=3, template="chat"),
              make_run(root / "pol", bb, "sequence", ["safe", "unsafe"], seed=5, template="chat")]
     enc = tiny_bert(root / "tiny-bert")

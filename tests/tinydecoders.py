@@ -53,3 +53,17 @@ def decoder_backbone(kind: str, bos: bool | None = None) -> Backbone:
     """Llama and Gemma tokenizers prepend BOS; GPT-2, Qwen2, OPT(here), GPT-NeoX do not."""
     tok = decoder_tokenizer(kind in ("llama", "gemma3") if bos is None else bos)
     return Backbone(decoder_model(kind, len(tok)), tok, f"tiny-{kind}")
+
+
+# a chat template every tiny decoder tokenizer can render: "<s>they love CONTENT . it is"
+TINY_CHAT = ("{{ bos_token }}{% for m in messages %}they love {{ m['content'] }} .{% endfor %}"
+             "{% if add_generation_prompt %} it is{% endif %}")
+
+
+def chat_decoder_folder(folder) -> Backbone:
+    """A tiny Llama with TINY_CHAT saved as a model folder (what `serve --base FOLDER` loads), loaded back."""
+    tok = decoder_tokenizer(True)
+    tok.chat_template = TINY_CHAT
+    decoder_model("llama", len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return Backbone.load(str(folder))
