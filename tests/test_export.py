@@ -139,11 +139,13 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
         while True:
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "server did not start in 120 s"
-            try:
+            try:  # serve binds first and loads in the background: 503 while loading, as llama-server
                 got = httpx.post(f"http://127.0.0.1:{port}/predict", json={"texts": TEXTS[:4]}, timeout=30)
-                break
+                if got.status_code != 503:
+                    break
             except httpx.TransportError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         assert got.status_code == 200, got.text
         ref = SideTasks.from_backbone(base, [runs["acc"], f"tags={runs['ner']}"]).predict(TEXTS[:4])
         assert_same(ref, got.json()["results"])
