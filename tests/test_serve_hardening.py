@@ -332,6 +332,24 @@ def test_request_heads_are_refused_as_the_docs_say(server):
     assert answer.count(b"HTTP/1.1") == 1 and took < 5  # closed, not kept open for a next request
 
 
+def test_headers_that_arrive_in_pieces_past_the_limit_get_431_not_a_reset(server):
+    """h11 refuses a head still incomplete past 16 KiB before the app sees it (the 431 above is the app's, for
+    a head that arrived in one read). Its answer is the same 431, and the connection closes lingering: the
+    client, still sending, reads the whole answer instead of a TCP reset (CI saw httpx.ReadError once)."""
+    s = _raw(server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"y" * 20_000)
+    time.sleep(0.3)  # the server has read 20 KB of an unfinished head
+    try:
+        s.sendall(b"y" * 200_000 + b"\r\nContent-Length: 2\r\n\r\n{}")  # still sending after the answer
+    except (BrokenPipeError, ConnectionResetError) as e:
+        pytest.fail(f"the connection was reset while the client sent: {e}")
+    answer, took = _read_all(s, limit_s=10)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), answer[:300]
+    assert "16384" in json.loads(body)["detail"] and took < 5
+    ok = httpx.post(f"{server.url}/predict", json={"texts": [SENT]}, headers=AUTH, timeout=30)
+    assert ok.status_code == 200  # the server goes on
+
+
 def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_path):
     from adalayers.errors import ConfigError
     from adalayers.serve.auth import ENV, read_api_key

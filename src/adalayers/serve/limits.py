@@ -13,7 +13,9 @@ arrive one byte at a time, or whose body never arrives: every byte resets its ke
 Here a request must be received whole (headers and body) within `read_timeout` seconds of
 the connection opening or of the previous answer; past it the client gets 408 and the
 connection is closed. Once a request has arrived whole the deadline no longer applies
-(the server-side request deadline is the app's).
+(the server-side request deadline is the app's). A request h11 cannot read (headers still arriving past
+16 KiB: 431, as BodyLimit's; anything malformed: 400) is answered, then closed lingering: what the client
+still sends is dropped until it closes, so that no TCP reset overtakes the answer.
 """
 from __future__ import annotations
 
@@ -126,11 +128,23 @@ async def _answer(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+LINGER_S = 2.0  # how long a refused connection keeps reading (and dropping) what its client still sends
+
+
+def _raw_answer(status: int, detail: str) -> bytes:
+    """A whole HTTP/1.1 JSON error answer that closes the connection, as bytes for the transport."""
+    body = json.dumps({"detail": detail}).encode()
+    reason = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}[status]
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d"
+            b"\r\n\r\n" % (status, reason, len(body))) + body
+
+
 def timed_h11(read_timeout: float) -> type[H11Protocol]:
     """An H11Protocol class whose requests must arrive whole within `read_timeout` seconds."""
 
     class TimedH11Protocol(H11Protocol):
         _read_timer = None
+        _refused = False
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -145,6 +159,31 @@ def timed_h11(read_timeout: float) -> type[H11Protocol]:
             if self._read_timer is not None:
                 self._read_timer.cancel()
             super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._refused:  # after a refusal the rest of the request is read and dropped
+                super().data_received(data)
+
+        def send_400_response(self, msg: str) -> None:
+            """h11 could not read the request. A head still incomplete past h11's buffer (16 KiB) gets the 431
+            a head parsed whole gets from BodyLimit; anything else uvicorn's 400. Then a lingering close: the
+            answer and a FIN go out, what the client still sends is dropped, and the socket closes when the
+            client does (or after LINGER_S). Closing at once with unread bytes resets the connection, and
+            the reset can reach the client before the answer it has not read yet."""
+            head = self.conn.trailing_data[0]
+            if b"\r\n\r\n" not in head and len(head) > MAX_HEADER_BYTES:
+                status, detail = 431, (f"the request line and headers passed {MAX_HEADER_BYTES} bytes before "
+                                       f"they ended; the limit is {MAX_HEADER_BYTES}")
+            else:
+                status, detail = 400, msg
+            self.logger.warning("refused a request h11 could not read (%s): %s", status, detail)
+            self._refused = True
+            self.transport.write(_raw_answer(status, detail))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
 
         def _arm(self) -> None:
             if self._read_timer is not None:
