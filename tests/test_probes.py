@@ -143,3 +143,24 @@ def test_pooled_features_drop_the_bos_and_pool_the_last_token():
     f = torch.nn.functional.layer_norm(torch.nn.functional.gelu(z), (8,))
     assert np.allclose(col.out[(0, "mean")][0], f[0, 1:3].mean(0).numpy(), atol=1e-6)
     assert np.allclose(col.out[(0, "last")][0], f[0, 2].numpy(), atol=1e-6)
+
+
+def test_a_probe_fits_on_one_blas_thread(monkeypatch):
+    """OpenBLAS's threads spinning beside torch's made the probe search 30x slower on a busy machine."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_info
+
+    from adalayers.kinds import TaskKind
+    from adalayers.recipes.probes import fit_linear
+
+    seen = []
+    real = LogisticRegression.fit
+
+    def fit(self, x, y):
+        seen.append({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+        return real(self, x, y)
+
+    monkeypatch.setattr(LogisticRegression, "fit", fit)
+    rng = np.random.default_rng(0)
+    fit_linear(TaskKind.CLASSIFICATION, rng.normal(size=(40, 8)), rng.integers(0, 2, 40), 1.0, 0)
+    assert seen == [{1}]
