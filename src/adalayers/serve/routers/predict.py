@@ -4,8 +4,8 @@
                    sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
     GET  /tasks    the heads: names, kinds, labels, layer weights (never the server's run folder paths)
 
-A request is checked alone (ServeState.answer_texts: --max-texts, --max-chars, --max-tokens, text rules,
-task names), then batched with every other request waiting (serve/batcher.py).
+A request is checked alone (serve/validate.py, through ServeState.answer_texts: --max-texts, --max-chars,
+--max-tokens, text rules, task names), then batched with every other request waiting (serve/batcher.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from adalayers.serve.protocol import PredictRequest, PredictResponse
 from adalayers.serve.state import ServeState
+from adalayers.serve.validate import check_count
 
 RESPONSES = {401: {"description": "API key missing or wrong"}, 408: {"description": "read timeout"},
              413: {"description": "too large"}, 422: {"description": "invalid input"},
@@ -27,11 +28,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
     @app.post("/predict", response_model=PredictResponse, responses=RESPONSES)
     async def predict(req: PredictRequest, request: Request):
         arrived = time.perf_counter()
-        if not req.texts:
-            raise HTTPException(422, "texts is empty: give at least one text")
-        if len(req.texts) > cfg.max_texts:
-            raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
-                                     f"(--max-texts)")
+        check_count(req.texts, cfg.max_texts, "texts", "text")
         texts, text_pairs = _split_pairs(req)
         guards = state.guards
         tasks = guards.text_tasks(side, req.tasks, text_pairs is not None) if guards else req.tasks
