@@ -12,7 +12,6 @@ bytes), so the answer's timing does not reveal how much of a guess was right.
 from __future__ import annotations
 
 import hmac
-import json
 import os
 from pathlib import Path
 

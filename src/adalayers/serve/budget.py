@@ -20,7 +20,6 @@ scan alone.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 import anyio

@@ -18,7 +18,6 @@ connection is closed. Once a request has arrived whole the deadline no longer ap
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 import h11

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Iterator
 
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.batching import Batch, Row
