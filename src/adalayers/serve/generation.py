@@ -56,6 +56,8 @@ class Started:
 
 
 class GenerationService:
+    """The path of every generating route, over the service's decoder and batcher (see the module doc)."""
+
     def __init__(self, decode: Callable, batcher: Batcher, timeout_s: float):
         self.decode, self.batcher, self.timeout_s = decode, batcher, timeout_s
 

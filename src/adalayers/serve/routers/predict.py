@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 
+from adalayers.serve.errors import BadText
 from adalayers.serve.protocol import PredictRequest, PredictResponse
 from adalayers.serve.state import ServeState
 from adalayers.serve.validate import check_count
@@ -52,14 +53,14 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     lists = [isinstance(t, list) for t in req.texts]
     if not any(lists):
         if req.text_pairs is not None and len(req.text_pairs) != len(req.texts):
-            raise HTTPException(422, f"{len(req.texts)} texts but {len(req.text_pairs)} text_pairs: give one "
-                                     f"second text per text")
+            raise BadText(f"{len(req.texts)} texts but {len(req.text_pairs)} text_pairs: give one second text "
+                          "per text")
         return list(req.texts), req.text_pairs
     if not all(lists) or req.text_pairs is not None:
-        raise HTTPException(422, "texts mixes single texts and [text, second] pairs (or pairs and text_pairs): "
-                                 "give one kind per request")
+        raise BadText("texts mixes single texts and [text, second] pairs (or pairs and text_pairs): give one "
+                      "kind per request")
     bad = [i + 1 for i, t in enumerate(req.texts) if len(t) != 2]
     if bad:
-        raise HTTPException(422, f"text {bad[0]} is a list of {len(req.texts[bad[0] - 1])} texts; a sentence pair "
-                                 f"is [text, second]")
+        raise BadText(f"text {bad[0]} is a list of {len(req.texts[bad[0] - 1])} texts; a sentence pair is "
+                      "[text, second]")
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
