@@ -121,7 +121,8 @@ def lab_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def _names(node: ast.AST) -> set[str]:
     """The names and attribute names an expression reads (`state.batcher` -> {"state", "batcher"})."""
-    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
 
 
 def batcher_members() -> set[str]:

@@ -73,8 +73,8 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     "ids": [token id per prompt, None once ended], "values": {task: [per prompt, None once ended]}} per token,
     then {"event": "done", "results": [...]} (what `generate` returns).
 
-    Options (GenerationParams.of): do_sample, temperature, top_k, top_p, seed; steps (sequence heads' values after every
-    token); answer_only (heads that read the answer alone); guard {head: (label, threshold)}; ignore_eos;
+    Options (GenerationParams.of): do_sample, temperature, top_k, top_p, seed; steps (sequence heads' values
+    after every token); answer_only (heads that read the answer alone); guard {head: (label, threshold)}; ignore_eos;
     stop: strings that end a prompt's answer ("finish": "stop") once its text holds one (the token that
     completes it is the row's last, and "text" is cut before it); raw: the prompts are the text the base
     reads as they are (e.g. a rendered chat), the heads' task.template is not applied.
@@ -176,7 +176,8 @@ class Generation:
         rows, failed = batch.rows, {}
         nxt = torch.empty(len(rows), dtype=torch.long, device=batch.logits.device)
         for job, idx in _by_job(rows).items():
-            _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], job.params.sampling, job.generator)))
+            _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], job.params.sampling,
+                                                                 job.generator)))
         live = [r.owner not in failed and int(t) not in r.owner.eos for t, r in zip(nxt.tolist(), rows)]
         for r, t, ok in zip(rows, nxt.tolist(), live):
             if ok:

@@ -71,7 +71,8 @@ class Scheduler:
 
     def stream(self, prompts: list[str], params: GenerationParams | None = None, **kw) -> Stream:
         """infer/generate.start's events for this request (params, or infer/generate.stream's keywords), decoded
-        together with every other running one. A bad request, or one that can never fit the room, raises here (DataError, ModelError), before it is queued."""
+        together with every other running one. A bad request, or one that can never fit the room, raises here
+        (DataError, ModelError), before it is queued."""
         job = Job(self.side, prompts, params or GenerationParams.of(**kw))
         need, prompt = self._tokens(job)
         if self.room is not None and (len(job.prompts) > self.room[0] or need > self.room[1]):

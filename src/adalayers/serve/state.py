@@ -79,7 +79,8 @@ class ServeState:
                            tasks: list[str] | None) -> tuple[list[dict], int]:
         """Check texts (limits, text rules, task names), queue them in the batcher and await their results:
         (results as /predict gives them, tokens run). Every failure is a typed error naming the problem
-        (serve/errors.py; a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes answer through this."""
+        (serve/errors.py; a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes
+        answer through this."""
         gone_early = await request.is_disconnected()  # hung up while its body was parsed: not even checked
         if not gone_early:
             tasks, per_text = await self._checked(texts, text_pairs, tasks)
