@@ -119,6 +119,38 @@ def lab_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
     return sorted((a, b) for a, ts in edges.items() for b in ts if floor(a) is not None and floor(b) is None)
 
 
+def _names(node: ast.AST) -> set[str]:
+    """The names and attribute names an expression reads (`state.batcher` -> {"state", "batcher"})."""
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def batcher_members() -> set[str]:
+    """The attributes and methods of the Batcher protocol (serve/batching.py)."""
+    path = SRC / "adalayers" / "serve" / "batching.py"
+    if not path.exists():
+        return set()
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Batcher"]
+    return {n.target.id if isinstance(n, ast.AnnAssign) else n.name for n in cls.body
+            if isinstance(n, (ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def batcher_probes() -> list[tuple[str, int]]:
+    """(module, line) of every hasattr/getattr on a batcher: its object an expression that names a batcher, or the
+    attribute asked for one of the Batcher protocol's. The contract is serve/batching.Batcher, never probed."""
+    members, out = batcher_members(), []
+    for mod, (path, _) in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2):
+                continue
+            named = any("batcher" in name.lower() for name in _names(node.args[0]))
+            asked = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+            if named or asked in members:
+                out.append((mod, node.lineno))
+    return sorted(out)
+
+
 def long_functions(limit: int) -> list[tuple[str, int]]:
     """(module:function, lines) for every function or method longer than `limit` lines."""
     out = []
@@ -140,7 +172,8 @@ def long_modules(limit: int) -> list[tuple[str, int]]:
 if __name__ == "__main__":
     edges = imports()
     report = {"circles": circles(edges), "up a floor": up_imports(edges), "product -> lab": lab_imports(edges),
-              "functions > 80 lines": long_functions(80), "modules > 400 lines": long_modules(400)}
+              "functions > 80 lines": long_functions(80), "modules > 400 lines": long_modules(400),
+              "hasattr/getattr on a batcher": batcher_probes()}
     for title, items in report.items():
         print(f"{title}: {len(items)}")
         for item in items:

@@ -115,11 +115,12 @@ def test_generate_refuses_bad_input():
 def test_top_p_keeps_the_nucleus_only():
     """top_p: the most likely tokens whose mass before them is below top_p, sampled in proportion."""
     from adalayers.infer.generate import sample
+    from adalayers.infer.params import Sampling
 
     probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
     g = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample(probs.log(), True, 1.0, 0, g, top_p=0.8) for _ in range(4000)]).flatten()
+    draws = torch.stack([sample(probs.log(), Sampling(True, 1.0, 0, 0.8), g) for _ in range(4000)]).flatten()
     counts = torch.bincount(draws, minlength=4).float() / len(draws)
     assert counts[0] == counts[2] == 0  # 0.5 + 0.3 = 0.8: the 0.15 and 0.05 tokens are out
     assert abs(counts[1] - 0.5 / 0.8) < 0.03 and abs(counts[3] - 0.3 / 0.8) < 0.03
-    assert (sample(probs.log(), True, 1.0, 0, g, top_p=1e-6) == 1).all()  # the first token always stays
+    assert (sample(probs.log(), Sampling(True, 1.0, 0, 1e-6), g) == 1).all()  # the first token always stays

@@ -8,6 +8,7 @@ import torch
 
 from adalayers.config import Config
 from adalayers.infer.generate import Generation, Job
+from adalayers.infer.params import GenerationParams
 from adalayers.infer.sidetasks import Head, SideTasks
 from adalayers.model.sidetask import SideTask
 from tinydecoders import decoder_backbone
@@ -56,7 +57,7 @@ def test_the_lm_head_reads_only_the_rows_that_go_on():
     side = SideTasks(bb, [_head(bb, "all")])
     alone = [side.generate(PROMPTS[:1], max_new_tokens=2, ignore_eos=True)[0],
              side.generate(PROMPTS[1:2], max_new_tokens=4, ignore_eos=True)[0]]
-    short, long = (Job(side, [p], max_new_tokens=n, ignore_eos=True) for p, n in ((PROMPTS[0], 2), (PROMPTS[1], 4)))
+    short, long = (Job(side, [p], GenerationParams(max_new_tokens=n, ignore_eos=True)) for p, n in ((PROMPTS[0], 2), (PROMPTS[1], 4)))
     with _calls(bb.model.get_output_embeddings()) as lm_rows:
         _run(side, [short, long])
     assert lm_rows == [2, 2, 1, 1]  # after its 2nd token the short row leaves: its last step feeds the heads only

@@ -303,22 +303,19 @@ def test_chat_template_file_for_a_base_without_one(tmp_path):
 def test_generations_are_bounded_and_a_client_that_leaves_frees_its_slot(tmp_path):
     """--max-queue generations at once (one more: 503 in OpenAI's shape); a stream whose client leaves
     gives its slot back, so the next request runs."""
+    from adalayers.serve.batcher import MicroBatcher
     from adalayers.serve.config import ServeConfig
     from adalayers.serve.app import create_app
-    from adalayers.serve.protocol import OpenAIError
-    from adalayers.serve.routers.openai import Slots
     from runs_util import serve_in_thread
     from tinydecoders import decoder_backbone
 
-    slots = Slots(1)
-    release = slots.take()
-    with pytest.raises(OpenAIError) as e:
-        slots.take()
-    assert e.value.status == 503 and e.value.headers["Retry-After"]
+    batcher = MicroBatcher(None, 1, 0.0, max_queue=1)  # what the generation service admits through
+    release = batcher.admit()
+    assert batcher.admit() is None and batcher.refused == 1 and batcher.retry_after_s() >= 1
     release()
     release()  # twice: counted once
-    assert slots.active == 0
-    slots.take()
+    assert batcher.pending == 0
+    assert batcher.admit() is not None
     base = decoder_backbone("llama")
     side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
     body = {"model": "tiny-llama", "prompt": "the dog", "max_tokens": 256, "stream": True,

@@ -136,8 +136,8 @@ def test_a_request_whose_own_step_work_fails_fails_alone(where, tmp_path, monkey
     broken = RuntimeError(f"one request's {where} failed")
     if where == "sample":
         real = gen.sample
-        monkeypatch.setattr(gen, "sample", lambda logits, do, temp, *a: (_ for _ in ()).throw(broken)
-                            if temp == 0.5 else real(logits, do, temp, *a))
+        monkeypatch.setattr(gen, "sample", lambda logits, sampling, g: (_ for _ in ()).throw(broken)
+                            if sampling.temperature == 0.5 else real(logits, sampling, g))
     elif where == "output":
         real_output = gen._output
         monkeypatch.setattr(gen, "_output", lambda head, values, offsets, text, answer=None:

@@ -28,30 +28,32 @@ probability (a streaming guard, e.g. a policy head), on the prompt after the pre
 """
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Iterator
 
 import torch
 
-from adalayers.errors import Cancelled, DataError
+from adalayers.errors import Cancelled
 from adalayers.infer.answers import answer, answer_text, cut
 from adalayers.infer.batching import Batch, Row
-from adalayers.infer.guarding import guard_rules, guard_trip, prompt_trips
+from adalayers.infer.guarding import guard_trip, prompt_trips
 from adalayers.infer.outputs import head_output
+from adalayers.infer.params import GenerationParams, Sampling
+from adalayers.infer.request import Job, Stream, job_events
+
+__all__ = ["Generation", "GenerationParams", "Job", "Stream", "generate", "sample", "start", "stream"]
 from adalayers.kinds import TaskKind
 from adalayers.model.sidetask import read_all
 from adalayers.model.states import deepest_layer
 
 
-def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
-            generator: torch.Generator | None, top_p: float = 1.0) -> torch.Tensor:
+def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
     """Greedy argmax, or a draw from p = softmax(logits / temperature) restricted to the top_k (0 = all)
     and to the nucleus: the most likely tokens whose probabilities, in decreasing order, sum to top_p
     (a token is kept when the mass before it is below top_p; the first one always)."""
-    if not do_sample:
+    if not sampling.do_sample:
         return logits.argmax(-1)
-    logits = logits.float() / max(temperature, 1e-6)
+    top_k, top_p = sampling.top_k, sampling.top_p
+    logits = logits.float() / max(sampling.temperature, 1e-6)
     if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -64,70 +66,6 @@ def sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int
                              generator=generator).squeeze(-1).to(logits.device)
 
 
-def check_request(side, prompts: list[str], max_new_tokens: int, tasks: list[str] | None, answer_only, guard,
-                  ignore_eos: bool) -> tuple[list[str], dict, set]:
-    """A generation request checked (DataError/ModelError naming the problem): (the heads to answer,
-    the guard {head: [(label, threshold), ...]} (infer/guarding.py), the end-of-text token ids; none with ignore_eos)."""
-    decoder = side.runtime.decoder()  # refuses a base that cannot generate
-    names = side.check_tasks(tasks)
-    for n in list(answer_only) + list(guard or {}):
-        if n not in names:
-            raise DataError(f"unknown task {n!r} in answer_only/guard; asked: {', '.join(names)}")
-    if not prompts:
-        raise DataError("no prompts")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p.strip():
-            raise DataError(f"prompt {i + 1} is empty")
-    if not 1 <= int(max_new_tokens) <= 4096:
-        raise DataError(f"max_new_tokens must be 1..4096, got {max_new_tokens}")
-    guard = guard_rules(side, guard)
-    eos = set() if ignore_eos else decoder.eos_ids()  # ignore_eos: always max_new_tokens (benchmarks)
-    return names, guard, eos
-
-
-class Job:
-    """One generation request: its prompts, settings, events (a queue: "prompt", "step"s, "done") and results."""
-
-    def __init__(self, side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 steps: bool = False, answer_only=(), guard=None, ignore_eos: bool = False, top_p: float = 1.0,
-                 stop=(), raw: bool = False):
-        self.names, self.guard, self.eos = check_request(side, prompts, max_new_tokens, tasks, answer_only, guard,
-                                                         ignore_eos)
-        self.prompts, self.max_new, self.answer_only, self.stop = list(prompts), int(max_new_tokens), set(answer_only), stop
-        self.sampling = (do_sample, temperature, top_k, torch.Generator().manual_seed(seed) if seed is not None else None,
-                         top_p)
-        self.stepped = [n for n in self.names if side.heads[n].kind != TaskKind.TOKENS and (steps or n in self.guard)]
-        self.wrapped = list(prompts) if raw else side.wrap(prompts)[0]  # the heads' task.template (e.g. chat)
-        self.events: queue.Queue = queue.Queue()
-        self.cancelled = threading.Event()
-        self.step, self.results, self.prompt_json = 0, [None] * len(prompts), None
-
-
-class Stream:
-    """A generation's events, iterated by one consumer; cancel() ends it from any other thread (a deadline, a
-    client gone): the request leaves the queue, or its rows leave at the next decode step, and a consumer
-    waiting for its next event gets Cancelled at once instead of when the request is admitted."""
-
-    def __init__(self, events: Iterator[dict], job: Job):
-        self._events, self.job = events, job
-
-    def __iter__(self) -> "Stream":
-        return self
-
-    def __next__(self) -> dict:
-        return next(self._events)
-
-    def close(self) -> None:
-        """The consumer stops reading (call it from the consuming thread; cancel() from any other)."""
-        self._events.close()
-        self.job.cancelled.set()
-
-    def cancel(self, why: str = "the generation was cancelled") -> None:
-        self.job.cancelled.set()
-        self.job.events.put(Cancelled(why))
-
-
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
            **kw) -> Stream:
     """Generate, yielding {"event": "prompt", "results": [per prompt {task: output}], "token_ids": [per prompt]}
@@ -135,8 +73,8 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     "ids": [token id per prompt, None once ended], "values": {task: [per prompt, None once ended]}} per token,
     then {"event": "done", "results": [...]} (what `generate` returns).
 
-    Options (Job): do_sample, temperature, top_k, top_p, seed; steps (sequence heads' values after every
-    token); answer_only (heads that read the answer alone); guard {head: (label, threshold)}; ignore_eos;
+    Options (GenerationParams.of): do_sample, temperature, top_k, top_p, seed; steps (sequence heads' values
+    after every token); answer_only (heads that read the answer alone); guard {head: (label, threshold)}; ignore_eos;
     stop: strings that end a prompt's answer ("finish": "stop") once its text holds one (the token that
     completes it is the row's last, and "text" is cut before it); raw: the prompts are the text the base
     reads as they are (e.g. a rendered chat), the heads' task.template is not applied.
@@ -145,27 +83,32 @@ def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] 
     hooks are held for one forward at a time, never across a yield: a server resumes this generator on any
     thread (or drops it when the client leaves), and requests of others run between two steps.
     """
-    job = Job(side, prompts, max_new_tokens, tasks, **kw)
+    return start(side, prompts, GenerationParams.of(max_new_tokens, tasks, **kw))
+
+
+def start(side, prompts: list[str], params: GenerationParams) -> Stream:
+    """stream, from typed params (what the service calls when it generates per request)."""
+    job = Job(side, prompts, params)
     return Stream(_alone(side, job), job)
 
 
 def _alone(side, job: Job) -> Iterator[dict]:
-    """One request's loop, run by its consumer between reads; a cancel() stops it before the next step."""
-    loop = Generation(side, [side.heads[n] for n in job.names])
-    batch = loop.prefill([job])
-    while True:
-        while not job.events.empty():
-            event = job.events.get_nowait()
-            if isinstance(event, BaseException):
-                raise event
-            yield event
-            if event["event"] == "done":
-                return
-        if batch is None:
+    """One request's loop, run by its consumer between reads (the prefill at the first read); a cancel() stops it
+    before the next step."""
+    loop, batch = None, None
+
+    def advance() -> None:
+        nonlocal loop, batch
+        if loop is None:
+            loop = Generation(side, [side.heads[n] for n in job.names])
+            batch = loop.prefill([job])
+        elif batch is None:
             raise RuntimeError("generation ended without a result")  # unreachable: the last step sends "done"
-        if job.cancelled.is_set():
+        elif job.cancelled.is_set():
             raise Cancelled("the generation was cancelled")
-        batch = loop.step(batch)
+        else:
+            batch = loop.step(batch)
+    return job_events(job, advance)
 
 
 def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
@@ -233,7 +176,8 @@ class Generation:
         rows, failed = batch.rows, {}
         nxt = torch.empty(len(rows), dtype=torch.long, device=batch.logits.device)
         for job, idx in _by_job(rows).items():
-            _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], *job.sampling)))
+            _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], job.params.sampling,
+                                                                 job.generator)))
         live = [r.owner not in failed and int(t) not in r.owner.eos for t, r in zip(nxt.tolist(), rows)]
         for r, t, ok in zip(rows, nxt.tolist(), live):
             if ok:

@@ -2,7 +2,11 @@
 
     serve/app.py         create_app: the app, its middlewares, and every router, one line each
     serve/state.py       ServeState: what the routers share (heads, settings, batcher, decoder)
-    serve/batcher.py     the micro-batching queue of /predict-like work
+    serve/batching.py    the Batcher protocol (and what both batchers share);  serve/batcher.py  the
+                         micro-batching queue of /predict-like work (MicroBatcher)
+    serve/generation.py  the generation service: the one path of /generate, /generate/stream and /v1 generation
+    serve/params.py      GenerationParams from any route's request;  serve/validate.py  limits, text rules, tasks
+    serve/errors.py      the typed errors of a request and their two shapes (native, OpenAI's)
     serve/protocol.py    every request and response model
     serve/config.py      ServeConfig: the settings (each one a flag of `adalayers serve`)
     serve/limits.py      body size, read time, JSON hygiene;  serve/auth.py  the API key
@@ -35,21 +39,21 @@ from fastapi_offline import FastAPIOffline
 
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.auth import BearerAuth
-from adalayers.serve.batcher import Batcher
+from adalayers.serve.batching import Batcher
 from adalayers.serve.budget import JsonBudget, max_json_items, max_json_values
 from adalayers.serve.config import ServeConfig
-from adalayers.serve.limits import BodyLimit, add_error_handlers, max_body_bytes
+from adalayers.serve.errors import add_error_handlers
+from adalayers.serve.limits import BodyLimit, max_body_bytes
 from adalayers.serve.routers import generate, health, metrics, openai, pooling, predict, ui
 from adalayers.serve.state import ServeState
 
-# in this order: the /v1 routers add their error-shaping middleware after the app's own; metrics' counting one
-# comes last (outermost: it sees every answer)
+# in this order: metrics' counting middleware comes last (outermost: it sees every answer)
 ROUTERS = (predict, generate, ui, openai, pooling, health, metrics)
 
 
 def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
-               batcher=None) -> FastAPI:
-    """The app; `batcher` (submit -> Job, run, queue, counters) defaults to Batcher, Ray Serve passes its own."""
+               batcher: Batcher | None = None) -> FastAPI:
+    """The app; `batcher` (serve/batching.Batcher) defaults to MicroBatcher, Ray Serve passes its own."""
     state = ServeState.build(side, cfg or ServeConfig(), batcher)
     # FastAPIOffline: /docs and /redoc load Swagger UI / ReDoc from the package, not from a CDN (air-gapped)
     app = FastAPIOffline(title="adalayers", version="0.1.0", lifespan=_lifespan(state.batcher),
@@ -61,18 +65,17 @@ def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | N
                        hint=f" (from --max-texts {state.cfg.max_texts} and --max-chars {state.cfg.max_chars})")
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)  # added after BodyLimit: runs first, before any body is read
-    add_error_handlers(app)  # 4xx answers that echo client input (NaN, lone surrogates, deep JSON) stay 4xx
+    add_error_handlers(app)  # native error shape; 4xx answers that echo client input (NaN, lone surrogates) stay 4xx
     for router in ROUTERS:
         router.add_routes(app, state)
     return app
 
 
-def _lifespan(batcher):
+def _lifespan(batcher: Batcher):
     """Runs the batcher's worker while the server runs."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        if isinstance(batcher, Batcher):
-            batcher.bind()  # its queue on the server's event loop (Ray Serve's batcher has none)
+        batcher.bind()  # its queue on the server's event loop (Ray Serve's batcher has none)
         worker = asyncio.create_task(batcher.run())
         yield
         worker.cancel()

@@ -12,12 +12,12 @@ bytes), so the answer's timing does not reveal how much of a guess was right.
 from __future__ import annotations
 
 import hmac
-import json
 import os
 from pathlib import Path
 
 from adalayers.errors import ConfigError
 from adalayers.serve.limits import framing_problem
+from adalayers.serve.shapes import error_body_for
 
 ENV = "ADALAYERS_API_KEY"
 OPEN_PATHS = {"/health", "/"}  # liveness probes need no key; nor does the playground page (routers/ui.py)
@@ -63,7 +63,8 @@ class BearerAuth:
         # exactly one Authorization header, and the right one: a second header never rescues a first wrong one
         if len(given) == 1 and hmac.compare_digest(given[0], self.expected):
             return await self.app(scope, receive, send)
-        body = json.dumps({"detail": "missing or wrong API key: send 'Authorization: Bearer KEY'"}).encode()
+        body = error_body_for(scope["path"], 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                              "invalid_api_key")
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
                                 (b"content-length", str(len(body)).encode())]})

@@ -4,8 +4,8 @@ Requests wait in a bounded asyncio queue (full: Busy, answered 503 with Retry-Af
 the first, gathers whatever else arrives within max_wait_ms (up to max_batch texts and max_batch_tokens
 tokens), and runs them as one base pass in a thread (predict_group), so the event loop keeps accepting
 requests while the model runs. One request never fails another: each is validated alone before it is
-queued (serve/state.py), and when a batch still fails its requests are rerun one by one, so only the
-faulty one gets the error. A request whose client has disconnected (before it is queued, or while it
+queued (serve/state.py), and when a batch still fails its requests are rerun one by one (batching.each_alone),
+so only the faulty one gets the error. A request whose client has disconnected (before it is queued, or while it
 waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
 
 A request whose tokens would take the base longer than slice_s (at the tokens/s of the passes so far, a
@@ -16,48 +16,32 @@ ones; so a short request waits for the one slice that is running, not for the la
 it (they take the time no short request asks for, within their deadline). The request's answer is its slices'
 answers in order; a slice that fails fails the request.
 
-Ray Serve (serve/ray_serve.py) has a batcher of its own with the same interface (submit -> Job, run,
-queue, the counters /health reads) and answers through the same predict_group.
+Ray Serve (serve/ray_serve.py) has a batcher of its own; both are serve/batching.Batcher (submit -> Job, admit,
+retry_after_s, run, queue, the counters /health reads) and answer through the same predict_group.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 from adalayers.data.encoding import consecutive
-from adalayers.errors import Cancelled, DataError
+from adalayers.errors import Cancelled
 from adalayers.infer.sidetasks import SideTasks
-from adalayers.kinds import TaskKind
+from adalayers.serve.batching import Admits, Busy, Job, each_alone, predict_group
+
+__all__ = ["MicroBatcher", "Busy", "Job", "predict_group"]
 
 log = logging.getLogger(__name__)
 
 
-class Busy(Exception):
-    """The queue is full."""
-
-
 @dataclass
-class Job:
-    """One queued request: its texts (and second texts), the heads it asks for, the tokens it was
-    charged, and the future its answer (one result per text) is set on."""
-    texts: list[str]
-    tasks: list[str]
-    tokens: int
-    future: asyncio.Future
-    text_pairs: list[str] | None = None
-    per_text: list[int] | None = None  # the tokens of each text (how a large request is sliced)
-    slice_of: "Job | None" = None      # the request this job is a slice of (its answers are assembled there)
-
-
-@dataclass
-class Batcher:
-    """Gathers concurrent requests into batches of at most max_batch texts and max_batch_tokens tokens
-    and runs them in a thread; at most max_queue requests wait."""
+class MicroBatcher(Admits):
+    """The Batcher (serve/batching.py) of the uvicorn server: gathers concurrent requests into batches of at
+    most max_batch texts and max_batch_tokens tokens and runs them in a thread; at most max_queue requests wait."""
     side: SideTasks
     max_batch: int
     max_wait_s: float
@@ -115,26 +99,6 @@ class Batcher:
     def _settled(self, _future) -> None:
         with self._count:
             self.pending -= 1
-
-    def admit(self):
-        """Count work that does not go through the queue (a generation) as pending, under the same
-        --max-queue: returns the function that ends its count, or None when max_queue requests are pending."""
-        with self._count:
-            if self.pending >= self.max_queue:
-                self.refused += 1
-                return None
-            self.pending += 1
-        ended = []
-
-        def release() -> None:  # from any thread (a stream ends in Starlette's worker thread), at most once
-            with self._count:
-                if not ended:
-                    ended.append(True)
-                    self.pending -= 1
-        return release
-
-    def retry_after_s(self) -> int:
-        return max(1, math.ceil(self.pass_s * (self.pending + 1)))
 
     async def _next(self) -> Job:
         while True:  # skip jobs nobody waits for any more
@@ -204,14 +168,14 @@ class Batcher:
                 n, tokens = n + len(job.texts), tokens + job.tokens
             await self._run_group(group)
 
-    async def _predict(self, jobs: list[Job]) -> list[list[dict]]:
-        """One predict_group call for `jobs` (one answer per job)."""
+    def _pass(self, jobs: list[Job]) -> list[list[dict]]:
+        """One predict_group call for `jobs` (one answer per job), in a worker thread; the pass's time feeds
+        Retry-After and the slices' size."""
         self.largest_tokens = max(self.largest_tokens, sum(job.tokens for job in jobs))
         t0, self.busy = time.perf_counter(), True
         try:
-            answers = await asyncio.to_thread(predict_group, self.side,
-                                              [(job.texts, job.tasks, job.text_pairs) for job in jobs],
-                                              lambda: [job.future.done() for job in jobs])
+            answers = predict_group(self.side, [(job.texts, job.tasks, job.text_pairs) for job in jobs],
+                                    lambda: [job.future.done() for job in jobs])
         finally:
             self.busy = False
         self.passes += 1
@@ -235,68 +199,20 @@ class Batcher:
                 self._drop(job)
         if not live:
             return
-        try:
-            self._deliver(live, await self._predict(live))
+        try:  # a failing group: each request alone (each_alone), so only the faulty one gets the error
+            answers = await asyncio.to_thread(each_alone, self._pass, live, lambda job: job.future.done())
         except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
-            for job in live:
+            answers = [None] * len(live)
+        for job, answer in zip(live, answers):
+            if answer is None:
                 self._drop(job)
-        except Exception as e:  # noqa: BLE001
-            if len(live) == 1:
-                return self._fail(live[0], e)
-            log.warning("a batch of %d requests failed (%s); running them one at a time", len(live), e)
-            for job in live:  # only the request that fails alone gets the error
-                if job.future.done():
-                    self._drop(job)
-                    continue
-                try:
-                    self._deliver([job], await self._predict([job]))
-                except Cancelled:
-                    self._drop(job)
-                except Exception as e1:  # noqa: BLE001
-                    self._fail(job, e1)
+            elif answer[0]:
+                self._deliver([job], [answer[1]])
+            elif not job.future.done():
+                job.future.set_exception(answer[1])
 
     def _deliver(self, jobs: list[Job], answers: list[list[dict]]) -> None:
         for job, mine in zip(jobs, answers):
             if not job.future.done():
                 job.future.set_result(mine)
                 self.requests += job.slice_of is None  # a sliced request counts once, when whole
-
-    @staticmethod
-    def _fail(job: Job, e: Exception) -> None:
-        if not isinstance(e, DataError):
-            log.error("a request failed on the server side: %s", e, exc_info=e)
-        if not job.future.done():
-            job.future.set_exception(e)
-
-
-def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
-                  gone=None) -> list[list[dict]]:
-    """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
-    SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.
-    A request's long texts are split into token-head windows only when that request asks for a token
-    head (what it was charged for), never for another request's. `gone()`: per request, whether nobody
-    waits for it any more; its texts' remaining rows are skipped (SideTasks.predict's `abandoned`) and its
-    answer is left empty.
-    The uvicorn Batcher and the Ray Serve batch (serve/ray_serve.py) both answer through this."""
-    texts = [t for texts, _, _ in group for t in texts]
-    second = [t for _, _, pairs in group for t in pairs] if group[0][2] is not None else None
-    windows = [any(side.heads[n].kind == TaskKind.TOKENS for n in tasks) for texts, tasks, _ in group
-               for _ in texts]
-    starts = [0]
-    for texts_, _, _ in group:
-        starts.append(starts[-1] + len(texts_))
-
-    def abandoned() -> set[int]:
-        return {t for k, done in enumerate(gone()) if done for t in range(starts[k], starts[k + 1])}
-
-    results = side.predict(texts, list(dict.fromkeys(name for _, tasks, _ in group for name in tasks)), second,
-                           windows=windows, abandoned=abandoned if gone is not None else None)
-    answers = []
-    for k, (_, tasks, _) in enumerate(group):
-        mine = results[starts[k]: starts[k + 1]]
-        if any(r is None for r in mine):
-            mine = []  # skipped: nobody waits for this request
-        for r in mine:
-            r["tasks"] = {name: r["tasks"][name] for name in tasks}
-        answers.append(mine)
-    return answers

@@ -20,12 +20,12 @@ scan alone.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 import anyio
 
 from adalayers.serve.limits import MAX_DEPTH
+from adalayers.serve.shapes import error_body_for
 
 INLINE_SCAN_BYTES = 64 * 1024  # a larger body is scanned in a worker thread, off the event loop
 # a JSON string (quotes included, written as one "unrolled" loop: no backtracking, C speed), or structure
@@ -119,7 +119,7 @@ class JsonBudget:
                 problem = scan(body, self.max_items, self.max_values, self.max_depth)
             if problem:
                 status = 422 if "nested" in problem else 413  # deep: as FiniteRequest answers it
-                return await _answer(send, status, f"the request body {problem}")
+                return await _answer(send, status, f"the request body {problem}", scope["path"])
         await self.app(scope, _replay(body, receive), send)
 
 
@@ -146,8 +146,8 @@ def _replay(body: bytes, receive):
     return replayed
 
 
-async def _answer(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _answer(send, status: int, detail: str, path: str) -> None:
+    body = error_body_for(path, status, detail)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,6 @@ the text is what was generated up to the token that tripped it, "" when the prom
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -28,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from adalayers.infer.answers import answer_text
-from adalayers.serve.protocol import error_body
+from adalayers.serve.generation import frame
+from adalayers.serve.shapes import error_body
 
 log = logging.getLogger(__name__)
 
@@ -167,4 +167,4 @@ def _usage(prompt_ids: list[list[int]], results: list[dict]) -> dict:
 
 
 def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return frame(obj, ascii_only=False)

@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from adalayers.errors import ConfigError
+from adalayers.infer.params import GenerationParams
 from adalayers.kinds import TaskKind
 
 log = logging.getLogger(__name__)
@@ -118,13 +119,15 @@ class GuardPolicy:
 
     # --- generation -------------------------------------------------------------------------------
     def wrap(self, decode: Callable) -> Callable:
-        """ServeState.decode with the policy: decode(prompts, route=..., request_id=..., **stream's options):
-        the server's rules joined to the request's guard, the trips recorded as the generation ends."""
-        def guarded(prompts: list[str], route: str = "generate", request_id: str | None = None, **kw):
+        """ServeState.decode with the policy: decode(prompts, params, route=..., request_id=...): the server's
+        rules joined to the request's guard (and its heads to the tasks), the trips recorded as it ends."""
+        def guarded(prompts: list[str], params: GenerationParams, route: str = "generate",
+                    request_id: str | None = None):
             if self.rules:
-                kw["guard"] = self.merged(kw.get("guard"))
-                kw["tasks"] = self.tasks(kw.get("tasks"))
-            events = decode(prompts, **kw)
+                tasks = self.tasks(None if params.tasks is None else list(params.tasks))
+                params = replace(params, guard=tuple(self.merged(params.guards).items()),
+                                 tasks=None if tasks is None else tuple(tasks))
+            events = decode(prompts, params)
             rid = request_id or uuid.uuid4().hex
             return type(events)(self._recording(events, route, rid), events.job)
         return guarded

@@ -20,7 +20,6 @@ still sends is dropped until it closes, so that no TCP reset overtakes the answe
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 import h11
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from adalayers.jsoncheck import json_problem
+from adalayers.serve.shapes import clip, error_body_for
 
 
 class BodyTooLarge(Exception):
@@ -70,10 +70,10 @@ class BodyLimit:
         if refused:
             if refused[0] == 431:  # the head was read whole: read a body that fits too, so that closing the
                 await _drain(receive, self.max_bytes)  # connection does not reset it before the answer is read
-            return await _answer(send, *refused)
+            return await _answer(send, *refused, scope["path"])
         size = dict(scope["headers"]).get(b"content-length", b"")
         if size.isdigit() and int(size) > self.max_bytes:
-            return await self._refuse(send, f"request body has {int(size)} bytes")
+            return await self._refuse(send, f"request body has {int(size)} bytes", scope["path"])
         seen, over, started = 0, False, False
 
         async def counted_receive():
@@ -98,10 +98,10 @@ class BodyLimit:
         except BodyTooLarge:
             pass
         if over and not started:
-            await self._refuse(send, f"request body passed {self.max_bytes} bytes while being read")
+            await self._refuse(send, f"request body passed {self.max_bytes} bytes while being read", scope["path"])
 
-    async def _refuse(self, send, what: str) -> None:
-        await _answer(send, 413, f"{what}; the limit is {self.max_bytes} bytes{self.hint}")
+    async def _refuse(self, send, what: str, path: str) -> None:
+        await _answer(send, 413, f"{what}; the limit is {self.max_bytes} bytes{self.hint}", path)
 
 
 async def _drain(receive, max_bytes: int, timeout_s: float = 1.0) -> None:
@@ -119,9 +119,10 @@ async def _drain(receive, max_bytes: int, timeout_s: float = 1.0) -> None:
         return
 
 
-async def _answer(send, status: int, detail: str) -> None:
-    """A JSON error answer that closes the connection (the request's body is never read)."""
-    body = json.dumps({"detail": detail}).encode()
+async def _answer(send, status: int, detail: str, path: str) -> None:
+    """A JSON error answer (in the shape of the path's router) that closes the connection (the request's body is
+    never read)."""
+    body = error_body_for(path, status, detail)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
                             (b"content-length", str(len(body)).encode())]})
@@ -236,7 +237,6 @@ class FiniteRequest(BaseModel):
 MAX_ERRORS = 5             # validation problems an error answer lists (then how many there were in all)
 MAX_ECHO_ITEMS = 5         # items of an array or object echoed in an error answer
 MAX_ECHO_CHARS = 200       # characters of a string echoed in an error answer
-MAX_DETAIL_CHARS = 2000    # characters of an error message (one naming many unknown task names, say)
 
 
 def shallow(value, depth: int = 3):
@@ -258,11 +258,6 @@ def shallow(value, depth: int = 3):
     return value
 
 
-def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """`text` cut to `limit` characters, saying how many were left out."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
-
-
 def json_safe(value):
     """A copy of `value` that JSON can carry: NaN/Infinity floats become their names, strings with
     lone surrogates get them as \\udxxx escapes."""
@@ -275,32 +270,6 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
-
-
-def add_error_handlers(app) -> None:
-    """4xx answers that can always be sent, of a few KB at most: a validation error lists its first MAX_ERRORS
-    problems (and how many there were), each echoing its input cut to a few levels, items and characters
-    (shallow) and JSON-safe (json_safe), and an HTTPException's detail (which may quote a task name
-    with a lone surrogate) is made JSON-safe, so no client input turns a 4xx into a 500."""
-    from fastapi.encoders import jsonable_encoder
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request, exc: RequestValidationError):
-        found = exc.errors()
-        errors = [{k: shallow(v) if k in ("input", "ctx") else v for k, v in e.items()} for e in found[:MAX_ERRORS]]
-        content = {"detail": json_safe(jsonable_encoder(errors))}
-        if len(found) > MAX_ERRORS:
-            content["errors"] = len(found)  # the first MAX_ERRORS are listed
-        return JSONResponse(status_code=422, content=content)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_request, exc: HTTPException):
-        detail = clip(exc.detail) if isinstance(exc.detail, str) else exc.detail
-        return JSONResponse(status_code=exc.status_code, content={"detail": json_safe(detail)},
-                            headers=exc.headers)
 
 
 async def client_gone(request) -> None:

@@ -71,10 +71,10 @@ class Metrics:
         self._waiting.set_function(waiting)
 
     def watching(self, decode: Callable) -> Callable:
-        """`decode` (ServeState.decode: prompts, **options -> a generation's events) with every generation it
+        """`decode` (ServeState.decode: prompts, params, route, request_id -> a generation's events) with every generation it
         starts measured (Watched)."""
-        def watched(prompts, **kw):
-            return Watched(decode(prompts, **kw), self)
+        def watched(prompts, params, **kw):
+            return Watched(decode(prompts, params, **kw), self)
         return watched
 
     def exposition(self) -> bytes:

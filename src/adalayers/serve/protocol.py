@@ -1,5 +1,5 @@
 """Request and response models of every route: /predict and /generate (adalayers' own), then the
-OpenAI-compatible routes (/v1/*) and OpenAI's error shape. Every request model is a FiniteRequest
+OpenAI-compatible routes (/v1/*). Every request model is a FiniteRequest
 (serve/limits.py): NaN, Infinity and over-deep JSON are refused before a route sees them.
 
 The OpenAI requests follow OpenAI's chat completions, completions and embeddings APIs and vLLM's classify
@@ -19,7 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adalayers.serve.limits import FiniteRequest, clip
+from adalayers.serve.errors import OpenAIError
+from adalayers.serve.limits import FiniteRequest
 
 MAX_NEW_TOKENS = 256  # tokens a /generate request may ask for; a chat completion's default max_tokens
 
@@ -63,23 +64,6 @@ class GenerateRequest(FiniteRequest):
 # --- /v1/* (OpenAI, vLLM) -----------------------------------------------------------------------------
 
 
-class OpenAIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
-
-    def body(self) -> dict:
-        return error_body(self.status, self.message, self.param, self.code)
-
-
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    kind = "server_error" if status >= 500 else "authentication_error" if status == 401 else "invalid_request_error"
-    return {"error": {"message": clip(message), "type": kind, "param": param, "code": code}}
-
-
 class SideOptions(BaseModel):
     """The extra "adalayers" field: which side tasks to answer, and how."""
     model_config = ConfigDict(extra="forbid")
@@ -119,13 +103,6 @@ class OpenAIRequest(FiniteRequest):
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-    def sampling(self) -> dict:
-        """infer/generate.stream's sampling arguments: greedy at temperature 0, else a draw (OpenAI's
-        defaults: temperature 1, top_p 1)."""
-        temperature = 1.0 if self.temperature is None else self.temperature
-        return {"do_sample": temperature > 0, "temperature": temperature or 1.0,
-                "top_p": 1.0 if self.top_p is None else self.top_p, "seed": self.seed}
 
 
 class ChatRequest(OpenAIRequest):
@@ -184,15 +161,3 @@ def unsupported(req: BaseModel) -> OpenAIError | None:
             return OpenAIError(400, f"unsupported value of {name!r}: {value!r} (adalayers serve takes "
                                     f"{' or '.join(map(repr, SUPPORTED[name]))})", name, "unsupported_value")
     return None
-
-
-def max_new_tokens(req: ChatRequest | CompletionRequest, limit: int = MAX_NEW_TOKENS) -> int:
-    """max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat, at most
-    `limit`); more than `limit` (the server's context, --ctx-size) is a 400."""
-    default = min(MAX_NEW_TOKENS, limit) if isinstance(req, ChatRequest) else 16
-    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens or default
-    if asked > limit:
-        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-        raise OpenAIError(400, f"{param} is {asked}; this server's context holds {limit} tokens (--ctx-size), "
-                               "prompt included", param, "context_length_exceeded")
-    return asked

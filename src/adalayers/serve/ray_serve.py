@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import threading
 import time
 
 from ray import serve
 
+from adalayers.serve.batching import Admits, Busy, Job, each_alone, predict_group
 from adalayers.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,12 @@ class _Pending:
         return self.n
 
 
-class ServeBatcher:
-    """What create_app needs from a batcher (submit -> a Job with a future, the counters /health reads),
-    backed by a @serve.batch method instead of an asyncio queue. The hardening of the uvicorn Batcher
-    applies here too: at most max_queue requests pending (Busy -> 503 with Retry-After), a request
-    cancelled at its deadline or on a disconnect no longer counts, and a failing batch is rerun one
-    request at a time in predict_many so that only the faulty request gets the error."""
+class ServeBatcher(Admits):
+    """The Batcher (serve/batching.py) of a Ray Serve replica, backed by a @serve.batch method instead of an
+    asyncio queue. The hardening of the uvicorn MicroBatcher applies here too: at most max_queue requests
+    pending, generations counted too (Busy -> 503 with Retry-After), a request cancelled at its deadline or on a
+    disconnect no longer counts, and a failing batch is rerun one request at a time (batching.each_alone) so that
+    only the faulty request gets the error."""
 
     def __init__(self, batched, max_batch: int, max_wait_s: float, max_batch_tokens: int = 16_384,
                  max_queue: int = 64):
@@ -46,25 +47,27 @@ class ServeBatcher:
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.queue, self.passes, self.requests = _Pending(), 0, 0
         self.pending = self.dropped = self.gone = self.expired = self.refused = self.largest_tokens = 0
-        self.busy, self.pass_s = False, 0.0
+        self.generations_stopped = self.sliced = 0  # Ray Serve runs a request whole: never sliced
+        self.busy, self.pass_s, self.tokens_per_s = False, 0.0, 0.0
+        self._count = threading.Lock()
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
-               per_text: list[int] | None = None):
-        """As Batcher.submit; Ray Serve's own batching runs a request whole (per_text, for slicing, is unused)."""
-        from adalayers.serve.batcher import Busy, Job
-
-        if self.pending >= self.max_queue:
-            self.refused += 1
-            raise Busy()
+               per_text: list[int] | None = None) -> Job:
+        """As MicroBatcher.submit; Ray Serve's own batching runs a request whole (per_text, for slicing, is unused)."""
+        with self._count:
+            if self.pending >= self.max_queue:
+                self.refused += 1
+                raise Busy()
+            self.pending += 1
         self.largest_tokens = max(self.largest_tokens, tokens)
         future = asyncio.ensure_future(self._answer(texts, tasks, text_pairs))
-        self.pending += 1
         self.queue.n += 1
         future.add_done_callback(self._settled)
         return Job(texts, tasks, tokens, future, text_pairs)
 
     def _settled(self, future) -> None:
-        self.pending -= 1
+        with self._count:
+            self.pending -= 1
         self.queue.n -= 1
         if future.cancelled():
             self.dropped += 1
@@ -77,11 +80,17 @@ class ServeBatcher:
             raise answer
         return answer
 
-    def retry_after_s(self) -> int:
-        return max(1, math.ceil(self.pass_s * (self.pending + 1)))
+    def bind(self) -> None:  # no queue of its own: Ray Serve does the batching
+        return None
 
     async def run(self) -> None:  # the app's lifespan starts it; Ray Serve does the batching
         return None
+
+    def counted_pass(self, side, part: list[tuple]) -> list[list[dict]]:
+        """predict_group over `part`, counted as a pass."""
+        answers = predict_group(side, part)
+        self.passes += 1
+        return answers
 
 
 @serve.ingress()
@@ -127,30 +136,10 @@ class SideTasksIngress:
 
     def _predict_part(self, part: list[tuple]) -> list[tuple[bool, object]]:
         """predict_group over `part`; when it fails, every request alone (only the faulty one gets the error)."""
-        from adalayers.errors import DataError
-        from adalayers.serve.batcher import predict_group
-
         b = self.batcher
         t0, b.busy = time.perf_counter(), True
         try:
-            try:
-                answers = [(True, a) for a in predict_group(self.side, part)]
-                b.passes += 1
-            except Exception as e:  # noqa: BLE001
-                if len(part) == 1:
-                    answers = [(False, e)]
-                else:
-                    log.warning("a batch of %d requests failed (%s); running them one at a time", len(part), e)
-                    answers = []
-                    for job in part:
-                        try:
-                            answers.append((True, predict_group(self.side, [job])[0]))
-                        except Exception as e1:  # noqa: BLE001
-                            answers.append((False, e1))
-                        b.passes += 1
-            for ok, e in answers:
-                if not ok and not isinstance(e, DataError):
-                    log.error("a request failed on the server side: %s", e, exc_info=e)
+            answers = each_alone(lambda jobs: b.counted_pass(self.side, jobs), part)
         finally:
             b.busy = False
         dt = time.perf_counter() - t0

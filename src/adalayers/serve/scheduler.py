@@ -1,8 +1,8 @@
 """Continuous batching of generation: one scheduler thread owns the decode loop of the service.
 
     scheduler = Scheduler(side)
-    events = scheduler.stream(prompts, max_new_tokens=32, tasks=[...], ...)   # infer/generate.stream's
-    # arguments and events: "prompt" (after the prefill), one "step" per token, then "done"
+    events = scheduler.stream(prompts, GenerationParams(max_new_tokens=32, tasks=(...), ...))   # infer/generate
+    # .start's arguments and events: "prompt" (after the prefill), one "step" per token, then "done"
 
 A new request waits in a queue. Between two decode steps the scheduler prefills every waiting request
 (all their prompts as one left-padded batch, the heads' hooks on: one forward) and merges their rows into
@@ -32,11 +32,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Iterator
 
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.batching import Batch, Row
-from adalayers.infer.generate import Generation, Job, Stream
+from adalayers.infer.generate import Generation
+from adalayers.infer.params import GenerationParams
+from adalayers.infer.request import Job, Stream, job_events
 from adalayers.infer.torch_runtime import as_runtime
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,11 @@ class Scheduler:
         return {"decode_steps": self.steps, "rows_decoded": self.rows_stepped, "largest_step_rows": self.largest_step,
                 "generations_waiting": self.waiting.qsize() + (self._next is not None)}
 
-    def stream(self, prompts: list[str], **kw) -> Stream:
-        """infer/generate.stream's events for this request, decoded together with every other running one.
-        A bad request, or one that can never fit the room, raises here (DataError, ModelError), before it is queued."""
-        job = Job(self.side, prompts, **kw)
+    def stream(self, prompts: list[str], params: GenerationParams | None = None, **kw) -> Stream:
+        """infer/generate.start's events for this request (params, or infer/generate.stream's keywords), decoded
+        together with every other running one. A bad request, or one that can never fit the room, raises here
+        (DataError, ModelError), before it is queued."""
+        job = Job(self.side, prompts, params or GenerationParams.of(**kw))
         need, prompt = self._tokens(job)
         if self.room is not None and (len(job.prompts) > self.room[0] or need > self.room[1]):
             raise DataError(f"the request needs {len(job.prompts)} sequence(s) and {need} KV tokens (prompt tokens + "
@@ -85,7 +87,7 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._loop, name="adalayers-scheduler", daemon=True)
                 self._thread.start()
         self.waiting.put((job, need, prompt))
-        return Stream(_events(job), job)
+        return Stream(job_events(job), job)
 
     def _tokens(self, job: Job) -> tuple[int, int]:
         """(the KV tokens the job's rows hold at most: each prompt's tokens (as the prefill cuts them) + max_new,
@@ -163,16 +165,3 @@ class Scheduler:
 def _held(row: Row) -> int:
     """The KV tokens a running row holds at most: its prompt's and its max_new_tokens."""
     return len(row.prompt_ids) + row.owner.max_new
-
-
-def _events(job: Job) -> Iterator[dict]:
-    try:
-        while True:
-            event = job.events.get()
-            if isinstance(event, BaseException):
-                raise event
-            yield event
-            if event["event"] == "done":
-                return
-    finally:
-        job.cancelled.set()  # the consumer stopped (or finished): its rows leave at the next step

@@ -1,9 +1,12 @@
-"""What every router of the service shares: the heads, the settings, the batcher and the decoder.
+"""What every router of the service shares: the heads, the settings, the batcher, the decoder and the
+generation service.
 
 create_app (serve/app.py) builds one ServeState and hands it to each router's add_routes. Routes that
 answer texts (/predict, /v1/classify, /v1/embeddings) go through ServeState.answer_texts: limits,
-text rules and task names checked, then queued in the batcher (serve/batcher.py) and awaited. Routes
-that generate (/generate, /v1/completions, /v1/chat/completions) share ServeState.decode.
+text rules and task names checked (serve/validate.py), then queued in the batcher (serve/batcher.py) and
+awaited. Routes that generate (/generate, /generate/stream, /v1/completions, /v1/chat/completions) go through
+ServeState.generation (serve/generation.py), over ServeState.decode. Failures are the typed errors of
+serve/errors.py, answered by each router in its shape.
 """
 from __future__ import annotations
 
@@ -14,18 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
 from adalayers.errors import AdaLayersError, DataError
-from adalayers.infer.generate import stream
+from adalayers.infer.generate import start
 from adalayers.infer.sidetasks import SideTasks
-from adalayers.serve.batcher import Batcher, Busy
+from adalayers.serve.batcher import MicroBatcher
+from adalayers.serve.batching import Batcher, Busy
 from adalayers.serve.config import ServeConfig
+from adalayers.serve.errors import BadText, ClientGone, ServerError, TooLarge
+from adalayers.serve.generation import GenerationService
 from adalayers.serve.guards import GuardPolicy
 from adalayers.serve.limits import client_gone
 from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
-from adalayers.textcheck import text_problem
+from adalayers.serve.validate import check_tasks, check_texts
 
 
 def public_name(base: str) -> str:
@@ -44,12 +50,14 @@ def scheduler(side, cfg) -> Scheduler | None:
 
 @dataclass
 class ServeState:
-    """The service's shared parts. `batcher`: Batcher, or Ray Serve's ServeBatcher (the same interface:
-    submit -> Job, run, queue, counters); `decode(prompts, **stream's options)` gives stream's events."""
+    """The service's shared parts. `batcher`: a serve/batching.Batcher (MicroBatcher, or Ray Serve's
+    ServeBatcher); `decode(prompts, params, route=..., request_id=...)` gives infer/generate.start's events;
+    `generation` the one path of every generating route."""
     side: SideTasks
     cfg: ServeConfig
     batcher: Batcher
     decode: Callable
+    generation: GenerationService
     name: str = ""           # the base's public name (never a server path)
     started: float = field(default_factory=time.time)
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
@@ -57,43 +65,34 @@ class ServeState:
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (serve/metrics.py); decode reports to it
 
     @classmethod
-    def build(cls, side: SideTasks, cfg: ServeConfig, batcher=None) -> ServeState:
-        batcher = batcher or Batcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
+    def build(cls, side: SideTasks, cfg: ServeConfig, batcher: Batcher | None = None) -> ServeState:
+        batcher = batcher or MicroBatcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
         metrics = Metrics()
         guards = GuardPolicy.from_config(cfg, side, metrics)
-        decode = guards.wrap(sched.stream if sched is not None else functools.partial(stream, side))
-        return cls(side, cfg, batcher, metrics.watching(decode), public_name(side.backbone.name), scheduler=sched,
-                   metrics=metrics, guards=guards)
-
-    def busy(self) -> HTTPException:
-        """The 503 of a full queue, with the Retry-After the batcher expects."""
-        return HTTPException(503, f"the queue is full ({self.batcher.max_queue} requests pending, --max-queue); "
-                                  "retry later", headers={"Retry-After": str(self.batcher.retry_after_s())})
-
-    def expired(self) -> HTTPException:
-        """The 503 of a request past its deadline (--request-timeout)."""
-        return HTTPException(503, f"not answered within {self.cfg.request_timeout_s:g} s (--request-timeout); "
-                                  "retry later", headers={"Retry-After": str(self.batcher.retry_after_s())})
+        decode = metrics.watching(guards.wrap(sched.stream if sched is not None else functools.partial(start, side)))
+        return cls(side, cfg, batcher, decode, GenerationService(decode, batcher, cfg.request_timeout_s),
+                   public_name(side.backbone.name), scheduler=sched, metrics=metrics, guards=guards)
 
     async def answer_texts(self, request: Request, arrived: float, texts: list[str], text_pairs: list[str] | None,
                            tasks: list[str] | None) -> tuple[list[dict], int]:
         """Check texts (limits, text rules, task names), queue them in the batcher and await their results:
-        (results as /predict gives them, tokens run). Every failure is an HTTPException naming the problem
-        (a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes answer through this."""
+        (results as /predict gives them, tokens run). Every failure is a typed error naming the problem
+        (serve/errors.py; a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes
+        answer through this."""
         gone_early = await request.is_disconnected()  # hung up while its body was parsed: not even checked
         if not gone_early:
             tasks, per_text = await self._checked(texts, text_pairs, tasks)
         if gone_early or await request.is_disconnected():  # hung up while it was checked: never queued, never run
             self.batcher.gone += 1
             self.batcher.dropped += 1
-            raise HTTPException(499, "client disconnected")  # never sent
+            raise ClientGone("client disconnected")  # never sent
         tokens = sum(per_text)
         try:
             job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
         except Busy:
-            raise self.busy() from None
+            raise self.generation.busy() from None
         gone = asyncio.create_task(client_gone(request))
         try:
             left = self.cfg.request_timeout_s - (time.perf_counter() - arrived)
@@ -104,59 +103,51 @@ class ServeState:
             job.future.cancel()  # the batcher drops it unrun
             if gone.done() and not gone.cancelled():
                 self.batcher.gone += 1
-                raise HTTPException(499, "client disconnected")  # never sent
+                raise ClientGone("client disconnected")  # never sent
             self.batcher.expired += 1
-            raise self.expired()
+            raise self.generation.expired()
         try:
             return job.future.result(), tokens
         except DataError as e:
-            raise HTTPException(422, str(e)) from None
+            raise BadText(str(e)) from None
         except AdaLayersError as e:
-            raise HTTPException(500, f"server-side error: {e}") from None
+            raise ServerError(f"server-side error: {e}") from None
         except Exception as e:  # noqa: BLE001  (logged by the batcher)
-            raise HTTPException(500, f"server-side error ({type(e).__name__}); see the server log") from None
+            raise ServerError(f"server-side error ({type(e).__name__}); see the server log") from None
 
     async def embed_texts(self, texts: list[str], arrived: float) -> tuple[list[list[float]], int]:
         """A decoder base's embeddings (SideTasks.embed, --pooling) and the tokens run: the texts checked as
         answer_texts checks them, counted under --max-queue, answered within --request-timeout (else 503)."""
         _, per_text = await self._checked(texts, None, [])
-        release = self.batcher.admit() if hasattr(self.batcher, "admit") else (lambda: None)
+        release = self.batcher.admit()
         if release is None:
-            raise self.busy()
+            raise self.generation.busy()
         work = asyncio.ensure_future(asyncio.to_thread(self.side.embed, texts, self.cfg.pooling))
         work.add_done_callback(lambda f: (release(), f.cancelled() or f.exception()))  # pending until it ends
         done, _ = await asyncio.wait({work}, timeout=max(0.0, self.cfg.request_timeout_s - (time.perf_counter()
                                                                                           - arrived)))
         if not done:
             self.batcher.expired += 1
-            raise self.expired()
+            raise self.generation.expired()
         try:
             return work.result(), sum(per_text)
         except DataError as e:
-            raise HTTPException(422, str(e)) from None
+            raise BadText(str(e)) from None
 
     async def _checked(self, texts: list[str], text_pairs: list[str] | None,
                        tasks: list[str] | None) -> tuple[list[str], list[int]]:
-        """(the heads to run, the tokens each text needs), or the HTTPException naming its first problem."""
-        for what, given in (("text", texts), ("second text", text_pairs or [])):
-            for i, t in enumerate(given):
-                if len(t) > self.cfg.max_chars:
-                    raise HTTPException(413, f"{what} {i + 1} has {len(t)} characters; the limit is "
-                                             f"{self.cfg.max_chars} (--max-chars)")
-                problem = text_problem(t)
-                if problem:
-                    raise HTTPException(422, f"{what} {i + 1} {problem}")
+        """(the heads to run, the tokens each text needs), or the typed error naming its first problem."""
+        check_texts(texts, self.cfg.max_chars, "text")
+        check_texts(text_pairs or [], self.cfg.max_chars, "second text")
         side = self.side
-        unknown = [t for t in (tasks or []) if t not in side.heads]
-        if unknown:
-            raise HTTPException(400, f"unknown task(s): {', '.join(unknown)}; known tasks: {', '.join(side.names)}")
+        check_tasks(side, tasks)
         try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
             tasks = side.select(list(dict.fromkeys(tasks)) if tasks is not None else None, text_pairs is not None)
             per_text = list(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
         except DataError as e:
-            raise HTTPException(422, str(e)) from None
+            raise BadText(str(e)) from None
         tokens = sum(per_text)
         if tokens > self.cfg.max_tokens:
-            raise HTTPException(413, f"the request needs {tokens} tokens (with token-head windows); the limit is "
-                                     f"{self.cfg.max_tokens} (--max-tokens)")
+            raise TooLarge(f"the request needs {tokens} tokens (with token-head windows); the limit is "
+                           f"{self.cfg.max_tokens} (--max-tokens)")
         return tasks, per_text

@@ -26,8 +26,8 @@ def counters(state: ServeState) -> dict:
             "requests_dropped": b.dropped, "requests_refused": b.refused, "clients_gone": b.gone,
             "deadlines_passed": b.expired, "busy": b.busy, "largest_batch_tokens": b.largest_tokens,
             "base_rows_run": side.rows_run, "base_rows_skipped": side.rows_skipped,
-            "generations_stopped": getattr(b, "generations_stopped", 0), "max_batch_tokens": b.max_batch_tokens,
+            "generations_stopped": b.generations_stopped, "max_batch_tokens": b.max_batch_tokens,
             "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
-            "requests_sliced": getattr(b, "sliced", 0), "base_tokens_per_s": round(getattr(b, "tokens_per_s", 0.0), 1),
+            "requests_sliced": b.sliced, "base_tokens_per_s": round(b.tokens_per_s, 1),
             **(state.scheduler.stats() if state.scheduler is not None else {}), **side.runtime.usage(),
             "guard_stops": state.guards.stats() if state.guards is not None else {}}

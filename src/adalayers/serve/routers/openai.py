@@ -6,35 +6,32 @@
     POST /v1/classify          every sequence head, vLLM's shape (routers/pooling.py)
     POST /v1/embeddings        encoder bases: the sentence embedding /predict gives as "base" (routers/pooling.py)
 
-Generation goes through the service's decoder, the one /generate uses (ServeState.decode: the
-continuous-batching scheduler of serve/scheduler.py, or infer/generate.stream per request with
---no-continuous-batching); its events are shaped by serve/completions.py. Side tasks are opt-in per request through the extra body field
-"adalayers" (serve/protocol.py); without it the answer is what an OpenAI client expects, nothing more.
-Every error on /v1/* (401 and 413 from the middlewares, 422 from validation, 503 when busy) is in
-OpenAI's shape {"error": {"message", "type", "param", "code"}}; at most --max-queue generations run at once.
+Generation goes through the generation service, the one /generate uses (serve/generation.py: decode, admit
+under --max-queue, first event within --request-timeout, then the rest or a stream); its events are shaped by
+serve/completions.py. The request's options become GenerationParams once (serve/params.py). Side tasks are
+opt-in per request through the extra body field "adalayers" (serve/protocol.py); without it the answer is what
+an OpenAI client expects, nothing more. Every error on /v1/* is in OpenAI's shape {"error": {"message", "type",
+"param", "code"}}: a route's through the route class (serve/errors.OpenAIRoute), and 401 and 413 from the
+middlewares, 404 and 405 from the app's handler, by path (serve/shapes.py).
 """
 from __future__ import annotations
 
-import asyncio
-import itertools
-import json
-import threading
 import time
-import weakref
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
 
 from adalayers.errors import AdaLayersError, ModelError
 from adalayers.kinds import TaskKind
 from adalayers.serve.budget import max_conversation_chars, max_messages
 from adalayers.serve.completions import Completion
-from adalayers.serve.deadlines import within
-from adalayers.serve.protocol import (ChatRequest, CompletionRequest, OpenAIError, OpenAIRequest, error_body,
-                                      max_new_tokens, unsupported)
+from adalayers.serve.errors import OpenAIError, OpenAIRoute, ServerError
+from adalayers.serve.generation import GenerationService
+from adalayers.serve.params import openai_params
+from adalayers.serve.protocol import ChatRequest, CompletionRequest, OpenAIRequest, unsupported
 from adalayers.serve.state import ServeState
+from adalayers.serve.validate import check_count, check_tasks, check_text, check_texts
 from adalayers.data.templates import base_chat_template, chat_text, read_chat_template
-from adalayers.textcheck import text_problem
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4
@@ -42,90 +39,66 @@ MAX_STOPS = 4
 
 def add_routes(app: FastAPI, state: ServeState) -> None:
     """GET /v1/models and the two generation routes (the pooling ones are routers/pooling.py)."""
-    side, cfg, name, generate = state.side, state.cfg, state.name, state.decode  # /generate's decoder, shared
-    install_errors(app)
-    slots, started = Slots(cfg.max_queue, state.batcher), int(time.time())
+    side, cfg, name, service = state.side, state.cfg, state.name, state.generation  # /generate's service, shared
+    router, started = APIRouter(route_class=OpenAIRoute), int(time.time())
     try:  # --chat-template, else the tokenizer's own (None), else the GGUF file's; none: chat is a 400
         template, no_chat = base_chat_template(side.backbone.tokenizer, side.backbone.name,
                                                read_chat_template(cfg.chat_template)), None
     except ModelError as e:
         template, no_chat = None, str(e)
 
-    @app.get("/v1/models")
+    def shape(chat: bool) -> Completion:
+        return Completion(chat, name, side.backbone.fingerprint(), side.backbone.tokenizer, refusal=cfg.guard_message)
+
+    @router.get("/v1/models")
     async def models():
         heads = [{"id": n, "object": "model", "created": started, "owned_by": "adalayers", "root": name,
                   "parent": name} for n, h in side.heads.items() if h.kind != TaskKind.TOKENS]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": started,
                                             "owned_by": "adalayers", "root": name, "parent": None}] + heads}
 
-    @app.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest):
-        _check(req, side, name, cfg.ctx_size)
+        arrived = time.perf_counter()
+        _check(req, side, name)
+        params = openai_params(req, cfg.ctx_size)
         if no_chat:
             raise OpenAIError(400, no_chat, "model", "model_not_supported")
         prompt = _chat_prompt(req.messages, side, cfg, template)
-        _fits(side, prompt, "the conversation", "messages", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
-        return await _generate(generate, slots, req, [prompt], Completion(True, name, side.backbone.fingerprint(),
-                                                                           side.backbone.tokenizer,
-                                                                           refusal=cfg.guard_message),
-                               cfg.request_timeout_s, cfg.ctx_size)
+        _fits(side, prompt, "the conversation", "messages", params.max_new_tokens, cfg.ctx_size)
+        return await _complete(service, req, [prompt], shape(True), params, arrived)
 
-    @app.post("/v1/completions")
+    @router.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        _check(req, side, name, cfg.ctx_size)
+        arrived = time.perf_counter()
+        _check(req, side, name)
+        params = openai_params(req, cfg.ctx_size)
         prompts = _prompts(req.prompt, cfg)
         for i, p in enumerate(prompts):
-            _fits(side, p, f"prompt {i + 1}", "prompt", max_new_tokens(req, cfg.ctx_size), cfg.ctx_size)
-        return await _generate(generate, slots, req, prompts, Completion(False, name, side.backbone.fingerprint(),
-                                                                          side.backbone.tokenizer,
-                                                                          refusal=cfg.guard_message),
-                               cfg.request_timeout_s, cfg.ctx_size)
+            _fits(side, p, f"prompt {i + 1}", "prompt", params.max_new_tokens, cfg.ctx_size)
+        return await _complete(service, req, prompts, shape(False), params, arrived)
+
+    app.include_router(router)
 
 
-def install_errors(app: FastAPI) -> None:
-    """Every error on /v1/* in OpenAI's shape (once per app, whichever /v1 router comes first): the
-    middleware is added after the app's others, so it is outermost and sees their 401 and 413 too."""
-    if getattr(app.state, "openai_errors", False):
-        return
-    app.state.openai_errors = True
-    app.add_middleware(OpenAIErrors)
-    app.add_exception_handler(OpenAIError, _error_response)
+async def _complete(service: GenerationService, req: OpenAIRequest, prompts: list[str], shape: Completion, params,
+                    arrived: float):
+    """The generation service's one path; a bad request is a 400 before any token is generated. Its start (the
+    prefill, after any wait for room) within --request-timeout, else 503 and the request leaves the queue; once
+    it runs, it runs to its end (or until its client leaves), as OpenAI-style servers do."""
+    shape.side_tasks, shape.stops = req.adalayers is not None, list(params.stop)
+    shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    route = "/v1/chat/completions" if shape.chat else "/v1/completions"
+    started = await service.begin(prompts, params, route, arrived, request_id=shape.id)
+    if req.stream:
+        return service.sse(started, shape.sse)
+    return JSONResponse(await service.finish(started, shape.response,
+                                             failed=lambda e: ServerError(f"generation failed: {e}")))
 
 
-class Slots:
-    """At most `limit` generations at once; one more is a 503 with Retry-After. With the service's batcher
-    (serve/batcher.Batcher.admit), generations count under --max-queue together with /predict's requests and
-    /generate's, as one queue."""
-
-    def __init__(self, limit: int, batcher=None):
-        self.limit, self.active, self._lock = limit, 0, threading.Lock()
-        self.batcher = batcher if hasattr(batcher, "admit") else None
-
-    def take(self):
-        """A slot, or OpenAIError 503; returns its release function (safe to call twice)."""
-        if self.batcher is not None:
-            release = self.batcher.admit()
-            if release is None:
-                raise OpenAIError(503, f"the queue is full ({self.batcher.max_queue} requests pending, --max-queue); "
-                                       "retry later", headers={"Retry-After": str(self.batcher.retry_after_s())})
-            return release
-        with self._lock:
-            if self.active >= self.limit:
-                raise OpenAIError(503, f"{self.active} generations are running (--max-queue {self.limit}); "
-                                       "retry later", headers={"Retry-After": "1"})
-            self.active += 1
-        held = [True]
-
-        def release():
-            with self._lock:
-                if held[0]:
-                    held[0], self.active = False, self.active - 1
-        return release
-
-
-def _check(req: OpenAIRequest, side, name: str, ctx_size: int) -> None:
+def _check(req: OpenAIRequest, side, name: str) -> None:
     """What every generation request must be: supported fields, this server's model, a decoder base,
-    at most 4 non-empty stop strings, known side tasks."""
+    at most 4 non-empty stop strings, known side tasks (max_tokens: serve/params.py)."""
     problem = unsupported(req)
     if problem:
         raise problem
@@ -142,11 +115,7 @@ def _check(req: OpenAIRequest, side, name: str, ctx_size: int) -> None:
         raise OpenAIError(400, "stream_options is only allowed when stream is true", "stream_options")
     opts = req.adalayers
     if opts is not None:
-        unknown = [t for t in (opts.tasks or []) + opts.answer_only + list(opts.guard or {}) if t not in side.heads]
-        if unknown:
-            raise OpenAIError(400, f"unknown side task(s): {', '.join(unknown)}; known: {', '.join(side.names)}",
-                              "adalayers")
-    max_new_tokens(req, ctx_size)
+        check_tasks(side, (opts.tasks or []) + opts.answer_only + list(opts.guard or {}), "adalayers")
 
 
 def _chat_prompt(messages: list[dict], side, cfg, template: str | None) -> str:
@@ -187,32 +156,17 @@ def _content(content, i: int, cfg) -> str:
         content = "\n".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise OpenAIError(400, f"messages[{i}].content must be text", f"messages[{i}].content")
-    if len(content) > cfg.max_chars:
-        raise OpenAIError(413, f"messages[{i}].content has {len(content)} characters; the limit is "
-                               f"{cfg.max_chars} (--max-chars)", f"messages[{i}].content")
-    problem = text_problem(content)
-    if problem and content and problem != "is empty":
-        raise OpenAIError(422, f"messages[{i}].content {problem}", f"messages[{i}].content")
+    check_text(content, cfg.max_chars, f"messages[{i}].content", f"messages[{i}].content", blank_ok=True)
     return content
 
 
 def _prompts(prompt, cfg) -> list[str]:
     """The prompt(s) of /v1/completions: a string or a list of strings (token ids are not taken)."""
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    if not prompts:
-        raise OpenAIError(400, "prompt is empty: give at least one prompt", "prompt")
+    check_count(prompts, cfg.max_texts, "prompts", "prompt", "prompt", field="prompt")
     if not all(isinstance(p, str) for p in prompts):
         raise OpenAIError(400, "prompts as token ids are not supported: give text", "prompt", "unsupported_value")
-    if len(prompts) > cfg.max_texts:
-        raise OpenAIError(413, f"{len(prompts)} prompts in one request; the limit is {cfg.max_texts} (--max-texts)",
-                          "prompt")
-    for i, p in enumerate(prompts):
-        if len(p) > cfg.max_chars:
-            raise OpenAIError(413, f"prompt {i + 1} has {len(p)} characters; the limit is {cfg.max_chars} "
-                                   "(--max-chars)", "prompt")
-        problem = text_problem(p)
-        if problem:
-            raise OpenAIError(422, f"prompt {i + 1} {problem}", "prompt")
+    check_texts(prompts, cfg.max_chars, "prompt", "prompt")
     return prompts
 
 
@@ -226,114 +180,3 @@ def _fits(side, text: str, what: str, param: str, new_tokens: int, ctx_size: int
     if n + new_tokens > ctx_size:
         raise OpenAIError(400, f"{what} has {n} tokens and max_tokens is {new_tokens}: {n + new_tokens} tokens; the "
                                f"context holds {ctx_size} (--ctx-size)", param, "context_length_exceeded")
-
-
-async def _generate(generate, slots: Slots, req: OpenAIRequest, prompts: list[str], shape: Completion,
-                    timeout_s: float, ctx_size: int):
-    """Run `generate` (Scheduler.stream, or infer/generate.stream) for the prompts; a bad request is a 400
-    before any token is generated. Its start (the prefill, after any wait for room) within timeout_s
-    (--request-timeout), else 503 and the request leaves the queue; once it runs, it runs to its end (or until
-    its client leaves), as OpenAI-style servers do."""
-    arrived = time.perf_counter()
-    opts = req.adalayers
-    shape.side_tasks, shape.stops = opts is not None, req.stops()
-    shape.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    kwargs = dict(max_new_tokens=max_new_tokens(req, ctx_size), tasks=opts.tasks if opts else [], **req.sampling(),
-                  ignore_eos=bool(req.ignore_eos),
-                  stop=shape.stops, raw=True, steps=bool(opts and opts.steps),
-                  answer_only=opts.answer_only if opts else [],
-                  guard={n: (g.label, g.threshold) for n, g in ((opts.guard or {}) if opts else {}).items()})
-    release, events = slots.take(), None
-    late = OpenAIError(503, f"not answered within {timeout_s:g} s (--request-timeout); retry later",
-                       headers={"Retry-After": "1"})
-    try:  # the prefill runs here: a bad request is answered before the response starts
-        events = generate(prompts, route="/v1/chat/completions" if shape.chat else "/v1/completions",
-                          request_id=shape.id, **kwargs)
-        ok, first = await within(lambda: next(events), events, timeout_s - (time.perf_counter() - arrived),
-                                 lambda: _close(events, release))
-    except AdaLayersError as e:
-        _close(events, release)
-        raise OpenAIError(400, str(e), "adalayers") from None
-    except BaseException:
-        _close(events, release)
-        raise
-    if not ok:
-        raise late
-    if not req.stream:
-        try:
-            body = await asyncio.to_thread(shape.response, itertools.chain([first], events))
-        except AdaLayersError as e:
-            raise OpenAIError(500, f"generation failed: {e}") from None
-        finally:
-            release()
-        return JSONResponse(body)
-
-    def sse():  # iterated in a worker thread by Starlette; closing it ends the generation
-        try:
-            yield from shape.sse(first, events)
-        finally:
-            events.close()
-            release()
-
-    body = sse()
-    weakref.finalize(body, release)  # a stream never started still gives its slot back
-    return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _close(events, release) -> None:
-    if events is not None:
-        events.close()
-    release()
-
-
-async def _error_response(_request: Request, exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content=exc.body(), headers=exc.headers)
-
-
-class OpenAIErrors:
-    """ASGI middleware: on /v1/* paths, an error answer of any layer ({"detail": ...} from the API key
-    check, the body limit, validation, 404/405) is rewritten into OpenAI's error shape."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
-            return await self.app(scope, receive, send)
-        start, body = None, b""
-
-        async def reshaping_send(message):
-            nonlocal start, body
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message
-                return
-            if start is None or message["type"] != "http.response.body":
-                return await send(message)
-            body += message.get("body", b"")
-            if message.get("more_body"):
-                return
-            new = json.dumps(_reshape(start["status"], body)).encode()
-            headers = [(k, v) for k, v in start["headers"] if k.lower() not in (b"content-length", b"content-type")]
-            await send({**start, "headers": headers + [(b"content-type", b"application/json"),
-                                                       (b"content-length", str(len(new)).encode())]})
-            await send({"type": "http.response.body", "body": new})
-
-        await self.app(scope, receive, reshaping_send)
-
-
-def _reshape(status: int, body: bytes) -> dict:
-    """An error body (FastAPI's {"detail": str | [validation errors]}, or text) in OpenAI's shape."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return error_body(status, body.decode("utf-8", "replace").strip() or f"HTTP {status}")
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return data  # already in shape
-    detail = data.get("detail") if isinstance(data, dict) else data
-    param = None
-    if isinstance(detail, list) and detail and isinstance(detail[0], dict):  # pydantic: the first problem
-        loc = [str(x) for x in detail[0].get("loc", [])[1:]]
-        param = None if detail[0].get("type") == "json_invalid" else ".".join(loc) or None  # loc: a position
-        detail = f"{param + ': ' if param else ''}{detail[0].get('msg', 'invalid value')}"
-    code = "invalid_api_key" if status == 401 else "model_not_found" if status == 404 and param == "model" else None
-    return error_body(status, str(detail), param, code)

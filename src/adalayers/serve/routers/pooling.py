@@ -8,7 +8,7 @@ decoder bases pooled as llama-server pools them: --pooling mean or last, SideTas
     /v1/embeddings {"model": BASE, "input": "text" or ["text", ...], "encoding_format": "float" | "base64"}
                    -> {"object": "list", "data": [{"object": "embedding", "embedding", "index"}], "model", "usage"}
 
-Both are /predict underneath (ServeState.answer_texts): the same limits, batching with every other
+Both are /predict underneath (ServeState.answer_texts): the same limits (serve/validate.py), batching with every other
 request, deadline and text rules, so a classify answer equals /predict's for that head and an
 encoder's embedding equals /predict's "base" output. A decoder's embeddings run on their own pass
 (ServeState.embed_texts): the same limits, --max-queue and deadline.
@@ -20,19 +20,20 @@ import struct
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 
 from adalayers.kinds import TaskKind
-from adalayers.serve.protocol import ClassifyRequest, EmbeddingRequest, OpenAIError, unsupported
-from adalayers.serve.routers.openai import install_errors
+from adalayers.serve.errors import OpenAIError, OpenAIRoute
+from adalayers.serve.protocol import ClassifyRequest, EmbeddingRequest, unsupported
 from adalayers.serve.state import ServeState
+from adalayers.serve.validate import check_count
 
 
 def add_routes(app: FastAPI, state: ServeState) -> None:
     side, cfg, name = state.side, state.cfg, state.name
-    install_errors(app)
+    router = APIRouter(route_class=OpenAIRoute)  # errors in OpenAI's shape
 
-    @app.post("/v1/classify")
+    @router.post("/v1/classify")
     async def classify(req: ClassifyRequest, request: Request):
         arrived = time.perf_counter()
         _supported(req)
@@ -54,7 +55,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                           "prompt_tokens_details": None}}
 
-    @app.post("/v1/embeddings")
+    @router.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, request: Request):
         arrived = time.perf_counter()
         _supported(req)
@@ -81,6 +82,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         return {"object": "list", "data": data, "model": name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
+    app.include_router(router)
+
 
 def _supported(req) -> None:
     problem = unsupported(req)
@@ -91,13 +94,9 @@ def _supported(req) -> None:
 def _inputs(given, cfg, pairs: bool = False) -> tuple[list[str], list[str] | None]:
     """input as (texts, second texts or None): a string, strings, or [text, second] pairs for a pair head."""
     items = [given] if isinstance(given, str) else list(given)
-    if not items:
-        raise OpenAIError(400, "input is empty: give at least one text", "input")
+    check_count(items, cfg.max_texts, "inputs", "text", "input", field="input")
     if any(isinstance(x, int) or (isinstance(x, list) and x and isinstance(x[0], int)) for x in items):
         raise OpenAIError(400, "input as token ids is not supported: give text", "input", "unsupported_value")
-    if len(items) > cfg.max_texts:
-        raise OpenAIError(413, f"{len(items)} inputs in one request; the limit is {cfg.max_texts} (--max-texts)",
-                          "input")
     lists = [isinstance(x, list) for x in items]
     if pairs != all(lists) or (any(lists) and not all(lists)):
         raise OpenAIError(400, "this head takes [text, second] pairs" if pairs else

@@ -4,17 +4,19 @@
                    sentence pairs: {"texts": [["a", "b"], ...]} or {"texts": ["a", ...], "text_pairs": ["b", ...]}
     GET  /tasks    the heads: names, kinds, labels, layer weights (never the server's run folder paths)
 
-A request is checked alone (ServeState.answer_texts: --max-texts, --max-chars, --max-tokens, text rules,
-task names), then batched with every other request waiting (serve/batcher.py).
+A request is checked alone (serve/validate.py, through ServeState.answer_texts: --max-texts, --max-chars,
+--max-tokens, text rules, task names), then batched with every other request waiting (serve/batcher.py).
 """
 from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 
+from adalayers.serve.errors import BadText
 from adalayers.serve.protocol import PredictRequest, PredictResponse
 from adalayers.serve.state import ServeState
+from adalayers.serve.validate import check_count
 
 RESPONSES = {401: {"description": "API key missing or wrong"}, 408: {"description": "read timeout"},
              413: {"description": "too large"}, 422: {"description": "invalid input"},
@@ -27,11 +29,7 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
     @app.post("/predict", response_model=PredictResponse, responses=RESPONSES)
     async def predict(req: PredictRequest, request: Request):
         arrived = time.perf_counter()
-        if not req.texts:
-            raise HTTPException(422, "texts is empty: give at least one text")
-        if len(req.texts) > cfg.max_texts:
-            raise HTTPException(413, f"{len(req.texts)} texts in one request; the limit is {cfg.max_texts} "
-                                     f"(--max-texts)")
+        check_count(req.texts, cfg.max_texts, "texts", "text")
         texts, text_pairs = _split_pairs(req)
         guards = state.guards
         tasks = guards.text_tasks(side, req.tasks, text_pairs is not None) if guards else req.tasks
@@ -55,14 +53,14 @@ def _split_pairs(req: PredictRequest) -> tuple[list[str], list[str] | None]:
     lists = [isinstance(t, list) for t in req.texts]
     if not any(lists):
         if req.text_pairs is not None and len(req.text_pairs) != len(req.texts):
-            raise HTTPException(422, f"{len(req.texts)} texts but {len(req.text_pairs)} text_pairs: give one "
-                                     f"second text per text")
+            raise BadText(f"{len(req.texts)} texts but {len(req.text_pairs)} text_pairs: give one second text "
+                          "per text")
         return list(req.texts), req.text_pairs
     if not all(lists) or req.text_pairs is not None:
-        raise HTTPException(422, "texts mixes single texts and [text, second] pairs (or pairs and text_pairs): "
-                                 "give one kind per request")
+        raise BadText("texts mixes single texts and [text, second] pairs (or pairs and text_pairs): give one "
+                      "kind per request")
     bad = [i + 1 for i, t in enumerate(req.texts) if len(t) != 2]
     if bad:
-        raise HTTPException(422, f"text {bad[0]} is a list of {len(req.texts[bad[0] - 1])} texts; a sentence pair "
-                                 f"is [text, second]")
+        raise BadText(f"text {bad[0]} is a list of {len(req.texts[bad[0] - 1])} texts; a sentence pair is "
+                      "[text, second]")
     return [t[0] for t in req.texts], [t[1] for t in req.texts]
