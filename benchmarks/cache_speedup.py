@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.store.cache.source import cache_dir
 from adalayers.store.cache.store import list_entries
 
@@ -33,7 +33,7 @@ from adalayers.store.cache.store import list_entries
 def one_run(cfg_path: str, overrides: list[str], out: Path) -> dict:
     cfg = config.load(cfg_path, overrides)
     t0 = time.perf_counter()
-    metrics = recipes.train(cfg, out)
+    metrics = service.train(cfg, out)
     wall = time.perf_counter() - t0
     epochs = [json.loads(line)["seconds"] for line in (out / "log.jsonl").read_text().splitlines()]
     return {"epoch_seconds": epochs, "end_to_end_seconds": round(wall, 2), "test": metrics.get("test"),

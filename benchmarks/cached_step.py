@@ -64,7 +64,7 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     import torch
 
     from adalayers import config
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.data.encoding import SplitFeed
     from adalayers.engine import FitSettings, fit
     from adalayers.recipes.evaluate import evaluate_split
@@ -73,10 +73,10 @@ def measure(cfg_path: str, overrides: list[str], steps: int, warmup: int) -> dic
     from adalayers.model.states import Fed
 
     cfg = config.load(cfg_path, ["cache.enabled=true", *overrides])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     torch.manual_seed(cfg.train.seed)
     task = SideTask(cfg, backbone.num_layers, backbone.hidden_size, data.labels, bos=backbone.adds_bos)
-    source = recipes.make_source(cfg, backbone, data, encoded)
+    source = service.make_source(cfg, backbone, data, encoded)
     if not hasattr(source, "entry"):
         raise SystemExit(f"{cfg_path}: the hidden-state cache is not in use (too large or not writable): nothing to time")
     for split in ("train", "validation"):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.store import run as runlib
 from adalayers.recipes.evaluate import evaluate_split
 from adalayers.model.precision import autocast_for, cpu_bf16_flags
@@ -40,7 +40,7 @@ def agreement(a: list, b: list) -> float:
 
 def measure(run_dir: Path, overrides: list[str], repeats: int) -> dict:
     cfg = config.from_dict(runlib.run_config(run_dir).to_dict(), ["train.device=cpu", *overrides])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
     source, pad_id = LiveStates(backbone), backbone.tokenizer.pad_token_id or 0
     times, results = {"fp32": [], "bf16": []}, {}

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers import config  # noqa: E402
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.data.encoding import EncodedSplit, batches  # noqa: E402
 from adalayers.model.ensemble import EnsembleTask  # noqa: E402
 from adalayers.store.run import atomic_write, write_json  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = config.load(args.config, args.overrides + ["train.device=cpu"])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     split = encoded["validation"]
     part = EncodedSplit(split.name, split.rows[: args.rows], min(args.rows, split.num_examples))
     pad_id, bs = backbone.tokenizer.pad_token_id or 0, cfg.train.eval_batch_size

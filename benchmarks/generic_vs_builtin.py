@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.store import run
 from adalayers.data.tasks import TASKS, load_task
 
@@ -75,7 +75,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for label, cfg in (("builtin", builtin), ("generic", generic)):
                 print(f"--- {name}: {label}")
-                m = recipes.train(cfg, Path(tmp) / label)
+                m = service.train(cfg, Path(tmp) / label)
                 row[label] = {split: {k: v for k, v in m[split].items() if not isinstance(v, dict)}
                               for split in ("validation", "test") if split in m}
         row["identical_metrics"] = row["builtin"] == row["generic"]

@@ -68,14 +68,14 @@ def train(data: Path, base: str, runtime: str, seed: int, out: Path, extra: list
 def head_scores(run: Path) -> np.ndarray:
     """P(flagged) of the trained head on each test example, from the same cached states training read
     (the code path of `adalayers evaluate`)."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.recipes.evaluate import row_outputs
     from adalayers.store import run as runlib
 
     cfg = runlib.run_config(run)
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run, backbone)
-    outs = row_outputs(task, recipes.make_source(cfg, backbone, data, encoded), encoded["test"],
+    outs = row_outputs(task, service.make_source(cfg, backbone, data, encoded), encoded["test"],
                        cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0)
     return np.array([float(p[data.labels.index(POSITIVE)]) for p in outs])
 
@@ -94,12 +94,12 @@ def probes(run: Path) -> dict:
     from sklearn.preprocessing import StandardScaler
 
     from adalayers import config
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from linear_probes import features
 
     cfg = config.from_dict(json.loads((run / "config.json").read_text())["config"], [])
-    backbone, data, encoded = recipes.prepare(cfg)
-    source = recipes.make_source(cfg, backbone, data, encoded)
+    backbone, data, encoded = service.prepare(cfg)
+    source = service.make_source(cfg, backbone, data, encoded)
     skip_bos = backbone.adds_bos if cfg.head.skip_bos is None else bool(cfg.head.skip_bos)
     pos = data.labels.index(POSITIVE)
     pad = backbone.tokenizer.pad_token_id or 0

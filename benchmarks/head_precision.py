@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from adalayers import config  # noqa: E402
-from adalayers.cli import recipes  # noqa: E402
+from adalayers.recipes import service  # noqa: E402
 from adalayers.kinds import TaskKind  # noqa: E402
 from adalayers.model import bf16  # noqa: E402
 from adalayers.model.precision import cpu_bf16_flags  # noqa: E402
@@ -102,10 +102,10 @@ def scheme_context(scheme: str):
 def scored(run_dir: Path, overrides: list[str]) -> tuple[dict, object]:
     """The run's test split under every scheme, from the cache: metric, predictions agreeing with fp32."""
     cfg = config.from_dict(runlib.run_config(run_dir).to_dict(), ["train.device=cpu", "cache.enabled=true", *overrides])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.eval()
-    source, pad_id = recipes.make_source(cfg, backbone, data, {"test": encoded["test"]}), backbone.tokenizer.pad_token_id or 0
+    source, pad_id = service.make_source(cfg, backbone, data, {"test": encoded["test"]}), backbone.tokenizer.pad_token_id or 0
     results = {s: evaluate_split(task, source, encoded["test"], data.splits["test"], cfg.train.eval_batch_size, pad_id,
                                  scheme_context(s)) for s in SCHEMES}
     row = {"run": str(run_dir), "task": data.name, "base": cfg.model.base, "k": cfg.mixer.k, "head": task.kind.value,

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from adalayers import config, metrics
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.data.encoding import batch_plan, split_batch
 from adalayers.kinds import TaskKind
 from adalayers.store.run import write_json
@@ -110,10 +110,10 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="appended to the result's name: probes_<task>_<base><tag>.json")
     args = ap.parse_args()
     cfg = config.load(args.config, [f"model.base={args.base}", *args.overrides])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     if data.kind != TaskKind.CLASSIFICATION:
         raise SystemExit(f"linear_probes: {data.name} is a {data.kind} task; probes here are for classification")
-    source = recipes.make_source(cfg, backbone, data, encoded)
+    source = service.make_source(cfg, backbone, data, encoded)
     skip_bos = backbone.adds_bos if cfg.head.skip_bos is None else bool(cfg.head.skip_bos)
     main_metric = args.metric or ("mcc" if data.name == "cola" else "accuracy")
     positive = data.labels.index(cfg.task.positive_label) if cfg.task.positive_label else None

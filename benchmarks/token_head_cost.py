@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from adalayers import config  # noqa: E402
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.data.encoding import batches  # noqa: E402
 from adalayers.model.heads import TokenHead  # noqa: E402
 from adalayers.store.run import atomic_write, write_json  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = config.load(args.config, ["train.device=cpu"])
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     gen = torch.Generator().manual_seed(0)
     shapes = []
     for batch in batches(encoded["train"], cfg.train.batch_size, 0, shuffle=True, generator=gen):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.store.run import write_json
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +45,7 @@ def main() -> int:
                     f"{platform.processor() or platform.machine()})"}
         print("settings:", json.dumps(settings), flush=True)
         if args.retrain or not (run / "metrics.json").is_file():
-            recipes.train(cfg, run, overwrite=True)  # --retrain replaces a finished run
+            service.train(cfg, run, overwrite=True)  # --retrain replaces a finished run
         m = json.loads((run / "metrics.json").read_text())
         result = {"settings": settings, "run": str(run), "test": m.get("test"), "validation": m.get("validation"),
                   "trainable_params": m["trainable_params"], "base_params": m["base_params"],

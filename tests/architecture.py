@@ -7,6 +7,8 @@ Floors, from the bottom (a module may import its own floor and the floors below 
     1  engine (the one fit loop and predict loop: knows nothing of data, models or run folders)
     2  data      3  model      4  store      5  recipes, infer, export      6  serve, bulk      7  cli
 The lab (adalayers.lab) sits above them all: it imports the product, the product never imports it.
+No module imports the CLI but adalayers.__main__ (and the CLI's own modules): the lab and the benchmarks call the
+application service, adalayers.recipes.service, as the CLI does.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = {"engine": 1, "data": 2, "model": 3, "store": 4, "recipes": 5, "infer": 5, "export": 5, "serve": 6,
           "bulk": 6, "cli": 7, "__main__": 7}
 LAB = "lab"
+CLI = "adalayers.cli"
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -114,6 +117,16 @@ def up_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
                   if floor(a) is not None and floor(b) is not None and floor(b) > floor(a))
 
 
+def cli_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Modules outside the CLI that import it (product or lab): only adalayers.__main__ may. The CLI parses a
+    command line and calls the product; what a command does lives below it (adalayers.recipes.service)."""
+    def in_cli(mod: str) -> bool:
+        return mod == CLI or mod.startswith(CLI + ".")
+
+    return sorted((a, b) for a, ts in edges.items() for b in ts
+                  if in_cli(b) and not in_cli(a) and a != "adalayers.__main__")
+
+
 def lab_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
     """Product modules that import the lab."""
     return sorted((a, b) for a, ts in edges.items() for b in ts if floor(a) is not None and floor(b) is None)
@@ -172,6 +185,7 @@ def long_modules(limit: int) -> list[tuple[str, int]]:
 if __name__ == "__main__":
     edges = imports()
     report = {"circles": circles(edges), "up a floor": up_imports(edges), "product -> lab": lab_imports(edges),
+              "imports of the CLI": cli_imports(edges),
               "functions > 80 lines": long_functions(80), "modules > 400 lines": long_modules(400),
               "hasattr/getattr on a batcher": batcher_probes()}
     for title, items in report.items():

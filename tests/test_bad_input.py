@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.errors import AdaLayersError, ConfigError, DataError
 from adalayers.data.tasks import load_task
 
@@ -54,7 +54,7 @@ def test_unknown_task_lists_the_known_ones():
                                          (["x" * 1_000_000], "text 1 has 1000000 characters")])
 def test_bad_texts_for_prediction(texts, match):
     with pytest.raises(DataError, match=match):
-        recipes.check_texts(texts)
+        service.check_texts(texts)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -131,4 +131,4 @@ def test_skip_bad_rows_drops_a_broken_conll_sentence(tmp_path):
 def test_fp16_on_a_cpu_is_refused_before_any_loading():
     cfg = config.from_dict({"train": {"precision": "fp16", "device": "cpu"}})
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device; on a CPU use bf16"):
-        recipes.prepare(cfg)
+        service.prepare(cfg)

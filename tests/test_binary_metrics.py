@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import confusion_matrix, f1_score, precision_score, recall_score
 
 from adalayers import config, metrics
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.errors import ConfigError
 from adalayers.data.tasks import load_task
 
@@ -66,7 +66,7 @@ def test_run_reports_positive_f1_and_confusion_in_metrics_json(tiny_base, tmp_pa
     test = write_csv(tmp_path / "test.csv", sentiment_rows(40, 2), ["text", "label"])
     cfg = tiny(tiny_base, {"train": str(train), "test": str(test), "positive_label": "neg",
                            "metric": "positive_f1"}, epochs=2)
-    recipes.train(cfg, tmp_path / "run")
+    service.train(cfg, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     m = saved["test"]
     assert m["positive_label"] == "neg" and 0.0 <= m["positive_f1"] <= 1.0

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.model.backbone import Backbone
 from adalayers.store.cache import source as cache_source
 from adalayers.store.cache.source import cached_source
@@ -63,7 +63,7 @@ def setup(tmp_path, tiny_backbone):
             "mixer": {"k": 8, "cutoff": 0.0}, "head": {"num_heads": 2},
             "train": {"batch_size": 4, "eval_batch_size": 8, "max_epochs": 2},
             "cache": {"dir": str(tmp_path / "cache")}}, list(overrides))
-        _, data, encoded = recipes.prepare(cfg, tiny_backbone)
+        _, data, encoded = service.prepare(cfg, tiny_backbone)
         return cfg, data, encoded
     make.root = tmp_path / "cache" / "states"
     make.backbone = tiny_backbone
@@ -247,7 +247,7 @@ def test_over_budget_falls_back_to_the_live_base(setup, caplog):
     assert cached_source(cfg, setup.backbone, data, encoded) is None
     out = caplog.text
     assert "GB" in out and "over cache.max_gb" in out
-    assert isinstance(recipes.make_source(cfg, setup.backbone, data, encoded), LiveStates)
+    assert isinstance(service.make_source(cfg, setup.backbone, data, encoded), LiveStates)
     assert not setup.root.exists() or not any(setup.root.iterdir())
 
 
@@ -416,7 +416,7 @@ def test_bf16_states_get_an_entry_of_their_own(setup):
 @pytest.mark.parametrize("cache", ["true", "false"])
 def test_training_in_bf16_on_a_cpu_runs_end_to_end(setup, tmp_path, cache):
     cfg, data, encoded = setup("train.precision=bf16", f"cache.enabled={cache}", "train.lr=0.003")
-    metrics = recipes.train(cfg, tmp_path / "run", prepared=(setup.backbone, data, encoded))
+    metrics = service.train(cfg, tmp_path / "run", prepared=(setup.backbone, data, encoded))
     losses = [json.loads(line)["train_loss"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(np.isfinite(losses))
     assert set(metrics["test"]) >= {"accuracy", "mcc"}

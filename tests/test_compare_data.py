@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adalayers import cli, config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.lab import strategies
 from adalayers.model.backbone import Backbone
 
@@ -46,7 +46,7 @@ def test_frozen_base_strategies_read_the_cache(spec, tiny_base, tmp_path, count_
     results = {}
     for cache in (True, False):
         cfg = _cfg(tiny_base, train, test, cache, tmp_path)
-        backbone, data, encoded = recipes.prepare(cfg)
+        backbone, data, encoded = service.prepare(cfg)
         count_base_calls.clear()
         torch.manual_seed(0)
         trained = strategies.make(spec, []).train(cfg, backbone, data, encoded, tmp_path / f"{spec}-{cache}")

@@ -87,11 +87,11 @@ def setup(tmp_path):
 
 
 def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkeypatch):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    one = recipes.train(cfg, tmp / "one")  # one process, in this one
+    one = service.train(cfg, tmp / "one")  # one process, in this one
 
     victim = torchrun(cfg_path, tmp / "two", env)
     log = tmp / "two" / "log.jsonl"
@@ -158,12 +158,12 @@ def test_commands_that_do_not_run_under_torchrun_say_so_in_one_line(argv, name, 
 
 
 def test_overwrite_under_torchrun_builds_one_new_run_and_swaps_it_in_once(setup, monkeypatch):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
     cfg.train.max_epochs, cfg.task.max_train_examples = 1, 160
-    recipes.train(cfg, tmp / "run")  # a finished run, made by one process
+    service.train(cfg, tmp / "run")  # a finished run, made by one process
     old = json.loads((tmp / "run" / "metrics.json").read_text())
 
     refused = torchrun(cfg_path, tmp / "run", env, extra=("--set", "train.max_epochs=2", *FEW))

@@ -3,7 +3,7 @@ one step under bf16 autocast; TaskKind parsing; the loss and the window of a res
 import pytest
 import torch
 
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.lab import strategies
 from adalayers.engine import loop as fit_module
 from adalayers.errors import ConfigError
@@ -36,7 +36,7 @@ def test_every_strategy_takes_one_bf16_step_through_the_engine(spec, steps, tmp_
     cfg = tiny_config("tiny-seq")
     cfg.train.precision, cfg.train.batch_size = "bf16", 48  # 48 training rows: one step
     strategy = strategies.make(spec, ["size=8"] if spec.startswith("adapters") else [])
-    _, data, encoded = recipes.prepare(cfg, backbone)
+    _, data, encoded = service.prepare(cfg, backbone)
     trained = strategy.train(cfg, backbone, data, encoded, tmp_path / "run")
     assert len(steps) == 1 and steps[0][1] == torch.bfloat16, steps
     assert trained.epochs == 1 and "mcc" in trained.results["test"]

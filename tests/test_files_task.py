@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from adalayers import cli, config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.errors import ConfigError, DataError
 from adalayers.data.tasks import load_task
 from adalayers.data.tasks.files import iob1_to_iob2
@@ -80,7 +80,7 @@ def sentiment_rows(n: int, seed: int) -> list[list]:
 def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="adalayers")
     train = write_csv(tmp_path / "train.csv", sentiment_rows(300, 1), ["text", "label"])
-    metrics = recipes.train(tiny(tiny_base, {"train": str(train)}), tmp_path / "run")
+    metrics = service.train(tiny(tiny_base, {"train": str(train)}), tmp_path / "run")
     assert metrics["validation"]["n"] == 30                      # stratified 10% of train
     assert metrics["validation"]["accuracy"] >= 0.9                # 27 of 30 or better (chance: ~15)
     assert "test" not in metrics
@@ -89,7 +89,7 @@ def test_classification_from_csv_trains_and_reports_validation_only(tiny_base, t
     assert saved["labels"] == ["neg", "pos"] and saved["kind"] == "sequence"
     assert saved["config"]["head"]["kind"] == "sequence"          # the head followed the data
     assert "no test file" in caplog.text  # the data's notes are logged
-    pred = recipes.predict(tmp_path / "run", ["the film was superb", "the film was terrible"])
+    pred = service.predict(tmp_path / "run", ["the film was superb", "the film was terrible"])
     assert [p["label"] for p in pred] == ["pos", "neg"]
 
 
@@ -105,7 +105,7 @@ def test_sentence_pair_reads_the_second_column(tiny_base, tmp_path):
     cfg = tiny(tiny_base, {"train": str(path), "text": "question", "text_pair": "answer", "metric": "accuracy"})
     data = load_task(cfg)
     assert data.splits["train"][0].text_pair and data.main_metric == "accuracy"
-    metrics = recipes.train(cfg, tmp_path / "run")
+    metrics = service.train(cfg, tmp_path / "run")
     assert metrics["validation"]["accuracy"] > 0.9
 
 
@@ -120,7 +120,7 @@ def test_regression_guessed_from_decimal_labels(tiny_base, tmp_path):
     train = write_csv(tmp_path / "scores.tsv", rows[:240], ["sentence", "score"], delimiter="\t")
     test = write_csv(tmp_path / "scores_test.tsv", rows[240:], ["sentence", "score"], delimiter="\t")
     cfg = tiny(tiny_base, {"train": str(train), "test": str(test), "text": "sentence", "label": "score"})
-    metrics = recipes.train(cfg, tmp_path / "run")
+    metrics = service.train(cfg, tmp_path / "run")
     assert set(metrics["test"]) >= {"pearson", "spearman"}
     assert metrics["test"]["pearson"] > 0.7
     assert json.loads((tmp_path / "run" / "config.json").read_text())["main_metric"] == "pearson"
@@ -143,7 +143,7 @@ def test_tokens_from_jsonl(tiny_base, tmp_path):
     path = tmp_path / "ner.jsonl"
     path.write_text("".join(json.dumps({"tokens": w, "tags": t}) + "\n" for w, t in token_sentences(200, 4)))
     cfg = tiny(tiny_base, {"train": str(path)})
-    metrics = recipes.train(cfg, tmp_path / "run")
+    metrics = service.train(cfg, tmp_path / "run")
     assert metrics["validation"]["f1"] > 0.8
 
 
@@ -160,7 +160,7 @@ def test_conll_file_with_docstart_and_iob1(tiny_base, tmp_path):
     data = load_task(cfg)
     assert data.kind == "token" and data.labels == ["O", "B-PER", "I-PER"]
     assert len(data.splits["train"]) + len(data.splits["validation"]) == 200  # -DOCSTART- is no sentence
-    metrics = recipes.train(cfg, tmp_path / "run")
+    metrics = service.train(cfg, tmp_path / "run")
     assert metrics["validation"]["f1"] > 0.8
 
 
@@ -228,8 +228,8 @@ def test_cola_as_generic_tsv_matches_builtin_reader(tiny_base, tmp_path):
     generic = tiny(tiny_base, {"train": str(folder / "train.tsv"), "test": str(folder / "dev.tsv"), "text": 3,
                                "label": 1, "label_names": {0: "unacceptable", 1: "acceptable"}, "metric": "mcc",
                                **limits}, epochs=2)
-    a = recipes.train(builtin, tmp_path / "builtin")
-    b = recipes.train(generic, tmp_path / "generic")
+    a = service.train(builtin, tmp_path / "builtin")
+    b = service.train(generic, tmp_path / "generic")
     assert a["validation"] == b["validation"] and a["test"] == b["test"]
 
 
@@ -356,4 +356,4 @@ def test_head_kind_that_contradicts_the_data_is_an_error(tiny_base, tmp_path):
     cfg = tiny(tiny_base, {"train": str(train)})
     cfg.head.kind = "regression"
     with pytest.raises(AdaLayersError, match="set head.kind: sequence"):
-        recipes.prepare(cfg)
+        service.prepare(cfg)

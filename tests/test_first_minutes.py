@@ -48,11 +48,11 @@ def _varied(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def test_a_head_that_answers_one_class_says_so_with_what_to_try(base, tmp_path, caplog):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     rows = [("the same sentence every time", "pos" if i % 3 else "neg") for i in range(320)]  # no signal at all
     with caplog.at_level(logging.WARNING, logger="adalayers"):
-        metrics = recipes.train(_cfg(base, _csv(tmp_path / "same.csv", rows), lr=1e-4), tmp_path / "run")
+        metrics = service.train(_cfg(base, _csv(tmp_path / "same.csv", rows), lr=1e-4), tmp_path / "run")
     assert metrics["validation"]["n"] == 32
     warned = [r.getMessage() for r in caplog.records if "learned no more than a constant" in r.getMessage()]
     assert len(warned) == 1 and "\n" not in warned[0]
@@ -62,10 +62,10 @@ def test_a_head_that_answers_one_class_says_so_with_what_to_try(base, tmp_path, 
 
 
 def test_a_head_that_learned_gives_no_warning(base, tmp_path, caplog):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     with caplog.at_level(logging.WARNING, logger="adalayers"):
-        metrics = recipes.train(_cfg(base, _csv(tmp_path / "v.csv", _varied(400)), lr=1e-2, max_epochs=3),
+        metrics = service.train(_cfg(base, _csv(tmp_path / "v.csv", _varied(400)), lr=1e-2, max_epochs=3),
                                 tmp_path / "run")
     assert metrics["validation"]["accuracy"] > 0.6
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -116,15 +116,15 @@ def test_one_answer_for_every_kind():
 
 
 def test_a_failed_train_leaves_no_empty_run_folder(base, tmp_path, capsys):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     cfg = _cfg(base, tmp_path / "missing.csv")
     with pytest.raises(DataError, match="missing.csv"):
-        recipes.train(cfg, tmp_path / "runs" / "new")
+        service.train(cfg, tmp_path / "runs" / "new")
     assert not (tmp_path / "runs" / "new").exists()
     (tmp_path / "mine").mkdir()  # a folder the user made is theirs: kept
     with pytest.raises(DataError):
-        recipes.train(cfg, tmp_path / "mine")
+        service.train(cfg, tmp_path / "mine")
     assert (tmp_path / "mine").is_dir()
     bad = tmp_path / "cfg.yaml"
     bad.write_text(f"task: {{name: cola, data_dir: {tmp_path / 'nodata'}}}\nmodel: {{base: '{base}'}}\n")
@@ -187,7 +187,7 @@ def test_loading_a_base_from_python_prints_no_bars(base, capfd):
 
 
 def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.engine.loop import time_left
 
     assert time_left([20.0, 4.0, 5.0, 100.0, 5.0], 36) == "  ~3m00s left at most"  # the median: one slow epoch is no trend
@@ -196,7 +196,7 @@ def test_training_shows_the_epoch_count_and_the_time_left(base, tmp_path, caplog
     assert time_left([500.0], 9) == "  ~1h15m left at most"  # until a second epoch says otherwise
     assert time_left([30.0], 200) == "  ~1h40m left at most" and time_left([3.0], 0) == ""
     with caplog.at_level(logging.INFO, logger="adalayers"):
-        recipes.train(_cfg(base, _csv(tmp_path / "v.csv", _varied(100)), lr=1e-2, max_epochs=3, early_stopping=9),
+        service.train(_cfg(base, _csv(tmp_path / "v.csv", _varied(100)), lr=1e-2, max_epochs=3, early_stopping=9),
                       tmp_path / "run")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]

@@ -120,14 +120,14 @@ def test_an_unknown_pace_is_a_one_line_error():
 
 
 def test_a_run_with_holdout_trains_and_its_layer_weights_move(tmp_path, monkeypatch):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
     monkeypatch.delenv("ADALAYERS_DATA", raising=False)
     model = tiny_bert(tmp_path / "model")
     imdb_tarball(tmp_path / "data", per_class=12, test_per_class=6)
     cfg = tiny_config(model, tmp_path / "data", "imdb", mixer={"holdout": 0.25}, train={"max_epochs": 2})
-    recipes.train(cfg, tmp_path / "run", resume=None)
+    service.train(cfg, tmp_path / "run", resume=None)
     log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 2 and log[1]["layer_weights"] != log[0]["layer_weights"]
     start = [1 / len(log[0]["layer_weights"])] * len(log[0]["layer_weights"])

@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
-from adalayers.cli import main, recipes  # noqa: E402
+from adalayers.cli import main  # noqa: E402
+
+from adalayers.recipes import service  # noqa: E402
 from runs_util import assert_json_close, tiny_gguf_runs  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "a man in the other room", "there"]
@@ -23,8 +25,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("head", ["acc", "ner"])
 def test_predict_on_llama_cpp_answers_as_the_default_runtime(runs, head, capsys):
-    want = recipes.predict(runs[head], TEXTS)
-    got = recipes.predict(runs[head], TEXTS, runtime="llama.cpp")
+    want = service.predict(runs[head], TEXTS)
+    got = service.predict(runs[head], TEXTS, runtime="llama.cpp")
     assert_json_close(got, want, 2e-3)
     assert main(["predict", str(runs[head]), *TEXTS, "--json", "--runtime", "llama.cpp"]) == 0
     assert_json_close([json.loads(x) for x in capsys.readouterr().out.splitlines()], want, 2e-3)

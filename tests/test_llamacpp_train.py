@@ -13,7 +13,8 @@ import yaml
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
 from adalayers import config  # noqa: E402
-from adalayers.cli import main, recipes  # noqa: E402
+from adalayers.cli import main  # noqa: E402
+from adalayers.recipes import service  # noqa: E402
 from adalayers.store.cache.source import cached_source  # noqa: E402
 from adalayers.store.cache.store import list_entries  # noqa: E402
 from runs_util import assert_json_close  # noqa: E402
@@ -68,7 +69,7 @@ def test_train_on_llama_cpp_states_records_the_runtime_and_serves_on_both(llama_
     metrics = json.loads((llama_run / "metrics.json").read_text())
     assert metrics["test"]["accuracy"] >= 0.9 and metrics["base_params"] > 0
     # the same head file on both runtimes: the same labels, values within llama.cpp's precision
-    assert_json_close(recipes.predict(llama_run, TEXTS, runtime="llama.cpp"), recipes.predict(llama_run, TEXTS), 2e-3)
+    assert_json_close(service.predict(llama_run, TEXTS, runtime="llama.cpp"), service.predict(llama_run, TEXTS), 2e-3)
 
 
 def test_cache_entries_of_the_two_runtimes_have_different_keys(task):
@@ -76,7 +77,7 @@ def test_cache_entries_of_the_two_runtimes_have_different_keys(task):
     sources = {}
     for runtime in ("torch", "llama.cpp"):
         cfg.model.runtime = runtime
-        backbone, data, encoded = recipes.prepare(cfg)
+        backbone, data, encoded = service.prepare(cfg)
         sources[runtime] = cached_source(cfg, backbone, data, encoded)
     torch_src, llama_src = sources["torch"], sources["llama.cpp"]
     assert torch_src.fields["train"]["fingerprint"] == llama_src.fields["train"]["fingerprint"]  # same heads load
@@ -105,11 +106,11 @@ def test_evaluate_on_llama_cpp_gives_the_default_runtimes_metrics(task, capsys):
         assert json.loads((run / "eval_test.json").read_text())["runtime"] == runtime
     strip = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "runtime")}  # noqa: E731
     assert_json_close(strip(results["llama.cpp"]), strip(results["torch"]), 0.03)  # at most one of 40 rows
-    assert recipes.evaluate(run)["runtime"] == "torch"  # default: the runtime the run was trained on
+    assert service.evaluate(run)["runtime"] == "torch"  # default: the runtime the run was trained on
 
 
 def test_evaluate_defaults_to_the_runtime_trained_on(llama_run):
-    assert recipes.evaluate(llama_run)["runtime"] == "llama.cpp"
+    assert service.evaluate(llama_run)["runtime"] == "llama.cpp"
 
 
 @pytest.mark.parametrize("sets, problem", [

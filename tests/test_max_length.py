@@ -8,7 +8,7 @@ import random
 import pytest
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.data.encoding import choose_max_length
 from adalayers.data.tasks import Example
 
@@ -44,7 +44,7 @@ def test_long_texts_get_a_length_from_the_data_and_it_is_printed(tiny_base, tmp_
     cfg = config.from_dict({"task": {"train": str(train)}, "model": {"base": tiny_base},
                             "cache": {"enabled": False}})
     assert cfg.model.max_length is None
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     printed = caplog.text
     chosen = cfg.model.max_length
     lengths = sorted(len(backbone.tokenizer(e.text)["input_ids"]) for e in data.splits["train"])
@@ -56,10 +56,10 @@ def test_long_texts_get_a_length_from_the_data_and_it_is_printed(tiny_base, tmp_
     many_long = write_csv(tmp_path / "long.csv", rows(50, 50), ["text", "label"])
     cfg = config.from_dict({"task": {"train": str(many_long)}, "model": {"base": tiny_base},
                             "cache": {"enabled": False}})
-    recipes.prepare(cfg)
+    service.prepare(cfg)
     assert cfg.model.max_length == 128  # the tiny base's 128 positions cap it
     set_by_hand = config.from_dict({"task": {"train": str(many_long)}, "model": {"base": tiny_base, "max_length": 40},
                                     "cache": {"enabled": False}})
     caplog.clear()
-    recipes.prepare(set_by_hand)
+    service.prepare(set_by_hand)
     assert set_by_hand.model.max_length == 40 and "not set" not in caplog.text

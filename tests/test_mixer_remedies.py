@@ -120,7 +120,7 @@ def test_freeze_after_stops_the_layer_weights_and_nothing_else_also_across_a_res
     stopped after epoch 2 and resumed freezes them too; without the option they move."""
     import json
 
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
     monkeypatch.delenv("ADALAYERS_DATA", raising=False)
@@ -137,7 +137,7 @@ def test_freeze_after_stops_the_layer_weights_and_nothing_else_also_across_a_res
     def weights(run, on_epoch=None, **train):
         cfg = tiny_config(model, tmp_path / "data", "imdb", train={"early_stopping": 100, **train},
                           mixer={"freeze_after": 1} if run != "free" else {})
-        recipes.train(cfg, tmp_path / run, resume=None, on_epoch=on_epoch)
+        service.train(cfg, tmp_path / run, resume=None, on_epoch=on_epoch)
         log = [json.loads(x) for x in (tmp_path / run / "log.jsonl").read_text().splitlines()]
         return [e["layer_weights"] for e in log], [e["train_loss"] for e in log]
 

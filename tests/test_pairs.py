@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adalayers import cli
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.serve.config import ServeConfig
 from adalayers.errors import DataError
 from adalayers.infer.sidetasks import SideTasks
@@ -42,30 +42,30 @@ def side(base, runs):
 
 def test_predict_takes_pairs_and_reads_the_second_text(base, runs):
     a, b = [x for x, _ in PAIRS], [y for _, y in PAIRS]
-    got = recipes.predict(runs["para"], a, backbone=base, text_pairs=b)
+    got = service.predict(runs["para"], a, backbone=base, text_pairs=b)
     assert [(r["text"], r["text_pair"]) for r in got] == PAIRS
-    swapped = recipes.predict(runs["para"], b, backbone=base, text_pairs=a)
+    swapped = service.predict(runs["para"], b, backbone=base, text_pairs=a)
     assert got[0]["probabilities"] != swapped[0]["probabilities"]  # the order of the pair matters: both are read
-    values = recipes.predict(runs["sim"], a, backbone=base, text_pairs=b)
+    values = service.predict(runs["sim"], a, backbone=base, text_pairs=b)
     assert all(isinstance(r["value"], float) for r in values)
 
 
 def test_predict_refuses_the_wrong_input(base, runs):
     with pytest.raises(DataError, match="trained on sentence pairs: give each text its second text"):
-        recipes.predict(runs["para"], SINGLE, backbone=base)
+        service.predict(runs["para"], SINGLE, backbone=base)
     with pytest.raises(DataError, match="trained on single texts, not sentence pairs"):
-        recipes.predict(runs["acc"], SINGLE, backbone=base, text_pairs=SINGLE)
+        service.predict(runs["acc"], SINGLE, backbone=base, text_pairs=SINGLE)
     with pytest.raises(DataError, match="2 texts but 1 second texts"):
-        recipes.predict(runs["para"], SINGLE, backbone=base, text_pairs=SINGLE[:1])
+        service.predict(runs["para"], SINGLE, backbone=base, text_pairs=SINGLE[:1])
     with pytest.raises(DataError, match="second text 2 is empty"):
-        recipes.predict(runs["para"], SINGLE, backbone=base, text_pairs=["fine", " "])
+        service.predict(runs["para"], SINGLE, backbone=base, text_pairs=["fine", " "])
 
 
 def test_sidetasks_pairs_match_the_training_encoding(side, base, runs):
     a, b = [x for x, _ in PAIRS], [y for _, y in PAIRS]
     served = side.predict(a, text_pairs=b)
     assert [set(r["tasks"]) for r in served] == [{"para", "sim"}] * 3   # by default: the heads that take pairs
-    direct = recipes.predict(runs["para"], a, backbone=base, text_pairs=b)
+    direct = service.predict(runs["para"], a, backbone=base, text_pairs=b)
     for s, d in zip(served, direct):
         assert s["text_pair"] == d["text_pair"] and s["truncated"] is False
         assert s["tasks"]["para"]["probabilities"]["same"] == pytest.approx(d["probabilities"]["same"], abs=1e-5)
@@ -185,6 +185,6 @@ def test_a_decoders_pair_is_one_text_joined_by_a_newline_from_training_to_servin
         assert [len(ids) for ids in tok(a, b)["input_ids"]] == [n + 1 for n in joined]
     served = side.predict(a, text_pairs=b)
     assert [(r["text"], r["text_pair"]) for r in served] == PAIRS
-    direct = recipes.predict(run, a, backbone=base, text_pairs=b)
+    direct = service.predict(run, a, backbone=base, text_pairs=b)
     assert [r["probabilities"] for r in direct] == pytest.approx([r["tasks"]["para"]["probabilities"] for r in served])
     assert Template(pair_separator=None).apply(tok, a, b) == (a, b)  # task.pair_separator: null keeps the encoding

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'adalayers[llamacpp]')")
 
-from adalayers.cli import recipes  # noqa: E402
+from adalayers.recipes import service  # noqa: E402
 from adalayers.config import Config  # noqa: E402
 from adalayers.infer.sidetasks import SideTasks  # noqa: E402
 from adalayers.model.backbone import Backbone  # noqa: E402
@@ -50,9 +50,9 @@ def test_a_probe_reads_one_layer_and_predicts_on_both_runtimes(runs):
     task, _, meta = runlib.load_head(runs["probe"], runs["backbone"])
     assert task.used_layers() == [2] and meta["config"]["head"]["type"] == "probe"
     for name in ("probe", "tags"):
-        torch_out = recipes.predict(runs[name], TEXTS)
-        assert_json_close(recipes.predict(runs[name], TEXTS, runtime="llama.cpp"), torch_out, 5e-3)
-    assert len({a["label"] for a in recipes.predict(runs["probe"], TEXTS)}) >= 1
+        torch_out = service.predict(runs[name], TEXTS)
+        assert_json_close(service.predict(runs[name], TEXTS, runtime="llama.cpp"), torch_out, 5e-3)
+    assert len({a["label"] for a in service.predict(runs["probe"], TEXTS)}) >= 1
 
 
 def test_serve_classifies_with_a_probe_as_predict_does(runs):
@@ -60,7 +60,7 @@ def test_serve_classifies_with_a_probe_as_predict_does(runs):
     try:
         got = httpx.post(f"{server.url}/v1/classify", json={"model": "probe", "input": TEXTS}, timeout=60)
         assert got.status_code == 200, got.text
-        want = recipes.predict(runs["probe"], TEXTS)
+        want = service.predict(runs["probe"], TEXTS)
         for d, p in zip(got.json()["data"], want):
             assert d["label"] == p["label"]
             assert d["probs"] == pytest.approx([p["probabilities"][lab] for lab in ("bad", "good")], abs=1e-4)

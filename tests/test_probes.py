@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.kinds import TaskKind
 from adalayers.recipes import keep as keeplib
 from adalayers.recipes.probes import PooledFeatures, fit_linear, folded, probe_config, probe_task, read_features
@@ -34,7 +34,7 @@ def _trained(world, tmp_path, name, **train):
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 2, **train})
     out = tmp_path / name
-    return cfg, out, recipes.train(cfg, out)
+    return cfg, out, service.train(cfg, out)
 
 
 def test_every_run_reports_its_probe_beside_the_head_and_keeps_the_better(world, tmp_path):
@@ -53,7 +53,7 @@ def test_every_run_reports_its_probe_beside_the_head_and_keeps_the_better(world,
     # the probe is a run folder of its own, with its checksums, whatever was kept
     meta = runlib.read_config(out / "candidates/probe")
     assert meta["config"]["head"]["type"] == "probe" and runlib.HEAD in meta["checksums"]
-    assert recipes.evaluate(out)["mcc"] == m["test"]["mcc"]  # the run folder is the kept model
+    assert service.evaluate(out)["mcc"] == m["test"]["mcc"]  # the run folder is the kept model
 
 
 def test_keep_probe_makes_the_run_folder_a_probe_served_as_any_head(world, tmp_path):
@@ -66,11 +66,11 @@ def test_keep_probe_makes_the_run_folder_a_probe_served_as_any_head(world, tmp_p
     # one shared projection: the head file holds it once, not once per layer
     names = list(dict(task.named_parameters()))
     assert sum(n.startswith("mixer.proj.") for n in names) == 1
-    assert recipes.evaluate(out)["mcc"] == pytest.approx(m["probe"]["test"]["mcc"])
+    assert service.evaluate(out)["mcc"] == pytest.approx(m["probe"]["test"]["mcc"])
     # the trained head went to candidates/head, a run folder that still loads and scores as before
     assert runlib.read_config(out / "candidates/head")["config"]["head"]["type"] == "attention"
-    assert recipes.evaluate(out / "candidates/head")["mcc"] == pytest.approx(m["head"]["test"]["mcc"])
-    answers = recipes.predict(out, ["a wonderful film", "a dull film"])
+    assert service.evaluate(out / "candidates/head")["mcc"] == pytest.approx(m["head"]["test"]["mcc"])
+    answers = service.predict(out, ["a wonderful film", "a dull film"])
     assert [a["label"] for a in answers] and all(abs(sum(a["probabilities"].values()) - 1) < 1e-5 for a in answers)
 
 
@@ -85,8 +85,8 @@ def test_the_probe_head_computes_what_scikit_learn_fitted(world):
     it was fitted on, for classification and regression."""
     model, data = world
     cfg = tiny_config(model, data, "imdb")
-    backbone, dat, enc = recipes.prepare(cfg)
-    source = recipes.make_source(cfg, backbone, dat, enc)
+    backbone, dat, enc = service.prepare(cfg)
+    source = service.make_source(cfg, backbone, dat, enc)
     layer, rows = 1, list(range(len(enc["train"].rows)))
     pcfg = probe_config(cfg, layer, "mean", backbone.hidden_size)
     template = probe_task(cfg, backbone, dat.labels, layer, "mean", np.zeros((2, backbone.hidden_size)), np.zeros(2))
@@ -114,9 +114,9 @@ def test_the_probe_head_computes_what_scikit_learn_fitted(world):
 def test_a_token_task_gets_a_per_token_probe(world, tmp_path):
     model, data = world
     cfg = tiny_config(model, data, "conll2003", train={"max_epochs": 1, "keep": "probe"})
-    m = recipes.train(cfg, tmp_path / "ner")
+    m = service.train(cfg, tmp_path / "ner")
     assert m["kept"] == "probe" and m["probe"]["pooling"] == "token" and "f1" in m["probe"]["test"]
-    assert recipes.evaluate(tmp_path / "ner")["f1"] == pytest.approx(m["probe"]["test"]["f1"])
+    assert service.evaluate(tmp_path / "ner")["f1"] == pytest.approx(m["probe"]["test"]["f1"])
 
 
 def test_the_choice_rule():

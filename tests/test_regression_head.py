@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from adalayers import config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.data.tasks import TASKS, Example, TaskData
 from adalayers.data.tasks.sst import read_trees
 
@@ -34,7 +34,7 @@ def test_regression_head_learns_a_monotone_target_on_real_sentences(tmp_path, mo
     cfg = config.from_dict({"task": {"name": "t-length"}, "model": {"base": "minilm-l6", "max_length": 32},
                             "train": {"lr": 1e-3, "batch_size": 32, "max_epochs": 6, "early_stopping": 6, "seed": 0,
                                       "num_threads": 1}})
-    m = recipes.train(cfg, tmp_path / "run")
+    m = service.train(cfg, tmp_path / "run")
     saved = config.from_dict(json.loads((tmp_path / "run" / "config.json").read_text())["config"])
     train_y = [e.label for e in _length_task(cfg).splits["train"]]
     assert saved.head.target_mean == pytest.approx(np.mean(train_y))  # the scale travels with the run
@@ -43,5 +43,5 @@ def test_regression_head_learns_a_monotone_target_on_real_sentences(tmp_path, mo
     assert m["test"]["pearson"] > 0.6, m["test"]
     assert m["test"]["mse"] < 0.5 * test_y.var(), (m["test"], test_y.var())  # clearly better than the mean
     # the saved run predicts on the targets' scale
-    short, long_ = recipes.predict(tmp_path / "run", ["Fine .", " ".join(["a long and winding sentence"] * 6)])
+    short, long_ = service.predict(tmp_path / "run", ["Fine .", " ".join(["a long and winding sentence"] * 6)])
     assert short["value"] < long_["value"]

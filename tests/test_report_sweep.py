@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from adalayers import cli
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.lab import report, sweep
 from adalayers.errors import RunError
 
@@ -36,7 +36,7 @@ def _is_png(path: Path) -> bool:
 def test_report_on_a_classification_run(world, tmp_path):
     model, data = world
     run = tmp_path / "imdb"
-    metrics = recipes.train(tiny_config(model, data, "imdb", model={"max_length": 12}), run)
+    metrics = service.train(tiny_config(model, data, "imdb", model={"max_length": 12}), run)
     assert cli.main(["report", str(run), "--top", "3"]) == 0
     md = (run / "report.md").read_text(encoding="utf-8")
     rep = json.loads((run / "report.json").read_text(encoding="utf-8"))
@@ -62,7 +62,7 @@ def test_report_on_a_classification_run(world, tmp_path):
 def test_report_on_a_token_run(world, tmp_path):
     model, data = world
     run = tmp_path / "conll"
-    metrics = recipes.train(tiny_config(model, data, "conll2003", model={"max_length": 8},
+    metrics = service.train(tiny_config(model, data, "conll2003", model={"max_length": 8},
                                         train={"max_epochs": 3}), run)
     rep = report.build(run, top=5)
     md = (run / "report.md").read_text(encoding="utf-8")
@@ -98,8 +98,8 @@ def test_sweep_pins_each_layer_and_resumes(world, tmp_path, monkeypatch):
 
     # a second sweep reuses the finished runs and only trains the new layer
     trained = []
-    real_train = recipes.train
-    monkeypatch.setattr(recipes, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
+    real_train = service.train
+    monkeypatch.setattr(service, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
     assert cli.main(["sweep-layers", "x.yaml", "--out", str(out), "--layers", "0,1,2"]) == 2  # no such config
     r2 = sweep.run_sweep(cfg, out, layers="0,1,2")
     assert trained == ["layer_1"] and [e["pin_layer"] for e in r2["layers"]] == [0, 1, 2]
@@ -118,7 +118,7 @@ def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
     ada = tmp_path / "ada"
-    recipes.train(cfg, ada)
+    service.train(cfg, ada)
     r = sweep.run_sweep(cfg, tmp_path / "sweep", layers="1", adalayers_run=ada)
     assert r["adalayers"]["run"] == str(ada) and not (tmp_path / "sweep" / "adalayers").exists()
     assert r["adalayers"]["differences"] == []
@@ -149,8 +149,8 @@ def test_a_sweep_split_into_parts_trains_each_layer_once(world, tmp_path, monkey
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
     out, trained = tmp_path / "sweep", []
-    real_train = recipes.train
-    monkeypatch.setattr(recipes, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
+    real_train = service.train
+    monkeypatch.setattr(service, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
     part = sweep.run_sweep(cfg, out, layers="0,2", table=False)
     assert [e["pin_layer"] for e in part["layers"]] == [0, 2] and "adalayers" not in part
     sweep.run_sweep(cfg, out, layers="1", table=False)
@@ -168,7 +168,7 @@ def test_time_limit_stops_between_epochs_and_still_tests(world, tmp_path, capsys
     model, data = world
     # 0.6 ms: the first epoch always runs, and any epoch takes longer than what is left after it
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 4, "max_minutes": 1e-5})
-    metrics = recipes.train(cfg, tmp_path / "run")
+    metrics = service.train(cfg, tmp_path / "run")
     log = (tmp_path / "run" / "log.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(log) == 1 and metrics["epochs"] == 1 and "accuracy" in metrics["test"]
     out = capsys.readouterr()
@@ -187,7 +187,7 @@ def test_report_on_a_regression_run(world, tmp_path):
                            ["task.name=files", "task.kind=regression", "head.kind=regression",
                             *[f"task.{split}={tmp_path / split}.csv" for split in ("train", "validation", "test")]])
     run = tmp_path / "run"
-    metrics = recipes.train(cfg, run)
+    metrics = service.train(cfg, run)
     rep = report.build(run, "test", top=4)
     md = (run / "report.md").read_text(encoding="utf-8")
     assert rep["scores"]["pearson"] == pytest.approx(metrics["test"]["pearson"])

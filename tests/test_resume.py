@@ -97,7 +97,7 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
     import torch
 
     from adalayers import config
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.store import run as runlib
     from adalayers.model.sidetask import SideTask
     from adalayers.recipes.train import TrainingError
@@ -114,7 +114,7 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
 
     monkeypatch.setattr(SideTask, "loss", loss_then_nan)
     with pytest.raises(TrainingError, match=r"loss became nan at step 21 \(epoch 2\).*epoch 1"):
-        recipes.train(cfg, tmp / "nan")
+        service.train(cfg, tmp / "nan")
     task, _, _ = runlib.load_head(tmp / "nan")
     assert all(torch.isfinite(p).all() for p in task.parameters())
 

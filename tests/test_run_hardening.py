@@ -220,7 +220,7 @@ def _cfg(base, train_file: str, test_file: str, **sections):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A finished run, trained with data paths relative to the folder training ran in."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from tinymodels import tiny_bert
 
     root = tmp_path_factory.mktemp("trained")
@@ -231,7 +231,7 @@ def trained(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        recipes.train(_cfg(base, "data/train.csv", "data/test.csv"), root / "run")
+        service.train(_cfg(base, "data/train.csv", "data/test.csv"), root / "run")
     finally:
         os.chdir(cwd)
     return {"root": root, "base": base, "run": root / "run",
@@ -245,20 +245,20 @@ def _files(folder) -> dict:
 def test_a_finished_run_is_refused_without_overwrite_and_swapped_whole_with_it(trained, tmp_path):
     import shutil
 
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     run = tmp_path / "acc"
     shutil.copytree(trained["run"], run)
     before = _files(run)
     with pytest.raises(RunError, match="holds a finished run .* give --overwrite"):
-        recipes.train(trained["cfg"](train={"lr": 3e-4}), run)
+        service.train(trained["cfg"](train={"lr": 3e-4}), run)
     assert _files(run) == before
     broken = trained["cfg"]()
     broken.task.files.train = str(tmp_path / "missing.csv")  # the new run fails while being built
     with pytest.raises(Exception, match="missing.csv"):
-        recipes.train(broken, run, overwrite=True)
+        service.train(broken, run, overwrite=True)
     assert _files(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["acc"]
-    metrics = recipes.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
+    metrics = service.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
     assert json.loads((run / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
     assert json.loads((run / "config.json").read_text())["config"]["train"]["lr"] == 3e-4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["acc"]  # no temporary folder left
@@ -291,9 +291,9 @@ def test_a_killed_overwrite_leaves_the_old_run_intact(trained, tmp_path):
     leftover = list(tmp_path.glob(".acc.new-*"))
     assert len(leftover) == 1
     # the next start removes it (its process is gone), then overwrites as usual
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
-    recipes.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
+    service.train(trained["cfg"](train={"lr": 3e-4}), run, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["acc", "cfg.yaml"]
     assert ".owner" not in _files(run)
 
@@ -357,24 +357,24 @@ def test_a_moved_run_evaluates_from_another_folder(trained, tmp_path, monkeypatc
 
 
 def test_a_cache_folder_that_is_a_file_is_one_line(trained, tmp_path, monkeypatch):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.errors import AdaLayersError
 
     (tmp_path / "not-a-folder").write_text("x")
     monkeypatch.setenv("ADALAYERS_CACHE", str(tmp_path / "not-a-folder"))
     with pytest.raises(AdaLayersError, match="not-a-folder is a file, not a folder"):
-        recipes.train(trained["cfg"](cache={"enabled": True}), tmp_path / "run")
+        service.train(trained["cfg"](cache={"enabled": True}), tmp_path / "run")
 
 
 def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_live_base(trained, tmp_path, monkeypatch, caplog):
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     ro = Path("/sys/adalayers-cache")  # sysfs: no one may create a folder there, root included
     if not Path("/sys").is_dir():
         pytest.skip("no /sys")
     monkeypatch.setenv("ADALAYERS_CACHE", str(ro))
     with caplog.at_level("WARNING"):
-        metrics = recipes.train(trained["cfg"](cache={"enabled": True}), tmp_path / "run")
+        metrics = service.train(trained["cfg"](cache={"enabled": True}), tmp_path / "run")
     assert metrics["test"]["n"] == 40
     assert "cannot be created" in caplog.text and "running the base on the fly" in caplog.text
 
@@ -382,12 +382,12 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_live_base(train
 def test_a_nan_loss_in_the_first_epoch_claims_no_checkpoint(trained, tmp_path, monkeypatch):
     import math
 
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.model.sidetask import SideTask
     from adalayers.recipes.train import TrainingError
 
     real = SideTask.loss
     monkeypatch.setattr(SideTask, "loss", lambda self, logits, labels: real(self, logits, labels) * math.nan)
     with pytest.raises(TrainingError, match=r"at step 1 \(epoch 1\); stopped. No checkpoint was written") as e:
-        recipes.train(trained["cfg"](), tmp_path / "run")
+        service.train(trained["cfg"](), tmp_path / "run")
     assert "stays in" not in str(e.value) and not (tmp_path / "run" / runlib.HEAD).exists()

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from adalayers import cli
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.errors import ConfigError
 from adalayers.recipes import select
 from adalayers.recipes.select import Candidate, candidate_layers, choose, peak_weights
@@ -61,8 +61,8 @@ def test_select_layers_trains_the_candidates_keeps_the_best_as_the_run_and_resum
     out = tmp_path / "sel"
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 2})
     trained = []
-    real_train = recipes.train
-    monkeypatch.setattr(recipes, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
+    real_train = service.train
+    monkeypatch.setattr(service, "train", lambda c, o, **kw: trained.append(Path(o).name) or real_train(c, o, **kw))
     s = select.select_layers(cfg, out, 2, command="adalayers train x --select-layers 2")
     assert trained[0] == "adalayers" and sorted(trained[1:]) == sorted(f"layer_{i}" for i in
                                                                      (c["pin_layer"] for c in s["candidates"][1:]))
@@ -80,7 +80,7 @@ def test_select_layers_trains_the_candidates_keeps_the_best_as_the_run_and_resum
     for f in winner.iterdir():
         if f.is_file() and not f.name.startswith("selection."):  # the candidate's head against its probe
             assert (out / f.name).read_bytes() == f.read_bytes(), f.name
-    assert recipes.evaluate(out)["mcc"] == json.loads((winner / "metrics.json").read_text())["test"]["mcc"]
+    assert service.evaluate(out)["mcc"] == json.loads((winner / "metrics.json").read_text())["test"]["mcc"]
     md = (out / "selection.md").read_text(encoding="utf-8")
     assert f"| {s['chosen']} **(chosen)** |" in md and "Chosen: " in md
     assert json.loads((out / "selection.json").read_text())["chosen"] == s["chosen"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.model.backbone import Backbone
 from adalayers.bulk.predictor import BatchPredictor
 from adalayers.config import from_dict
@@ -133,7 +133,7 @@ def _train(base: str, tmp_path: Path, out: str, **task) -> tuple[Path, Path]:
                      "mixer": {"k": 8}, "head": {"num_heads": 2, "dim_feedforward": 16, "pooling": "last"},
                      "train": {"max_epochs": 1, "batch_size": 8, "num_threads": 1},
                      "cache": {"dir": str(tmp_path / "cache")}})
-    recipes.train(cfg, tmp_path / out)
+    service.train(cfg, tmp_path / out)
     return tmp_path / out, tmp_path / "cache" / "states"
 
 
@@ -155,7 +155,7 @@ def test_one_wrapping_for_training_cache_predict_serve_files_and_generate(base, 
     side = SideTasks.load(base, [str(run)])
     wrapped, _ = Template("chat").apply(side.backbone.tokenizer, TEXTS)
     served = side.predict(TEXTS)
-    cli = recipes.predict(run, TEXTS)
+    cli = service.predict(run, TEXTS)
     files = BatchPredictor(base, [str(run)]).predict([str(i) for i in range(len(TEXTS))], TEXTS).to_pylist()
     gen = side.generate(TEXTS, max_new_tokens=3)
     model, tok = side.backbone.model, side.backbone.tokenizer
@@ -187,7 +187,7 @@ def test_a_pair_template_makes_one_text(base, tmp_path):
     side = SideTasks.from_backbone(bb, [str(run)])
     firsts, seconds = ["the dog", "a book"], ["a cat", "the film"]
     served = side.predict(firsts, text_pairs=seconds)
-    cli = recipes.predict(run, firsts, backbone=bb, text_pairs=seconds)
+    cli = service.predict(run, firsts, backbone=bb, text_pairs=seconds)
     for i in range(2):
         one = _one_pass(side, "pairs", f"Q1: {firsts[i]} Q2: {seconds[i]} same ?")
         assert served[i]["text_pair"] == seconds[i]

@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from adalayers import cli
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.recipes import budget
 
 from tinymodels import imdb_tarball, tiny_bert, tiny_config
@@ -29,7 +29,7 @@ def test_the_cache_is_built_before_the_first_epoch_with_its_time_said(tmp_path, 
     cfg = tiny_config(model, tmp_path / "data", "imdb", cache={"enabled": True, "dir": str(tmp_path / "cache")},
                       train={"max_epochs": 1, "keep": "head"})
     with caplog.at_level(logging.INFO, logger="adalayers"):
-        recipes.train(cfg, tmp_path / "run")
+        service.train(cfg, tmp_path / "run")
     lines = [r.getMessage() for r in caplog.records]
     building = next(i for i, m in enumerate(lines) if m.startswith("cache: building train, validation, test"))
     built = next(i for i, m in enumerate(lines) if m.startswith("cache: built in"))
@@ -37,7 +37,7 @@ def test_the_cache_is_built_before_the_first_epoch_with_its_time_said(tmp_path, 
     assert building < built < first and "tokens/s" in lines[building]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="adalayers"):  # a second run finds every entry: nothing said
-        recipes.train(cfg, tmp_path / "run2")
+        service.train(cfg, tmp_path / "run2")
     assert not [r for r in caplog.records if r.getMessage().startswith("cache: building")]
 
 

@@ -5,7 +5,7 @@ import pytest
 from tinymodels import imdb_tarball, tiny_bert, tiny_config
 
 from adalayers import cli, config
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.errors import AdaLayersError, ConfigError
 from adalayers.lab.tune import search, space
 
@@ -28,7 +28,7 @@ def test_tune_resumes_without_redoing_trials_and_the_best_config_reproduces(worl
     out = tmp_path / "study"
     cfg = _cfg(world)
     calls = []
-    real_train = recipes.train
+    real_train = service.train
 
     def interrupted_third(cfg, run_dir, **kw):
         calls.append(run_dir.name)
@@ -38,7 +38,7 @@ def test_tune_resumes_without_redoing_trials_and_the_best_config_reproduces(worl
             kw["on_epoch"] = stop
         return real_train(cfg, run_dir, **kw)
 
-    monkeypatch.setattr(recipes, "train", interrupted_third)
+    monkeypatch.setattr(service, "train", interrupted_third)
     with pytest.raises(KeyboardInterrupt):
         search.tune(cfg, out, trials=3)
     assert (out / "study.db").is_file() and calls == ["trial_000", "trial_001", "trial_002"]
@@ -75,12 +75,12 @@ def test_tune_resumes_without_redoing_trials_and_the_best_config_reproduces(worl
     assert calls == [] and (out / "best" / "metrics.json").stat().st_mtime_ns == before
 
     # the best config, trained from scratch, gives its trial's validation metric
-    monkeypatch.setattr(recipes, "train", real_train)
+    monkeypatch.setattr(service, "train", real_train)
     best_cfg = config.load(out / "best_config.yaml")
     for name, value in rows[best]["params"].items():
         section, field = name.split(".")
         assert getattr(getattr(best_cfg, section), field) == value
-    again = recipes.train(best_cfg, tmp_path / "again")
+    again = service.train(best_cfg, tmp_path / "again")
     assert again["validation"]["accuracy"] == pytest.approx(summary["best"]["validation"], abs=1e-9)
 
 
@@ -130,7 +130,7 @@ def test_settings_the_model_refuses_fail_their_trials_and_end_the_call(world, tm
         calls.append(run_dir.name)
         raise ConfigError("head.num_heads: must divide mixer.k")
 
-    monkeypatch.setattr(recipes, "train", refuse)
+    monkeypatch.setattr(service, "train", refuse)
     with pytest.raises(AdaLayersError, match="no trial finished yet"):
         search.tune(_cfg(world), tmp_path / "r", trials=2)
     assert calls == ["trial_000", "trial_001"]

@@ -25,12 +25,12 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 def cmd_build(args) -> int:
     from adalayers import config
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.engine import distributed
 
     part = parse_shard(args.shard)
     cfg = config.load(args.config, args.overrides)
-    backbone, data, encoded = recipes.prepare(cfg)  # under torchrun: joins the process group
+    backbone, data, encoded = service.prepare(cfg)  # under torchrun: joins the process group
     if part is None and distributed.active():
         part = (distributed.rank(), distributed.world_size())
     source = cached_source(cfg, backbone, data, encoded)

@@ -5,13 +5,13 @@ from adalayers.cli.common import dump
 
 
 def cmd_evaluate(args) -> int:
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     from adalayers.store.hub import resolve_run
 
     try:
-        result = recipes.evaluate(resolve_run(args.run), args.split, args.runtime)
-    except recipes.ResultNotSaved as e:
+        result = service.evaluate(resolve_run(args.run), args.split, args.runtime)
+    except service.ResultNotSaved as e:
         print(dump(e.result))  # the metrics, then the one-line error, exit code 2
         raise
     print(dump(result))

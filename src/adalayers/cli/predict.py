@@ -8,7 +8,7 @@ from adalayers.errors import AdaLayersError
 
 
 def cmd_predict(args) -> int:
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     texts, pairs = list(args.texts), [list(p) for p in args.pair or []]
     if args.file:
@@ -38,7 +38,7 @@ def cmd_predict(args) -> int:
         text_pairs = None
     from adalayers.store.hub import resolve_run
 
-    for r in recipes.predict(resolve_run(args.run), texts, text_pairs=text_pairs, runtime=args.runtime):
+    for r in service.predict(resolve_run(args.run), texts, text_pairs=text_pairs, runtime=args.runtime):
         shown = r["text"] + (f"\t{r['text_pair']}" if "text_pair" in r else "")
         if args.json:
             print(json.dumps(r))

@@ -7,19 +7,6 @@ from adalayers.cli.common import add_config_args, dump
 from adalayers.errors import AdaLayersError
 
 
-def load_config(args):
-    """The run config of a train command line: a YAML file with --set overrides, or --data FILE ... without one."""
-    from adalayers import config
-
-    if args.data:
-        from adalayers.data.tasks.shortcut import config_from_args
-
-        return config_from_args(args)
-    if not args.config:
-        raise AdaLayersError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
-    return config.load(args.config, args.overrides)
-
-
 def flag_overrides(args) -> None:
     """--keep and --time-budget are train.keep and train.time_budget: added to the --set overrides."""
     if getattr(args, "keep", None) is not None:
@@ -29,13 +16,14 @@ def flag_overrides(args) -> None:
 
 
 def cmd_train(args) -> int:
-    from adalayers.cli import recipes
+    from adalayers.data.tasks.shortcut import load_config
+    from adalayers.recipes import service
 
     flag_overrides(args)
     cfg = load_config(args)
     if args.select_layers is not None:
         return _select(cfg, args)
-    metrics = recipes.train(cfg, Path(args.out), resume=True if args.resume else None, overwrite=args.overwrite)
+    metrics = service.train(cfg, Path(args.out), resume=True if args.resume else None, overwrite=args.overwrite)
     from adalayers.engine import distributed
 
     if not distributed.is_main():  # under torchrun, rank 0 reports for all

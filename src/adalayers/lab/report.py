@@ -88,18 +88,18 @@ class Scored:
 
 def score_split(run_dir: Path, split: str) -> Scored:
     """Load the run's head and base, predict the split and score it."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.recipes.evaluate import example_predictions, row_outputs, score
     from adalayers.model.precision import autocast_for
 
     run_dir = Path(run_dir)
     _, cfg, meta = runlib.load_head(run_dir)
-    backbone, data, encoded = recipes.prepare(cfg)
+    backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run_dir, backbone)
     task.to(backbone.device)
     if split not in encoded:
         raise DataError(f"task {data.name} has no {split} split")
-    source = recipes.make_source(cfg, backbone, data, encoded)
+    source = service.make_source(cfg, backbone, data, encoded)
     outs = row_outputs(task, source, encoded[split], cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0,
                        autocast_for(cfg.train.precision, backbone.device))
     examples = data.splits[split]

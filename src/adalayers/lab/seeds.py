@@ -65,7 +65,7 @@ def aggregate(metrics: list[dict], seeds: list[int]) -> dict:
 
 
 def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     if n < 1:
         raise ConfigError(f"--seeds: must be at least 1, got {n}")
@@ -73,7 +73,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
         raise ConfigError("--ensemble: needs --seeds N with N >= 2")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    prepared = recipes.prepare(cfg)  # one base and one encoding for every seed (sets head.kind)
+    prepared = service.prepare(cfg)  # one base and one encoding for every seed (sets head.kind)
     seeds = [cfg.train.seed + i for i in range(n)]
     dirs, metrics = [], []
     for s in seeds:
@@ -84,7 +84,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
             m = done["metrics"]
         else:
             print(f"[seeds] seed {s} ({len(dirs) + 1} of {n}): training into {run_dir}")
-            m = recipes.train(cfg_s, run_dir, prepared=prepared, overwrite=True)  # other settings: replaced
+            m = service.train(cfg_s, run_dir, prepared=prepared, overwrite=True)  # other settings: replaced
         dirs.append(run_dir)
         metrics.append(m)
     summary = aggregate(metrics, seeds)
@@ -99,7 +99,7 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
 
 def build_ensemble(ens_dir: Path, member_dirs: list[Path], cfg, prepared) -> dict:
     """Write a run folder that loads as the members' ensemble, and score it on every split it has."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
 
@@ -112,7 +112,7 @@ def build_ensemble(ens_dir: Path, member_dirs: list[Path], cfg, prepared) -> dic
                        main_metric=data.main_metric)
     task, run_cfg, _ = runlib.load_head(ens_dir, backbone)
     task.to(backbone.device)
-    source = recipes.make_source(run_cfg, backbone, data, encoded)
+    source = service.make_source(run_cfg, backbone, data, encoded)
     result = {"members": [d.name for d in member_dirs], "trainable_params": task.num_trainable()}
     for split in ("validation", "test"):
         if split in encoded:
@@ -170,7 +170,7 @@ def cmd_train(train, args) -> int:
     """`train` with --seeds or --ensemble: the seeds' folders and their table; else the product's `train`."""
     if args.seeds is None and not args.ensemble:
         return train(args)
-    from adalayers.cli.train import load_config
+    from adalayers.data.tasks.shortcut import load_config
 
     if getattr(args, "select_layers", None) is not None:
         raise ConfigError("--select-layers: not with --seeds; select on one seed, then run the chosen layer's "

@@ -25,9 +25,9 @@ def _train_or_reuse(cfg, run_dir: Path, label: str, prepared_data) -> dict:
         print(f"[sweep] {label}: {run_dir} is finished, reusing it")
         return done
     print(f"[sweep] {label}: training into {run_dir}")
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
-    recipes.train(cfg, run_dir, prepared=prepared_data(), overwrite=True)  # other settings: replaced
+    service.train(cfg, run_dir, prepared=prepared_data(), overwrite=True)  # other settings: replaced
     return finished(run_dir, cfg)
 
 
@@ -96,13 +96,13 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     table=False trains only the pinned layers and writes nothing else, so that a sweep can be split over
     processes or machines (--layers 0,4,8 --no-table, ...); a last call over every layer reuses their runs,
     trains or reads AdaLayers and writes the table."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.data.tasks import load_task
     from adalayers.core import pick_device
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    backbone = recipes.load_base(cfg, pick_device(cfg.train.device))  # on the runtime of model.runtime
+    backbone = service.load_base(cfg, pick_device(cfg.train.device))  # on the runtime of model.runtime
     data = load_task(cfg)
     num_layers, main = backbone.num_layers, data.main_metric
     wanted = parse_layers(layers, num_layers)
@@ -111,7 +111,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
     def prepared_data():  # the base and the encoded splits, shared by every run; built only if one trains
         nonlocal prepared
         if prepared is None:
-            prepared = recipes.prepare(cfg, backbone)
+            prepared = service.prepare(cfg, backbone)
         return prepared
 
     entries = []

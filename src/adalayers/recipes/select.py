@@ -76,7 +76,7 @@ def choose(candidates: list[Candidate]) -> Candidate:
 
 
 def _train_or_reuse(cfg, run_dir: Path, prepared) -> dict:
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     if (run_dir / "metrics.json").is_file():
         stored = runlib.read_config(run_dir)["config"]
@@ -84,7 +84,7 @@ def _train_or_reuse(cfg, run_dir: Path, prepared) -> dict:
             log.info("select-layers: %s holds a finished run of these settings; reusing it", run_dir)
             return json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     # a candidate is its head: the probes are still fitted and reported in its metrics.json, never kept
-    return recipes.train(config_mod.from_dict(cfg.to_dict(), ["train.keep=head"]), run_dir, prepared=prepared,
+    return service.train(config_mod.from_dict(cfg.to_dict(), ["train.keep=head"]), run_dir, prepared=prepared,
                          overwrite=True)
 
 
@@ -126,7 +126,7 @@ def table(summary: dict) -> str:
 
 def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = False) -> dict:
     """Train the candidates, copy the winner's run into `out`, write selection.json/.md; returns the summary."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     if k < 1:
         raise ConfigError(f"--select-layers: must be at least 1 (candidate single layers), got {k}")
@@ -138,7 +138,7 @@ def select_layers(cfg, out: Path, k: int, command: str = "", overwrite: bool = F
         raise RunError(f"{out} holds a finished run that no selection made; give --overwrite to replace it, or "
                        f"choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    prepared = recipes.prepare(cfg)
+    prepared = service.prepare(cfg)
     main = prepared[1].main_metric
     cands = out / CANDIDATES
     mix_dir = cands / "adalayers"

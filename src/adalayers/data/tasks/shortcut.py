@@ -1,4 +1,5 @@
-"""`adalayers train --data FILE`: a whole config from a few flags.
+"""`adalayers train --data FILE`: a whole config from a few flags (load_config: the config of a train command line,
+from its config file or from these flags).
 
 The task comes from the flags; every other setting from --config, or else from the built-in config
 closest to the data's kind (classification: cola.yaml, regression: stsb.yaml, tokens: conll.yaml).
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from adalayers.data.tasks.files import KIND_WORDS, count_classes, guess_kind
 from adalayers.data.tasks.tables import is_number, read_tables
+from adalayers.errors import ConfigError
 from adalayers.kinds import TaskKind
 
 
@@ -153,3 +155,15 @@ def config_from_args(args):
     task = {"train": args.data, "validation": args.validation, "test": args.test, "text": args.text,
             "text_pair": args.text_pair, "label": args.label, "kind": args.kind, "format": args.format}
     return shortcut_config(args.config, task, args.overrides)
+
+
+def load_config(args):
+    """The run config of a train (or compare) command line: a YAML file with --set overrides, or --data FILE ...
+    without one."""
+    from adalayers import config
+
+    if args.data:
+        return config_from_args(args)
+    if not args.config:
+        raise ConfigError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
+    return config.load(args.config, args.overrides)

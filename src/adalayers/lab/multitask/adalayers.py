@@ -1,6 +1,6 @@
 """AdaLayers heads for a multi-task config: a frozen base, one mixer + head per task.
 
-adalayers              every task's head trained on its own (adalayers.cli.recipes.train)
+adalayers              every task's head trained on its own (adalayers.recipes.service.train)
 adalayers-progressive  the same heads, but a task's head also reads the outputs of the heads it
                        depends_on (the config's progressive-sharing graph):
 
@@ -155,7 +155,7 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
     Returns per-task validation/test metrics, trainable parameters (upstream heads counted once, in
     their own task) and summed training seconds.
     """
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.store import run as runlib
 
     out = Path(out)
@@ -179,7 +179,7 @@ def train_heads(mcfg, backbone, out: Path, max_epochs: int, patience: int, progr
             m = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         else:
             log(f"[{out.name}] {name}" + (f" (reads {', '.join(deps)})" if deps else ""))
-            m = recipes.train(cfg, run_dir, backbone=backbone, build_task=build, overwrite=True)
+            m = service.train(cfg, run_dir, backbone=backbone, build_task=build, overwrite=True)
         if progressive:  # the trained head, for the tasks downstream of it
             saved = runlib.run_config(run_dir)
             data = _Labels(runlib.read_config(run_dir)["labels"])

@@ -6,7 +6,7 @@ Variants (each one change against the baseline, so each number says what that ch
   pcgrad        + gradient surgery on the shared base
   smart         + SMART (smoothness + Bregman proximal term)
   freeze-top3   + all but the last 3 layers frozen
-  adalayers     frozen base, one mixer + head per task (adalayers.cli.recipes.train, hidden-state cache,
+  adalayers     frozen base, one mixer + head per task (adalayers.recipes.service.train, hidden-state cache,
                 early stopping), trained separately: independent heads that cannot hurt each other.
                 Pair tasks read the cross-encoder input.
   adalayers-progressive

@@ -77,7 +77,7 @@ def adalayers_costs(mcfg, backbone, datas: dict, probe_steps: int = 2) -> dict:
     """Seconds per row: one base pass (the cache build), and a head's training / evaluation step."""
     from adalayers.data.encoding import batches, encode
     from adalayers.lab.multitask.adalayers import head_config
-    from adalayers.cli.recipes import resolve_head
+    from adalayers.recipes.service import resolve_head
     from adalayers.model.sidetask import SideTask
 
     costs = {}

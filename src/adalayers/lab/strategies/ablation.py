@@ -14,7 +14,7 @@ from adalayers.errors import DataError, RunError
 
 
 def ablate(run_dir: Path, split: str = "validation", metric: str | None = None, backbone=None) -> dict:
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.lab.strategies.adapters import AdapterModel
     from adalayers.lab.strategies.saved import load_run
     from adalayers.lab.strategies.harness import evaluate
@@ -24,7 +24,7 @@ def ablate(run_dir: Path, split: str = "validation", metric: str | None = None, 
     strategy, model, cfg, backbone, meta = load_run(run_dir, backbone)
     if not isinstance(model, AdapterModel):
         raise RunError(f"{run_dir}: strategy {meta['spec']!r} has no adapters to ablate")
-    _, data, encoded = recipes.prepare(cfg, backbone)
+    _, data, encoded = service.prepare(cfg, backbone)
     if split not in encoded:
         raise DataError(f"task {data.name} has no {split} split")
     metric = metric or data.main_metric

@@ -47,7 +47,7 @@ class HarnessStrategy(Strategy):
         out.mkdir(parents=True, exist_ok=True)
         model = self.build(cfg, backbone, data)
         if isinstance(model, SharedPassModel):  # a frozen base: its hidden states come from the cache
-            from adalayers.cli.recipes import make_source
+            from adalayers.recipes.service import make_source
 
             model.use_source(make_source(cfg, backbone, data, encoded))
         s = train_and_score(model, data, encoded, cfg, self.conf, out, backbone.device, self.spec)

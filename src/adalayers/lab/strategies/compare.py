@@ -98,7 +98,7 @@ def time_inference(infer, split: EncodedSplit, rows: int, batch_size: int, pad_i
 def run_one(cfg, spec: str, overrides: list[str], out: Path, inference_rows: int, backbone=None,
             ablate: bool = False, isolated: bool = False) -> dict:
     """Train and measure one strategy; writes out/result.json and returns it."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.lab import strategies
     from adalayers.core import seed_everything
 
@@ -106,7 +106,7 @@ def run_one(cfg, spec: str, overrides: list[str], out: Path, inference_rows: int
     out.mkdir(parents=True, exist_ok=True)
     strategy = strategies.make(spec, overrides)
     seed_everything(cfg.train.seed)
-    backbone, data, encoded = recipes.prepare(cfg, backbone)
+    backbone, data, encoded = service.prepare(cfg, backbone)
     before = digest(backbone.model)
     loaded_mb = rss_mb()
     reset_peak()
@@ -314,16 +314,9 @@ def add_commands(sub) -> None:
 
 
 def _cmd_compare(args) -> int:
-    from adalayers import config
+    from adalayers.data.tasks.shortcut import load_config
 
-    if args.data:
-        from adalayers.data.tasks.shortcut import config_from_args
-
-        cfg = config_from_args(args)
-    elif not args.config:
-        raise ConfigError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
-    else:
-        cfg = config.load(args.config, args.overrides)
+    cfg = load_config(args)
     if args.inference_rows < 1:
         raise ConfigError("--inference-rows: must be at least 1")
     if cfg.train.num_threads:

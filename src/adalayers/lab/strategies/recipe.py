@@ -1,4 +1,4 @@
-"""The AdaLayers recipe itself and its one-layer baselines, trained by adalayers.cli.recipes.train.
+"""The AdaLayers recipe itself and its one-layer baselines, trained by adalayers.recipes.service.train.
 
 adalayers     the mixer learns which layers to read (mixer.* of the run config)
 single-layer  the same mixer + head pinned to layer N (0 = embedding output): single-layer:N
@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from adalayers.cli import recipes
+from adalayers.recipes import service
 from adalayers.store import run as runlib
 from adalayers.errors import ConfigError
 from adalayers.model.states import LiveStates
@@ -39,7 +39,7 @@ class AdaLayers(Strategy):
             raise ConfigError(f"{self.spec}: the base has layers 0..{backbone.num_layers - 1}, got {layer}")
         cfg.mixer.pin_layer = layer
         cfg.train.keep = "head"  # the strategy is this head (its run still reports the linear probe)
-        metrics = recipes.train(cfg, Path(out), backbone=backbone, overwrite=True)
+        metrics = service.train(cfg, Path(out), backbone=backbone, overwrite=True)
         task, _, _ = runlib.load_head(out, backbone)
         task.to(backbone.device).eval()
         source, cache = LiveStates(backbone), []

@@ -1,7 +1,7 @@
 """`adalayers tune CONFIG --trials N --out DIR`: a hyper-parameter search from the hidden-state cache.
 
 Optuna's TPE sampler proposes the settings of each trial from the space in adalayers.lab.tune.space;
-a trial is one `recipes.train` into DIR/trials/trial_<n>/, scored on the validation split only.
+a trial is one `service.train` into DIR/trials/trial_<n>/, scored on the validation split only.
 After every epoch the trial reports its validation metric and the median pruner may stop it
 (a trial is pruned when its best value so far is below the median of earlier trials at that epoch).
 
@@ -126,7 +126,7 @@ def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int
     loads the base and runs trials one after the other); a lock around "count the trials, ask for the next"
     keeps the total at `trials` exactly.
     """
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     if trials < 1:
         raise ConfigError(f"--trials: must be at least 1, got {trials}")
@@ -140,7 +140,7 @@ def tune(cfg, out: Path, trials: int, timeout: float | None = None, workers: int
     t0 = time.perf_counter()
     deadline = None if timeout is None else time.time() + timeout
     with _exclusive(out):
-        prepared = recipes.prepare(cfg)  # sets head.kind from the data
+        prepared = service.prepare(cfg)  # sets head.kind from the data
         study = _open_study(cfg, out)
         _recover(study)
         remaining = trials - len(finished(study))
@@ -189,13 +189,13 @@ def _worker(cfg, out: Path, trials: int, first: int, deadline: float | None, ind
     import optuna
 
     from adalayers import progress
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.engine.progress import setup_logging
 
     setup_logging(level)  # as the CLI does: messages one line each, bars as lines in a log file
     progress.configure()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    prepared = recipes.prepare(cfg)
+    prepared = service.prepare(cfg)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}",
                               sampler=_sampler(cfg, index), pruner=_pruner(cfg))
     _search(study, cfg, out, trials, first, deadline, prepared)
@@ -220,7 +220,7 @@ def _search(study, cfg, out: Path, trials: int, first: int, deadline: float | No
     import optuna
     from optuna.trial import TrialState
 
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
 
     backbone, data, encoded = prepared
     unseen = (backbone, data, {k: v for k, v in encoded.items() if k != "test"})  # trials never see test
@@ -248,7 +248,7 @@ def _search(study, cfg, out: Path, trials: int, first: int, deadline: float | No
         try:
             trial_cfg = space_mod.apply(cfg, values)
             trial_cfg.train.keep = "head"  # a trial scores the head its values trained (the probes are still reported)
-            m = recipes.train(trial_cfg, run_dir, resume=False, prepared=unseen, on_epoch=report)
+            m = service.train(trial_cfg, run_dir, resume=False, prepared=unseen, on_epoch=report)
         except optuna.TrialPruned as e:
             log.info("trial %d pruned: %s", trial.number, e)
             study.tell(trial, state=TrialState.PRUNED)
@@ -279,7 +279,7 @@ def _best_trial(study):
 
 def score_best(study, cfg, out: Path, prepared) -> dict:
     """Copy the best trial's run folder to out/best and score it on the test split (once per best trial)."""
-    from adalayers.cli import recipes
+    from adalayers.recipes import service
     from adalayers.recipes.evaluate import evaluate_split
     from adalayers.model.precision import autocast_for
 
@@ -297,7 +297,7 @@ def score_best(study, cfg, out: Path, prepared) -> dict:
     if "test" in encoded:
         task, run_cfg, _ = runlib.load_head(tmp, backbone)
         task.to(backbone.device)
-        metrics["test"], _ = evaluate_split(task, recipes.make_source(run_cfg, backbone, data, encoded),
+        metrics["test"], _ = evaluate_split(task, service.make_source(run_cfg, backbone, data, encoded),
                                             encoded["test"], data.splits["test"], run_cfg.train.eval_batch_size,
                                             backbone.tokenizer.pad_token_id or 0,
                                             autocast_for(run_cfg.train.precision, backbone.device))

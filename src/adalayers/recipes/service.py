@@ -1,4 +1,5 @@
-"""What the CLI commands do, as plain functions: train, evaluate, predict."""
+"""The application service: a config prepared, trained into a run folder, evaluated, predicted with, as plain
+functions (the CLI parses a command line and calls them; the lab, benchmarks and Python users call them too)."""
 from __future__ import annotations
 
 import logging
