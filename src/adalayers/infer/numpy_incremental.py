@@ -5,13 +5,17 @@ head over the whole text so far each step (numpy_heads.read_all): every position
 every key, every position's out-projection, a cost growing with the square of the length. Once a position's F is
 complete it never changes while decoding, so per sequence and per group of heads of one shape this keeps
 
-    q, k of the positions seen, and u_jh = W_o[:, h] v_jh (each key's value through attention head h's slice of
-    the out-projection);  per query i and attention head h the online-softmax state: the running max m_ih, the
-    sum l_ih = sum_j exp(s_ijh - m_ih) and B_ih = sum_j exp(s_ijh - m_ih) u_jh
+    q, k, v of the positions seen;  per query i and attention head h the online-softmax state: the running max
+    m_ih, the sum l_ih = sum_j exp(s_ijh - m_ih) and A_ih = sum_j exp(s_ijh - m_ih) v_jh
 
-and a step costs, for its new positions: their q/k/v and u (one product for every sequence of the step), their
-keys against every cached query (the old queries' states updated), the new queries against every key, then
-o_i = sum_h B_ih / l_ih + b_o, GELU, the head's pooling and its output layer: O(T k) a step instead of O(T^2 k).
+and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
+against every cached query (the old queries' states updated), the new queries against every key, then the
+attention output A_ih / l_ih, the out-projection of every position (one stacked product), GELU, the head's
+pooling and its output layer: O(T k^2) a step, in one BLAS product, instead of the full read's O(T^2 k).
+Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
+measured slower here: its state is nh times larger (nh k a query, not k) and its per-step update, elementwise
+over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a step at batch 1, T 136, k 64,
+nh 8, three heads).
 The values are the full read's (SequenceHead, Task.read) up to float32 rounding (tests/test_numpy_incremental.py).
 
 The positions kept are the ones the head sees: a sequence's real tokens (the rows LayerMix hands), less its first
@@ -38,17 +42,17 @@ class _Cache:
     """One sequence's state for one group of H heads (nh attention heads of width dh, k features)."""
     q: np.ndarray   # (H, nh, cap, dh), already scaled by dh^-1/2
     kk: np.ndarray  # (H, nh, cap, dh)
-    u: np.ndarray   # (H, nh, cap, k)
+    v: np.ndarray   # (H, nh, cap, dh)
     m: np.ndarray   # (H, nh, cap)
     l: np.ndarray   # (H, nh, cap)
-    b: np.ndarray   # (H, nh, cap, k)
+    a: np.ndarray   # (H, nh, cap, dh)
     n: int = 0      # positions seen
 
     @classmethod
     def empty(cls, h: int, nh: int, dh: int, k: int) -> "_Cache":
         z = np.zeros
-        return cls(z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32), z((h, nh, 0, k), np.float32),
-                   z((h, nh, 0), np.float32), z((h, nh, 0), np.float32), z((h, nh, 0, k), np.float32))
+        return cls(z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32),
+                   z((h, nh, 0), np.float32), z((h, nh, 0), np.float32), z((h, nh, 0, dh), np.float32))
 
     def reserve(self, n: int) -> None:
         """Room for n positions (capacity doubled, so appending costs O(1) amortised)."""
@@ -56,7 +60,7 @@ class _Cache:
         if n <= cap:
             return
         new = max(n, 2 * cap, 16)
-        for name in ("q", "kk", "u", "m", "l", "b"):
+        for name in ("q", "kk", "v", "m", "l", "a"):
             a = getattr(self, name)
             grown = np.zeros((*a.shape[:2], new, *a.shape[3:]), np.float32)
             grown[:, :, :cap] = a
@@ -75,22 +79,21 @@ class _Group:
         self.dh = self.k // self.nh
         self.w_in = np.stack([h.in_w.T for h in self.heads]).astype(np.float32)           # (H, k, 3k)
         self.b_in = np.stack([h.in_b for h in self.heads]).astype(np.float32)[:, None]     # (H, 1, 3k)
-        # W_o[:, h-slice]^T per attention head: (H, nh, dh, k), so u_jh = v_jh @ w_o[:, h]
-        self.w_o = np.stack([h.out_proj_w.T.reshape(self.nh, self.dh, self.k) for h in self.heads]).astype(np.float32)
+        self.w_o = np.stack([h.out_proj_w.T for h in self.heads]).astype(np.float32)          # (H, k, k)
         self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, None]  # (H, 1, k)
 
     def project(self, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """New positions' F (H, n, k) -> q (scaled), k, u, each (H, nh, n, .): one stacked product."""
+        """New positions' F (H, n, k) -> q (scaled), k, v, each (H, nh, n, dh): one stacked product."""
         n = f.shape[1]
         qkv = (np.matmul(f, self.w_in) + self.b_in).reshape(len(self.heads), n, 3, self.nh, self.dh)
         q, kk, v = (np.moveaxis(qkv[:, :, j], 2, 1) for j in range(3))  # (H, nh, n, dh)
-        return q * np.float32(self.dh ** -0.5), kk, np.matmul(v, self.w_o)
+        return q * np.float32(self.dh ** -0.5), kk, v
 
-    def extend(self, c: _Cache, q: np.ndarray, kk: np.ndarray, u: np.ndarray) -> None:
+    def extend(self, c: _Cache, q: np.ndarray, kk: np.ndarray, v: np.ndarray) -> None:
         """Append n new positions: the old queries' states take the new keys, the new queries take every key."""
         t, n = c.n, q.shape[2]
         c.reserve(t + n)
-        c.q[:, :, t:t + n], c.kk[:, :, t:t + n], c.u[:, :, t:t + n] = q, kk, u
+        c.q[:, :, t:t + n], c.kk[:, :, t:t + n], c.v[:, :, t:t + n] = q, kk, v
         if t:
             s = np.matmul(c.q[:, :, :t], np.swapaxes(kk, -1, -2))                 # (H, nh, t, n)
             m_old = c.m[:, :, :t]
@@ -98,26 +101,23 @@ class _Group:
             scale = np.exp(m_old - m_new)
             p = np.exp(s - m_new[..., None])
             c.l[:, :, :t] = c.l[:, :, :t] * scale + p.sum(-1)
-            c.b[:, :, :t] = c.b[:, :, :t] * scale[..., None] + np.matmul(p, u)
+            c.a[:, :, :t] = c.a[:, :, :t] * scale[..., None] + np.matmul(p, v)
             c.m[:, :, :t] = m_new
         s = np.matmul(q, np.swapaxes(c.kk[:, :, :t + n], -1, -2))                  # (H, nh, n, t + n)
         m = s.max(-1)
         p = np.exp(s - m[..., None])
         c.m[:, :, t:t + n], c.l[:, :, t:t + n] = m, p.sum(-1)
-        c.b[:, :, t:t + n] = np.matmul(p, c.u[:, :, :t + n])
+        c.a[:, :, t:t + n] = np.matmul(p, c.v[:, :, :t + n])
         c.n = t + n
 
     def read(self, c: _Cache) -> list[np.ndarray]:
-        """Each head's output on the positions so far: o_i = sum_h B_ih / l_ih + b_o, GELU, pooling, linear."""
-        t = c.n
-        o = (c.b[:, :, :t] / c.l[:, :, :t, None]).sum(1) + self.b_o                 # (H, t, k)
-        outs = []
-        for j, head in enumerate(self.heads):
-            x = o[j, :1] if head.pooling == "first" else o[j, -1:] if head.pooling == "last" else o[j]
-            x = gelu(x)
-            pooled = x.max(0) if head.pooling == "max" else x.mean(0) if head.pooling == "mean" else x[0]
-            outs.append(head.output(pooled))
-        return outs
+        """Each head's output on the positions so far: the attention heads' A_ih / l_ih side by side, the
+        out-projection (one stacked product), GELU, pooling, linear."""
+        t, h = c.n, len(self.heads)
+        att = np.swapaxes(c.a[:, :, :t] / c.l[:, :, :t, None], 1, 2).reshape(h, t, self.k)
+        x = gelu(np.matmul(att, self.w_o) + self.b_o)                                 # (H, t, k)
+        pools = {"max": lambda y: y.max(0), "first": lambda y: y[0], "last": lambda y: y[-1]}
+        return [head.output(pools.get(head.pooling, lambda y: y.mean(0))(x[j])) for j, head in enumerate(self.heads)]
 
 
 class IncrementalReads:
