@@ -11,7 +11,8 @@ complete it never changes while decoding, so per sequence and per group of heads
 and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
 against every cached query (the old queries' states updated), the new queries against every key, then the
 attention output A_ih / l_ih, the out-projection of every position (one stacked product), GELU, the head's
-pooling and its output layer: O(T k^2) a step, in one BLAS product, instead of the full read's O(T^2 k).
+pooling and its output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step, instead of the
+full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
 Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
 measured slower here: its state is nh times larger (nh k a query, not k) and its per-step update, elementwise
 over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a step at batch 1, T 136, k 64,
