@@ -3,7 +3,9 @@
 
     steps    paired decode steps: the same prompts in two sets of sequences of one context, advanced in turn,
              one set with no heads (no state read), the other with four heads (two sequence heads read every
-             step, a sequence head as a per-step guard, a token head read at the end): each step's time with
+             step, a sequence head as a per-step guard, a token head read at the end; the per-step reads
+             incremental, adalayers.infer.numpy_incremental, or with --full-reads the full read over the whole
+             text each step, as before it): each step's time with
              heads over its partner's; median, and the sum over the 128 steps (whole generation, interleaved)
     whole    whole generations (prefill + --new tokens + the heads' final reads), the two configurations in
              rotating order, medians over --repeats; time with heads / alone
@@ -81,8 +83,10 @@ def four_heads(engine, bos: bool) -> list:
 class Gen:
     """One set of sequences generating greedily, with or without the heads (numpy, read per step)."""
 
-    def __init__(self, engine, tok, prompts: list[str], seqs: list[int], heads: list | None, new: int):
+    def __init__(self, engine, tok, prompts: list[str], seqs: list[int], heads: list | None, new: int,
+                 full_reads: bool = False):
         from adalayers.infer import numpy_heads as nh
+        from adalayers.infer.numpy_incremental import IncrementalReads
 
         self.engine, self.heads, self.nh = engine, heads, nh
         self.ids = [tok.encode(p) for p in prompts]
@@ -95,6 +99,8 @@ class Gen:
         self.accs = [np.zeros((len(prompts), width, t.k), np.float32) for t in heads or []]
         self.col = width - new - 1  # prompts right-aligned at column col - 1
         self.guard = []
+        self.seq_idx = [j for j, t in enumerate(heads or []) if t.kind != "token"]
+        self.reads = None if full_reads or not heads else IncrementalReads([heads[j] for j in self.seq_idx])
 
     def prefill(self):
         from adalayers.infer.llamacpp import Row
@@ -107,7 +113,10 @@ class Gen:
             # every token's final norm, the LM head skipped; then each row's last token once more for its logits
             # (its KV entry removed first), as LlamaCppBackbone.run
             eng.decode(rows, [self.mix.add], wanted=set(self.layers), outputs="all", stop_after=max(self.layers))
-            self._place(self.mix.take(), [len(i) for i in self.ids], prefill=True)
+            accs = self.mix.take()
+            self._place(accs, [len(i) for i in self.ids], prefill=True)
+            if self.reads:  # the caches made at the prefill
+                self.reads.step(self.seqs, [accs[j] for j in self.seq_idx], [len(i) for i in self.ids])
             eng.truncate({s: len(ids) - 1 for ids, s in zip(self.ids, self.seqs)})
             logits = eng.decode([Row([ids[-1]], s, len(ids) - 1) for ids, s in zip(self.ids, self.seqs)])
         else:
@@ -138,10 +147,13 @@ class Gen:
         states = eng.states()
         self.mix.begin(len(rows))
         self.mix.add_layers(self.layers, np.stack([states[i] for i in self.layers]))
-        self._place(self.mix.take(), [1] * len(rows))
-        seq = [t for t in self.heads if t.kind != "token"]
-        outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j, t in enumerate(self.heads) if t.kind != "token"],
-                                self.mask[:, :self.col])
+        accs = self.mix.take()
+        self._place(accs, [1] * len(rows))
+        seq = [self.heads[j] for j in self.seq_idx]
+        if self.reads:
+            outs = self.reads.step(self.seqs, [accs[j] for j in self.seq_idx], [1] * len(rows))
+        else:
+            outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j in self.seq_idx], self.mask[:, :self.col])
         self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
         self.next = logits.argmax(-1)
 
@@ -150,12 +162,12 @@ class Gen:
             return self.nh.read_all(self.heads, [a[:, :self.col] for a in self.accs], self.mask[:, :self.col])
 
 
-def paired(engine, tok, heads, batch: int, new: int) -> dict:
+def paired(engine, tok, heads, batch: int, new: int, full_reads: bool) -> dict:
     """Both sets advanced in turn (the order alternating per step): per-step ratios and the summed times."""
     engine_free(engine)
     prompts = (PROMPTS * 2)[:batch]
     plain, mine = Gen(engine, tok, prompts, list(range(batch)), None, new), \
-        Gen(engine, tok, prompts, list(range(batch, 2 * batch)), heads, new)
+        Gen(engine, tok, prompts, list(range(batch, 2 * batch)), heads, new, full_reads)
     plain.prefill()
     mine.prefill()
     ta, tb, ca, cb = [], [], [], []
@@ -176,14 +188,14 @@ def paired(engine, tok, heads, batch: int, new: int) -> dict:
             "cpu_sum_ratio": round(sum(cb) / sum(ca), 4)}
 
 
-def whole(engine, tok, heads, batch: int, new: int, repeats: int) -> dict:
+def whole(engine, tok, heads, batch: int, new: int, repeats: int, full_reads: bool) -> dict:
     prompts = (PROMPTS * 2)[:batch]
     times, cpus = {"alone": [], "heads": []}, {"alone": [], "heads": []}
     order = ["alone", "heads"]
     for rep in range(repeats):
         for c in order if rep % 2 == 0 else order[::-1]:
             engine_free(engine)
-            g = Gen(engine, tok, prompts, list(range(batch)), heads if c == "heads" else None, new)
+            g = Gen(engine, tok, prompts, list(range(batch)), heads if c == "heads" else None, new, full_reads)
             t0, c0 = time.perf_counter(), time.process_time()
             g.prefill()
             for _ in range(new):
@@ -264,6 +276,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-batch", default="4096,512", help="memory part: the context's n_batch (= n_ubatch) values")
+    ap.add_argument("--full-reads", action="store_true",
+                    help="per-step sequence-head reads by the full read over the whole text each step (read_all), "
+                         "not the incremental one (numpy_incremental): the cost before it")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps, whole, memory")
     ap.add_argument("--out", default="benchmarks/results/llamacpp_numpy_heads.json")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -286,9 +301,9 @@ def main() -> None:
         for batch in [int(b) for b in args.batch.split(",")]:
             row = {"threads": threads, "batch": batch, "new": args.new}
             if "steps" not in skip:
-                row.update(paired(engine, tok, heads, batch, args.new))
+                row.update(paired(engine, tok, heads, batch, args.new, args.full_reads))
             if "whole" not in skip:
-                row.update(whole(engine, tok, heads, batch, args.new, args.repeats))
+                row.update(whole(engine, tok, heads, batch, args.new, args.repeats, args.full_reads))
             print(row, flush=True)
             results["runs"].append(row)
         engine.close()

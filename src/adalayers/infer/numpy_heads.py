@@ -251,6 +251,11 @@ def _ensemble(task: Task, acc: np.ndarray, mask: np.ndarray, skip_bos: bool | No
     """acc (..., M k): the members' accumulators side by side (LayerMix feeds the members as heads)."""
     k = task.members[0].k
     outs = read_all(task.members, [acc[..., m * k:(m + 1) * k] for m in range(len(task.members))], mask, skip_bos)
+    return ensemble_answer(task, outs)
+
+
+def ensemble_answer(task: Task, outs: list[np.ndarray]) -> np.ndarray:
+    """A seed ensemble's answer from its members' outputs (as EnsembleTask's)."""
     if task.kind == "regression":
         return np.mean(outs, 0)
     return np.log(np.mean([probabilities(task, o) for o in outs], 0))

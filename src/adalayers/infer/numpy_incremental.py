@@ -1,0 +1,241 @@
+"""Per-step reads of sequence heads during decoding, incremental and exact (the numpy heads, no torch).
+
+A sequence head read after every generated token (a guard, a per-step value) would otherwise re-run its whole
+head over the whole text so far each step (numpy_heads.read_all): every position's q/k/v, every query against
+every key, every position's out-projection, a cost growing with the square of the length. Once a position's F is
+complete it never changes while decoding, so per sequence and per group of heads of one shape this keeps
+
+    q, k, v of the positions seen;  per query i and attention head h the online-softmax state: the running max
+    m_ih, the sum l_ih = sum_j exp(s_ijh - m_ih) and A_ih = sum_j exp(s_ijh - m_ih) v_jh
+
+and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
+against every cached query (the old queries' states updated), the new queries against every key, then the
+attention output A_ih / l_ih, the out-projection of every position (one stacked product), GELU, the head's
+pooling and its output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step, instead of the
+full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
+Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
+measured slower here: its state is nh times larger (nh k a query, not k) and its per-step update, elementwise
+over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a step at batch 1, T 136, k 64,
+nh 8, three heads).
+The values are the full read's (SequenceHead, Task.read) up to float32 rounding (tests/test_numpy_incremental.py).
+
+The positions kept are the ones the head sees: a sequence's real tokens (the rows LayerMix hands), less its first
+with skip_bos, with the sinusoidal positions counted over them; padding is a batch's layout, not a sequence's,
+so it never enters a cache. Where this does not apply, read with the full read (numpy_heads.read_all):
+    - token heads (an answer per token, their encoder layers over every position): applies() is False;
+    - a text that changes other than by appending (an edit, a truncation, a regenerated turn): drop() the
+      sequence and give its rows again;
+    - a sequence that has no token the head sees yet (only its BOS, with skip_bos): read by the full read of its
+      own rows, until its first seen token arrives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+
+from adalayers.infer.numpy_heads import SequenceHead, Task, ensemble_answer, gelu, position_table, read_all
+
+
+@dataclass
+class _Cache:
+    """One sequence's state for one group of H heads (nh attention heads of width dh, k features)."""
+    q: np.ndarray   # (H, nh, cap, dh), already scaled by dh^-1/2
+    kk: np.ndarray  # (H, nh, cap, dh)
+    v: np.ndarray   # (H, nh, cap, dh)
+    m: np.ndarray   # (H, nh, cap)
+    l: np.ndarray   # (H, nh, cap)
+    a: np.ndarray   # (H, nh, cap, dh)
+    n: int = 0      # positions seen
+
+    @classmethod
+    def empty(cls, h: int, nh: int, dh: int, k: int) -> "_Cache":
+        z = np.zeros
+        return cls(z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32),
+                   z((h, nh, 0), np.float32), z((h, nh, 0), np.float32), z((h, nh, 0, dh), np.float32))
+
+    def reserve(self, n: int) -> None:
+        """Room for n positions (capacity doubled, so appending costs O(1) amortised)."""
+        cap = self.q.shape[2]
+        if n <= cap:
+            return
+        new = max(n, 2 * cap, 16)
+        for name in ("q", "kk", "v", "m", "l", "a"):
+            a = getattr(self, name)
+            grown = np.zeros((*a.shape[:2], new, *a.shape[3:]), np.float32)
+            grown[:, :, :cap] = a
+            setattr(self, name, grown)
+
+
+class _Group:
+    """Heads of one shape and one reading of F, read as one (numpy_heads.sequence_heads' stacking)."""
+
+    def __init__(self, leaves: list[int], heads: list[SequenceHead], skip_bos: bool, positional: bool,
+                 gelu_after_sum: bool):
+        self.leaves, self.heads = leaves, heads  # leaf indices, in the order of heads
+        self.skip_bos, self.positional, self.gelu_after_sum = skip_bos, positional, gelu_after_sum
+        h0 = heads[0]
+        self.k, self.nh = h0.in_w.shape[1], h0.num_heads
+        self.dh = self.k // self.nh
+        self.w_in = np.stack([h.in_w.T for h in self.heads]).astype(np.float32)           # (H, k, 3k)
+        self.b_in = np.stack([h.in_b for h in self.heads]).astype(np.float32)[:, None]     # (H, 1, 3k)
+        self.w_o = np.stack([h.out_proj_w.T for h in self.heads]).astype(np.float32)          # (H, k, k)
+        self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, None]  # (H, 1, k)
+
+    def project(self, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """New positions' F (H, n, k) -> q (scaled), k, v, each (H, nh, n, dh): one stacked product."""
+        n = f.shape[1]
+        qkv = (np.matmul(f, self.w_in) + self.b_in).reshape(len(self.heads), n, 3, self.nh, self.dh)
+        q, kk, v = (np.moveaxis(qkv[:, :, j], 2, 1) for j in range(3))  # (H, nh, n, dh)
+        return q * np.float32(self.dh ** -0.5), kk, v
+
+    def extend(self, c: _Cache, q: np.ndarray, kk: np.ndarray, v: np.ndarray) -> None:
+        """Append n new positions: the old queries' states take the new keys, the new queries take every key."""
+        t, n = c.n, q.shape[2]
+        c.reserve(t + n)
+        c.q[:, :, t:t + n], c.kk[:, :, t:t + n], c.v[:, :, t:t + n] = q, kk, v
+        if t:
+            s = np.matmul(c.q[:, :, :t], np.swapaxes(kk, -1, -2))                 # (H, nh, t, n)
+            m_old = c.m[:, :, :t]
+            m_new = np.maximum(m_old, s.max(-1))
+            scale = np.exp(m_old - m_new)
+            p = np.exp(s - m_new[..., None])
+            c.l[:, :, :t] = c.l[:, :, :t] * scale + p.sum(-1)
+            c.a[:, :, :t] = c.a[:, :, :t] * scale[..., None] + np.matmul(p, v)
+            c.m[:, :, :t] = m_new
+        s = np.matmul(q, np.swapaxes(c.kk[:, :, :t + n], -1, -2))                  # (H, nh, n, t + n)
+        m = s.max(-1)
+        p = np.exp(s - m[..., None])
+        c.m[:, :, t:t + n], c.l[:, :, t:t + n] = m, p.sum(-1)
+        c.a[:, :, t:t + n] = np.matmul(p, c.v[:, :, :t + n])
+        c.n = t + n
+
+    def read(self, c: _Cache) -> list[np.ndarray]:
+        """Each head's output on the positions so far: the attention heads' A_ih / l_ih side by side, the
+        out-projection (one stacked product), GELU, pooling, linear."""
+        t, h = c.n, len(self.heads)
+        att = np.swapaxes(c.a[:, :, :t] / c.l[:, :, :t, None], 1, 2).reshape(h, t, self.k)
+        x = gelu(np.matmul(att, self.w_o) + self.b_o)                                 # (H, t, k)
+        pools = {"max": lambda y: y.max(0), "first": lambda y: y[0], "last": lambda y: y[-1]}
+        return [head.output(pools.get(head.pooling, lambda y: y.mean(0))(x[j])) for j, head in enumerate(self.heads)]
+
+
+class IncrementalReads:
+    """Sequence-head reads kept per sequence while it decodes (continuous batching: sequences join and leave).
+
+        reads = IncrementalReads(tasks)          # tasks with applies(t); the others: numpy_heads.read_all
+        outs = reads.step(seqs, accs, counts)    # new rows per sequence (prefill: its prompt; a step: 1),
+                                                 # accs as LayerMix.take() gives them; a new id starts a cache
+        reads.drop(seq)                          # the sequence ended (or its text changed: give it again)
+
+    outs[j]: task j's answer for each of `seqs`, in their order, as read_all's on the whole text so far.
+    """
+
+    def __init__(self, tasks: list[Task], skip_bos: bool | None = None):
+        for t in tasks:
+            if not self.applies(t):
+                raise ValueError(f"incremental reads: task {t.kind!r} has no sequence head (use read_all)")
+        self.tasks, self.skip_bos = tasks, skip_bos
+        self.leaves = [m for t in tasks for m in (t.members or [t])]
+        groups: dict[tuple, list[int]] = {}
+        for j, leaf in enumerate(self.leaves):
+            sb = leaf.skip_bos if skip_bos is None else skip_bos
+            groups.setdefault((leaf.head.shape_key(), sb, leaf.positional, leaf.gelu_after_sum), []).append(j)
+        self.groups = [_Group(js, [self.leaves[j].head for j in js], key[1], key[2], key[3])
+                       for key, js in groups.items()]
+        self._caches: dict[Hashable, list[_Cache]] = {}
+        self._rows: dict[Hashable, int] = {}                  # real rows given so far, per sequence
+        self._unseen: dict[Hashable, list[np.ndarray]] = {}   # a sequence's rows while it has no seen token
+
+    @staticmethod
+    def applies(task: Task) -> bool:
+        """Sequence and regression heads, and seed ensembles of them."""
+        return all(isinstance(m.head, SequenceHead) for m in (task.members or [task]))
+
+    @property
+    def sequences(self) -> list[Hashable]:
+        return list(self._caches)
+
+    def drop(self, seq: Hashable) -> None:
+        self._caches.pop(seq, None)
+        self._rows.pop(seq, None)
+        self._unseen.pop(seq, None)
+
+    def _leaf_rows(self, accs: list[np.ndarray]) -> list[np.ndarray]:
+        out = []
+        for t, acc in zip(self.tasks, accs):
+            if t.members:
+                k = t.members[0].k
+                out.extend(acc[..., m * k:(m + 1) * k] for m in range(len(t.members)))
+            else:
+                out.append(acc)
+        return out
+
+    def step(self, seqs: list[Hashable], accs: list[np.ndarray], counts: list[int]) -> list[np.ndarray]:
+        """Append counts[b] rows to sequence seqs[b] (accs[j]: (sum(counts), k), task j's, sequences in order),
+        then read every task for every one of seqs."""
+        if len(seqs) != len(counts) or len(set(seqs)) != len(seqs):
+            raise ValueError("incremental reads: one count per sequence, each sequence once per step")
+        leaf_rows = self._leaf_rows(accs)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        for seq, n in zip(seqs, counts):
+            if seq not in self._caches:
+                self._caches[seq] = [_Cache.empty(len(g.heads), g.nh, g.dh, g.k) for g in self.groups]
+                self._rows[seq] = 0
+        for gi, g in enumerate(self.groups):
+            self._extend_group(gi, g, seqs, counts, starts, leaf_rows)
+        for b, seq in enumerate(seqs):
+            if any(c.n == 0 for c in self._caches[seq]):  # kept for the full read until every group sees a token
+                self._unseen.setdefault(seq, []).extend(
+                    np.stack([r[starts[b]:starts[b + 1]] for r in leaf_rows], 1))
+            else:
+                self._unseen.pop(seq, None)
+            self._rows[seq] += counts[b]
+        leaf_out: list[list] = [[None] * len(seqs) for _ in self.leaves]
+        for b, seq in enumerate(seqs):
+            full = None
+            for g, c in zip(self.groups, self._caches[seq]):
+                if c.n == 0:
+                    full = self._full_read(seq) if full is None else full
+                ys = [full[j] for j in g.leaves] if c.n == 0 else g.read(c)
+                for j, y in zip(g.leaves, ys):
+                    leaf_out[j][b] = y
+        return self._answers([np.stack(o) for o in leaf_out])
+
+    def _extend_group(self, gi: int, g: _Group, seqs: list, counts: list[int], starts: np.ndarray,
+                      leaf_rows: list[np.ndarray]) -> None:
+        """The group's new seen rows of every sequence through one product, then each sequence's cache."""
+        acc = np.stack([leaf_rows[j] for j in g.leaves])                          # (H, N, k)
+        keep = np.ones(acc.shape[1], bool)
+        if g.skip_bos:
+            for b, seq in enumerate(seqs):
+                if self._rows[seq] == 0 and counts[b]:
+                    keep[starts[b]] = False  # the sequence's first real token
+        pos = np.zeros(acc.shape[1], int)
+        for b, seq in enumerate(seqs):
+            sl = slice(starts[b], starts[b + 1])
+            pos[sl] = self._caches[seq][gi].n + np.cumsum(keep[sl]) - 1
+        f = gelu(acc) if g.gelu_after_sum else acc
+        if g.positional:
+            f = f + position_table(np.maximum(pos, 0), g.k)
+        q, kk, u = g.project(f.astype(np.float32, copy=False))
+        for b, seq in enumerate(seqs):
+            sel = np.flatnonzero(keep[starts[b]:starts[b + 1]]) + starts[b]
+            if len(sel):
+                g.extend(self._caches[seq][gi], q[:, :, sel], kk[:, :, sel], u[:, :, sel])
+
+    def _full_read(self, seq: Hashable) -> list[np.ndarray]:
+        """A sequence without a seen token: the full read of its own rows (numpy_heads.read_all, batch of one)."""
+        rows = np.stack(self._unseen[seq])                                         # (n, leaves, k)
+        mask = np.ones((1, len(rows)), bool)
+        return [y[0] for y in read_all(self.leaves, [rows[None, :, j] for j in range(len(self.leaves))], mask,
+                                       self.skip_bos)]
+
+    def _answers(self, leaf_out: list[np.ndarray]) -> list[np.ndarray]:
+        out, j = [], 0
+        for t in self.tasks:
+            m = len(t.members) or 1
+            out.append(leaf_out[j] if not t.members else ensemble_answer(t, leaf_out[j:j + m]))
+            j += m
+        return out
