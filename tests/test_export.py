@@ -73,7 +73,7 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
     assert layers_in_graph(folder / "model.onnx", base) == (3 if primary else 2)
 
     torch_side = SideTasks.from_backbone(base, list(runs.values()), primary=primary)
-    onnx_side = SideTasks.load(str(folder), [], backend="onnx", primary=primary)
+    onnx_side = SideTasks.load(str(folder), [], runtime="onnx", primary=primary)
     assert onnx_side.names == torch_side.names
     assert_same(torch_side.predict(TEXTS), onnx_side.predict(TEXTS))
     assert_same(torch_side.predict(TEXTS, tasks=["ner"]), onnx_side.predict(TEXTS, tasks=["ner"]))
@@ -105,8 +105,8 @@ def test_export_refuses_bad_input(tokenizer, tmp_path):
         read_meta(tmp_path / "busy")
 
 
-def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
-    """`adalayers export` on a model folder, then `adalayers serve --backend onnx` (a real uvicorn in a
+def test_cli_export_then_serve_runtime_onnx(tokenizer, tmp_path):
+    """`adalayers export` on a model folder, then `adalayers serve --runtime onnx` (a real uvicorn in a
     subprocess on 127.0.0.1) answers /predict as the PyTorch SideTasks does."""
     import json
     import os
@@ -129,7 +129,7 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "adalayers.cli", "serve", "--backend", "onnx", "--base",
+    proc = subprocess.Popen([sys.executable, "-m", "adalayers.cli", "serve", "--runtime", "onnx", "--base",
                              str(tmp_path / "exported"), "--heads", "acc", "tags", "--host", "127.0.0.1",
                              "--port", str(port), "--threads", "1"],
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
@@ -155,7 +155,7 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
 
 
 def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, monkeypatch):
-    """SideTasks.load(base, runs, backend="onnx") exports into the cache once, then reuses it."""
+    """SideTasks.load(base, runs, runtime="onnx") exports into the cache once, then reuses it."""
     import adalayers.infer.onnx as runtime
 
     base = tiny_backbone("bert", tokenizer)
@@ -164,13 +164,14 @@ def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, 
     runs = make_runs(tmp_path, base)
     monkeypatch.setenv("ADALAYERS_CACHE", str(tmp_path / "cache"))
     heads = [str(runs["acc"]), str(runs["score"])]
-    side = SideTasks.load(str(tmp_path / "base"), heads, backend="onnx")
+    side = SideTasks.load(str(tmp_path / "base"), heads, runtime="onnx")
     assert len(list((tmp_path / "cache" / "onnx").iterdir())) == 1
     assert_same(SideTasks.from_backbone(base, heads).predict(TEXTS), side.predict(TEXTS))
     monkeypatch.setattr(runtime, "export", lambda *a, **k: pytest.fail("exported again"))
-    assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
-    with pytest.raises(AdaLayersError, match="backend 'tf'"):
-        SideTasks.load(str(tmp_path / "base"), heads, backend="tf")
+    with pytest.warns(DeprecationWarning, match="backend= is deprecated"):  # the old name, kept one release
+        assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
+    with pytest.raises(AdaLayersError, match="runtime 'tf': choose one of torch, onnx, onnx-int8, llama.cpp"):
+        SideTasks.load(str(tmp_path / "base"), heads, runtime="tf")
 
 
 def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path, caplog):

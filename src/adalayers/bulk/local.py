@@ -27,7 +27,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from adalayers.bulk.inputs import input_files, records
+from adalayers import runtimes
 from adalayers.bulk.predictor import BatchPredictor, check_heads
+from adalayers.store.head_spec import parse_heads
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.store.run import atomic_write, write_json
 from adalayers.data.tasks import skipping_bad_rows
@@ -51,7 +53,7 @@ class Job:
     part_rows: int = 10_000
     max_length: int | None = None
     skip_bad_rows: bool = False
-    runtime: str = "torch"  # the engine of the base pass (adalayers.infer.sidetasks.RUNTIMES)
+    runtime: str = "torch"  # the engine of the base pass: one of adalayers.runtimes.names(trains=True)
     files: list[dict] = field(default_factory=list)  # [{path, bytes, mtime_ns}], filled by plan()
 
     def plan(self) -> list[Path]:
@@ -59,8 +61,9 @@ class Job:
             raise DataError(f"--format: one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
         if self.part_rows < 1:
             raise DataError(f"--part-rows: must be at least 1, got {self.part_rows}")
+        runtimes.get(self.runtime, trains=True)  # an unknown runtime fails before any file is read
         files = input_files(self.input)
-        check_heads(self.heads, self.text_pair_column is not None)
+        check_heads(parse_heads(self.heads, "--heads"), self.text_pair_column is not None)
         self.files = [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                       for p in files]
         return files
