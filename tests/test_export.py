@@ -13,6 +13,7 @@ from adalayers.errors import AdaLayersError, ModelError, RunError
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import export, read_meta
 from adalayers.infer.sidetasks import SideTasks
+from adalayers.store.head_spec import HeadSpec
 
 from conftest import tiny_backbone
 from runs_util import NER, make_run
@@ -60,7 +61,7 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
     base = tiny_backbone(kind, tokenizer)
     runs = make_runs(tmp_path, base)
     primary = kind == "bert"  # roberta: exported without the base output, so cut after layer 2
-    meta = export(base, list(runs.items()), tmp_path / "exported", primary=primary, int8=primary)
+    meta = export(base, [HeadSpec(*r) for r in runs.items()], tmp_path / "exported", primary=primary, int8=primary)
     folder = tmp_path / "exported"
     assert [o["name"] for o in meta["outputs"]] == \
         (["sentence_embedding"] if primary else []) + ["acc_logits", "score_logits", "ner_logits"]
@@ -93,13 +94,13 @@ def test_export_refuses_bad_input(tokenizer, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(RunError, match="not an export folder"):
-        export(base, [("acc", run)], tmp_path / "busy")
+        export(base, [HeadSpec("acc", run)], tmp_path / "busy")
     with pytest.raises(AdaLayersError, match="task name"):
-        export(base, [("a b", run)], tmp_path / "out")
+        export(base, [HeadSpec("a b", run)], tmp_path / "out")
     with pytest.raises(ModelError, match="int8 scheme 'nope'"):
-        export(base, [("acc", run)], tmp_path / "out", int8=True, int8_scheme="nope")
+        export(base, [HeadSpec("acc", run)], tmp_path / "out", int8=True, int8_scheme="nope")
     with pytest.raises(RunError, match="run folder not found"):
-        export(base, [("x", tmp_path / "missing")], tmp_path / "out")
+        export(base, [HeadSpec("x", tmp_path / "missing")], tmp_path / "out")
     assert not (tmp_path / "out").exists() and (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     with pytest.raises(RunError, match="export.json"):
         read_meta(tmp_path / "busy")
@@ -182,7 +183,7 @@ def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path,
     base = tiny_backbone("bert", tokenizer)
     runs = make_runs(tmp_path / "runs", base)
     folder = tmp_path / "exported"
-    meta = export(base, list(runs.items()), folder)
+    meta = export(base, [HeadSpec(*r) for r in runs.items()], folder)
     text = (folder / "export.json").read_text()
     assert str(tmp_path) not in text and meta["heads"]["acc"]["run"] == "../runs/acc"
     assert set(meta["checksums"]) >= {"model.onnx", "tokenizer.json"}
