@@ -9,11 +9,11 @@ from adalayers.cli.common import add_runtime_arg
 def cmd_predict_files(args) -> int:
     from adalayers.bulk.local import Job
     from adalayers.infer.sidetasks import heads_base
-    from adalayers.store.head_spec import parse_heads
 
-    job = Job(base=args.base or heads_base(parse_heads(args.heads, "--heads")), heads=list(args.heads), input=args.input, id_column=args.id_column,
+    job = Job(base=args.base or "", heads=list(args.heads), input=args.input, id_column=args.id_column,
               text_column=args.text_column, text_pair_column=args.text_pair_column, output_format=args.format, part_rows=args.part_rows,
               max_length=args.max_length, skip_bad_rows=args.skip_bad_rows, runtime=args.runtime)
+    job.base = job.base or heads_base(job.specs)  # the heads parsed once, here; the job keeps them
     if args.engine == "ray":
         from adalayers.bulk import ray_engine
 
