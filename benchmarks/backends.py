@@ -39,7 +39,7 @@ from adalayers.store import run as runlib  # noqa: E402
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8  # noqa: E402
 from adalayers.export.onnx import export  # noqa: E402
-from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
+from adalayers.infer.sidetasks import HeadSpec, SideTasks, parse_heads  # noqa: E402
 from adalayers.data.tasks import load_task  # noqa: E402
 from adalayers.lab.portable import data_setting  # noqa: E402
 from adalayers.data.tasks.fetch import data_folder  # noqa: E402
@@ -48,9 +48,8 @@ from one_pass import imdb_rows  # noqa: E402
 BACKENDS = ["torch", "onnx", "onnx-int8"]
 
 
-def sides(base: Backbone, heads: list[tuple[str, Path]], folder: Path, threads: int) -> dict:
-    names = [f"{n}={p}" for n, p in heads]
-    return {"torch": SideTasks.from_backbone(base, names),
+def sides(base: Backbone, heads: list[HeadSpec], folder: Path, threads: int) -> dict:
+    return {"torch": SideTasks.from_backbone(base, heads),
             "onnx": SideTasks.open_export(folder, threads=threads),
             "onnx-int8": SideTasks.open_export(folder, int8=True, threads=threads)}
 
@@ -157,9 +156,9 @@ def main() -> None:
         sys.exit("give --heads NAME=RUN ... or --fresh-heads")
     base = Backbone.load(args.base)
     fresh_dir = tempfile.TemporaryDirectory()
-    given = [parse_head_arg(h) for h in (fresh_heads(base, Path(fresh_dir.name)) if args.fresh_heads else args.heads)]
+    given = parse_heads(fresh_heads(base, Path(fresh_dir.name)) if args.fresh_heads else args.heads, "--heads")
     four = (given * 4)[:4]
-    heads = [(n if i < len(given) else f"{n}{i + 1}", p) for i, (n, p) in enumerate(four)]
+    heads = [HeadSpec(h.name if i < len(given) else f"{h.name}{i + 1}", h.path) for i, h in enumerate(four)]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         export(base, heads, Path(tmp) / "exported", int8=True)
@@ -170,12 +169,12 @@ def main() -> None:
         for B in args.batches:
             batch = imdb_rows(Path(args.data), base.tokenizer, B, args.length)
             for n in (1, 4):
-                names = [h for h, _ in heads[:n]]
+                names = [h.name for h in heads[:n]]
                 t = timing(all_sides, batch, names, args.repeats)
                 rows.append({"batch": B, "length": args.length, "heads": n, **t})
                 print(f"B={B} heads={n}: " + "  ".join(f"{b} {t[b]['median_s']:.4f}s x{t[b]['ratio_to_torch']:.3f}"
                                                        for b in BACKENDS), flush=True)
-        scores = [] if args.fresh_heads else [quality(all_sides, n, p, args.limit) for n, p in given]
+        scores = [] if args.fresh_heads else [quality(all_sides, h.name, h.path, args.limit) for h in given]
         for s in scores:
             print(json.dumps(s), flush=True)
     save({"settings": settings, "model_mib": sizes, "timing": rows, "quality": scores}, args, table)

@@ -164,7 +164,7 @@ def cost(args) -> int:
         backbone = Backbone.load(args.llm)
         llm, positive = SideTasks(backbone, heads_for(backbone, 1), primary=False, max_length=128), "acceptable"
     else:
-        llm = SideTasks.load(args.llm, [str(args.guard)], primary=True, backend=args.runtime, threads=1)
+        llm = SideTasks.load(args.llm, [str(args.guard)], primary=True, runtime=args.runtime, threads=1)
         positive = POSITIVE
     sep = SideTasks.load(None, [str(args.separate)], primary=False)
     head = llm.names[0]

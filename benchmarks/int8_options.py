@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from adalayers.model.backbone import Backbone  # noqa: E402
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize  # noqa: E402
 from adalayers.export.onnx import MODEL, export  # noqa: E402
-from adalayers.infer.sidetasks import SideTasks, parse_head_arg  # noqa: E402
+from adalayers.infer.sidetasks import SideTasks, parse_heads  # noqa: E402
 from backends import add_run_args, quality, save, start, timing  # noqa: E402
 from one_pass import imdb_rows  # noqa: E402
 
@@ -44,11 +44,11 @@ def main() -> None:
     args = ap.parse_args()
     settings = start(args, default_scheme=DEFAULT_INT8)
     base = Backbone.load(args.base)
-    heads = [parse_head_arg(h) for h in args.heads]
+    heads = parse_heads(args.heads, "--heads")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "exported"
         export(base, heads, folder)
-        sides = {"torch": SideTasks.from_backbone(base, [f"{n}={p}" for n, p in heads]),
+        sides = {"torch": SideTasks.from_backbone(base, heads),
                  "onnx": SideTasks.open_export(folder, threads=args.threads)}
         schemes = {}
         for name in args.schemes:
@@ -60,12 +60,12 @@ def main() -> None:
         fp32_mib = (folder / MODEL).stat().st_size / 2**20
         batch = imdb_rows(Path(args.data), base.tokenizer, args.batch, args.length) if args.repeats else None
         t0 = time.perf_counter()
-        times = timing(sides, batch, [n for n, _ in heads], args.repeats) if args.repeats else {k: {} for k in sides}
+        times = timing(sides, batch, [h.name for h in heads], args.repeats) if args.repeats else {k: {} for k in sides}
         print(f"timing took {time.perf_counter() - t0:.0f} s", flush=True)
         scores = []
-        for n, p in heads:
+        for h in heads:
             t0 = time.perf_counter()
-            scores.append(quality(sides, n, p, args.limit))
+            scores.append(quality(sides, h.name, h.path, args.limit))
             print(json.dumps(scores[-1]), f"({time.perf_counter() - t0:.0f} s)", flush=True)
     save({"settings": settings, "fp32_mib": fp32_mib, "schemes": schemes, "timing": times, "quality": scores},
          args, table)

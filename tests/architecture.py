@@ -164,6 +164,21 @@ def batcher_probes() -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def runtime_lists(names: set[str], home: str = "adalayers.runtimes") -> list[tuple[str, int]]:
+    """(module, line) of every tuple, list or set literal outside `home` that holds two or more runtime names
+    (`names`): the runtimes are listed once, in their registry."""
+    out = []
+    for mod, (path, _) in modules().items():
+        if mod == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                held = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                if len(held & names) >= 2:
+                    out.append((mod, node.lineno))
+    return sorted(out)
+
+
 def long_functions(limit: int) -> list[tuple[str, int]]:
     """(module:function, lines) for every function or method longer than `limit` lines."""
     out = []
@@ -187,7 +202,9 @@ if __name__ == "__main__":
     report = {"circles": circles(edges), "up a floor": up_imports(edges), "product -> lab": lab_imports(edges),
               "imports of the CLI": cli_imports(edges),
               "functions > 80 lines": long_functions(80), "modules > 400 lines": long_modules(400),
-              "hasattr/getattr on a batcher": batcher_probes()}
+              "hasattr/getattr on a batcher": batcher_probes(),
+              "runtime names listed outside adalayers.runtimes": runtime_lists({"torch", "onnx", "onnx-int8",
+                                                                                 "llama.cpp"})}
     for title, items in report.items():
         print(f"{title}: {len(items)}")
         for item in items:

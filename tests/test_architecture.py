@@ -1,8 +1,10 @@
 """The package's shape as the limits of issues #34 and #57: no import circles, no import that runs up a floor
 (KNOWN_UP names the one left, with its reason), no product module importing the lab, no module but __main__
-importing the CLI, no hasattr/getattr on a batcher (the serve/batching.Batcher protocol is the contract), no
-function over 80 lines and no module over 400 (tests/architecture.py)."""
+importing the CLI, no hasattr/getattr on a batcher (the serve/batching.Batcher protocol is the contract), the runtime names
+listed once (in adalayers.runtimes), no function over 80 lines and no module over 400 (tests/architecture.py)."""
 import architecture as arch
+
+from adalayers import runtimes
 
 # The one import up a floor still there, and why; the list only shrinks. data/templates.py reads a GGUF base's
 # chat template and resolves a packaged alias through model/model_packages.py: base_chat_template and
@@ -29,6 +31,22 @@ def test_the_product_never_imports_the_lab():
 def test_functions_and_modules_stay_short():
     assert arch.long_functions(80) == []
     assert arch.long_modules(400) == []
+
+
+def test_runtime_names_are_listed_once():
+    """No module but the registry lists two runtime names together (a tuple of choices, an argparse choices=)."""
+    assert arch.runtime_lists(set(runtimes.names())) == []
+
+
+def test_the_checker_sees_a_second_runtime_list(tmp_path, monkeypatch):
+    pkg = tmp_path / "adalayers"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runtimes.py").write_text("NAMES = ('torch', 'onnx', 'llama.cpp')\n")
+    (pkg / "cli.py").write_text("def f(p):\n    p.add_argument('--runtime', choices=['torch', 'llama.cpp'])\n")
+    (pkg / "ok.py").write_text("RUNTIME = 'llama.cpp'\nPAIR = ('torch', 'cuda')\n")
+    monkeypatch.setattr(arch, "SRC", tmp_path)
+    assert arch.runtime_lists({"torch", "onnx", "llama.cpp"}) == [("adalayers.cli", 2)]
 
 
 def test_the_checker_sees_a_circle(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from adalayers.errors import AdaLayersError, ModelError, RunError
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import export, read_meta
 from adalayers.infer.sidetasks import SideTasks
+from adalayers.store.head_spec import HeadSpec
 
 from conftest import tiny_backbone
 from runs_util import NER, make_run
@@ -60,7 +61,7 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
     base = tiny_backbone(kind, tokenizer)
     runs = make_runs(tmp_path, base)
     primary = kind == "bert"  # roberta: exported without the base output, so cut after layer 2
-    meta = export(base, list(runs.items()), tmp_path / "exported", primary=primary, int8=primary)
+    meta = export(base, [HeadSpec(*r) for r in runs.items()], tmp_path / "exported", primary=primary, int8=primary)
     folder = tmp_path / "exported"
     assert [o["name"] for o in meta["outputs"]] == \
         (["sentence_embedding"] if primary else []) + ["acc_logits", "score_logits", "ner_logits"]
@@ -73,7 +74,7 @@ def test_onnx_equals_pytorch_tiny(kind, tokenizer, tmp_path):
     assert layers_in_graph(folder / "model.onnx", base) == (3 if primary else 2)
 
     torch_side = SideTasks.from_backbone(base, list(runs.values()), primary=primary)
-    onnx_side = SideTasks.load(str(folder), [], backend="onnx", primary=primary)
+    onnx_side = SideTasks.load(str(folder), [], runtime="onnx", primary=primary)
     assert onnx_side.names == torch_side.names
     assert_same(torch_side.predict(TEXTS), onnx_side.predict(TEXTS))
     assert_same(torch_side.predict(TEXTS, tasks=["ner"]), onnx_side.predict(TEXTS, tasks=["ner"]))
@@ -93,20 +94,20 @@ def test_export_refuses_bad_input(tokenizer, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(RunError, match="not an export folder"):
-        export(base, [("acc", run)], tmp_path / "busy")
+        export(base, [HeadSpec("acc", run)], tmp_path / "busy")
     with pytest.raises(AdaLayersError, match="task name"):
-        export(base, [("a b", run)], tmp_path / "out")
+        export(base, [HeadSpec("a b", run)], tmp_path / "out")
     with pytest.raises(ModelError, match="int8 scheme 'nope'"):
-        export(base, [("acc", run)], tmp_path / "out", int8=True, int8_scheme="nope")
+        export(base, [HeadSpec("acc", run)], tmp_path / "out", int8=True, int8_scheme="nope")
     with pytest.raises(RunError, match="run folder not found"):
-        export(base, [("x", tmp_path / "missing")], tmp_path / "out")
+        export(base, [HeadSpec("x", tmp_path / "missing")], tmp_path / "out")
     assert not (tmp_path / "out").exists() and (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     with pytest.raises(RunError, match="export.json"):
         read_meta(tmp_path / "busy")
 
 
-def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
-    """`adalayers export` on a model folder, then `adalayers serve --backend onnx` (a real uvicorn in a
+def test_cli_export_then_serve_runtime_onnx(tokenizer, tmp_path):
+    """`adalayers export` on a model folder, then `adalayers serve --runtime onnx` (a real uvicorn in a
     subprocess on 127.0.0.1) answers /predict as the PyTorch SideTasks does."""
     import json
     import os
@@ -129,7 +130,7 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "adalayers.cli", "serve", "--backend", "onnx", "--base",
+    proc = subprocess.Popen([sys.executable, "-m", "adalayers.cli", "serve", "--runtime", "onnx", "--base",
                              str(tmp_path / "exported"), "--heads", "acc", "tags", "--host", "127.0.0.1",
                              "--port", str(port), "--threads", "1"],
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
@@ -155,7 +156,7 @@ def test_cli_export_then_serve_backend_onnx(tokenizer, tmp_path):
 
 
 def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, monkeypatch):
-    """SideTasks.load(base, runs, backend="onnx") exports into the cache once, then reuses it."""
+    """SideTasks.load(base, runs, runtime="onnx") exports into the cache once, then reuses it."""
     import adalayers.infer.onnx as runtime
 
     base = tiny_backbone("bert", tokenizer)
@@ -164,13 +165,14 @@ def test_load_backend_onnx_from_base_and_runs_exports_once(tokenizer, tmp_path, 
     runs = make_runs(tmp_path, base)
     monkeypatch.setenv("ADALAYERS_CACHE", str(tmp_path / "cache"))
     heads = [str(runs["acc"]), str(runs["score"])]
-    side = SideTasks.load(str(tmp_path / "base"), heads, backend="onnx")
+    side = SideTasks.load(str(tmp_path / "base"), heads, runtime="onnx")
     assert len(list((tmp_path / "cache" / "onnx").iterdir())) == 1
     assert_same(SideTasks.from_backbone(base, heads).predict(TEXTS), side.predict(TEXTS))
     monkeypatch.setattr(runtime, "export", lambda *a, **k: pytest.fail("exported again"))
-    assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
-    with pytest.raises(AdaLayersError, match="backend 'tf'"):
-        SideTasks.load(str(tmp_path / "base"), heads, backend="tf")
+    with pytest.warns(DeprecationWarning, match="backend= is deprecated"):  # the old name, kept one release
+        assert SideTasks.load(str(tmp_path / "base"), heads, backend="onnx").names == ["acc", "score"]
+    with pytest.raises(AdaLayersError, match="runtime 'tf': choose one of torch, onnx, onnx-int8, llama.cpp"):
+        SideTasks.load(str(tmp_path / "base"), heads, runtime="tf")
 
 
 def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path, caplog):
@@ -181,7 +183,7 @@ def test_an_edited_export_is_refused_and_paths_are_relative(tokenizer, tmp_path,
     base = tiny_backbone("bert", tokenizer)
     runs = make_runs(tmp_path / "runs", base)
     folder = tmp_path / "exported"
-    meta = export(base, list(runs.items()), folder)
+    meta = export(base, [HeadSpec(*r) for r in runs.items()], folder)
     text = (folder / "export.json").read_text()
     assert str(tmp_path) not in text and meta["heads"]["acc"]["run"] == "../runs/acc"
     assert set(meta["checksums"]) >= {"model.onnx", "tokenizer.json"}

@@ -20,6 +20,7 @@ from adalayers.model.backbone import Backbone
 from adalayers.config import Config
 from adalayers.export.onnx import export
 from adalayers.infer.sidetasks import SideTasks
+from adalayers.store.head_spec import HeadSpec
 from adalayers.data.tasks import load_task
 
 from conftest import DATA, ROOT, needs_data
@@ -68,12 +69,12 @@ def test_minilm_cola_conll_onnx_equals_pytorch(tmp_path):
     heads = []
     for seed, (name, (kind, labels)) in enumerate(fresh.items()):
         if trained(name):
-            heads.append((name, RUNS / name))
+            heads.append(HeadSpec(name, RUNS / name))
         else:
-            heads.append((name, make_run(tmp_path / name, base, kind, labels, seed=seed, max_length=64)))
+            heads.append(HeadSpec(name, make_run(tmp_path / name, base, kind, labels, seed=seed, max_length=64)))
     all_trained = all(trained(n) for n in fresh)
     export(base, heads, tmp_path / "exported", int8=True)
-    ref = SideTasks.from_backbone(base, [f"{n}={p}" for n, p in heads]).predict(texts)
+    ref = SideTasks.from_backbone(base, heads).predict(texts)
     assert_same(ref, SideTasks.open_export(tmp_path / "exported").predict(texts),
                 tol=TOL_TRAINED if all_trained else TOL_FRESH)
     got = SideTasks.open_export(tmp_path / "exported", int8=True).predict(texts)

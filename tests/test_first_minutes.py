@@ -152,14 +152,16 @@ def test_predict_on_an_unfinished_run_says_so(base, tmp_path, capsys):
 
 def test_serve_takes_the_base_from_the_run_folders(tmp_path, tokenizer):
     from adalayers.infer.sidetasks import SideTasks, heads_base
+    from adalayers.store.head_spec import parse_heads
 
     one, two = tiny_backbone("bert", tokenizer), tiny_backbone("roberta", tokenizer)
     a = make_run(tmp_path / "a", one, "sequence", ["bad", "good"], seed=1)
     b = make_run(tmp_path / "b", one, "sequence", ["x", "y"], seed=2)
     c = make_run(tmp_path / "c", two, "sequence", ["bad", "good"], seed=3)
-    assert heads_base([a, f"named={b}"]) == "tiny-bert"
+    # heads_base takes heads parsed at the edge (HeadSpec); SideTasks.load parses them
+    assert heads_base(parse_heads([a, f"named={b}"])) == "tiny-bert"
     with pytest.raises(ModelError) as e:
-        heads_base([a, c])
+        heads_base(parse_heads([a, c]))
     assert str(e.value) == (f"the heads were trained on different bases ({a}: tiny-bert, {c}: tiny-roberta); serve "
                             f"the heads of one base together, or choose the base with --base")
     with pytest.raises(ModelError, match="--base"):

@@ -48,7 +48,7 @@ def ray_llama(runs, local_ray):
     from adalayers.serve import ray_serve
 
     cfg = ServeConfig(port=free_port(), device="cpu", num_threads=1, request_timeout_s=300.0)
-    url = ray_serve.start(str(runs["base"]), runs["heads"], cfg, replicas=1, backend="llama.cpp")
+    url = ray_serve.start(str(runs["base"]), runs["heads"], cfg, replicas=1, runtime="llama.cpp")
     try:
         with httpx.Client(base_url=url, timeout=330) as client:
             yield client, cfg
@@ -72,7 +72,7 @@ def test_ray_serve_on_llama_cpp_answers_as_the_default_runtime_and_generates_its
 
     gen = {"prompts": PROMPTS, "max_new_tokens": 6, "steps": True}
     got = _ok(client.post("/generate", json=gen))["results"]
-    side = SideTasks.load(str(runs["base"]), runs["heads"], backend="llama.cpp", threads=1)
+    side = SideTasks.load(str(runs["base"]), runs["heads"], runtime="llama.cpp", threads=1)
     alone = side.generate(PROMPTS, max_new_tokens=6, steps=True)
     assert [r["token_ids"] for r in got] == [r["token_ids"] for r in alone]
     assert all(r["token_ids"] for r in got)

@@ -10,8 +10,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from adalayers import runtimes
 from adalayers.errors import ConfigError
 from adalayers.kinds import ALIASES as TASK_KINDS, TaskKind  # every name of a TaskKind -> the TaskKind
 from adalayers.settings import (Section, apply_overrides, build, check, compare, load_yaml,
@@ -107,6 +108,15 @@ def files_task_problems(t: TaskConfig) -> list[str]:
     return p
 
 
+def _trains(name: str) -> str:
+    """model.runtime: a runtime of the registry that runs a base alone (adalayers.runtimes.names(trains=True))."""
+    choices = runtimes.names(trains=True)
+    if name not in choices:
+        raise ValueError(f"must be {' or '.join(choices)}" if len(choices) <= 2 else
+                         f"must be one of {', '.join(choices)}")
+    return name
+
+
 class ModelConfig(Section):
     base: str = setting("minilm-l6", "Frozen base: an alias (minilm-l6, mpnet-base, gemma3-270m, qwen2.5-0.5b), a "
                                      "local Hugging Face folder, a .gguf file (llama.cpp / Ollama; converted once), "
@@ -117,8 +127,9 @@ class ModelConfig(Section):
                                            "with the share cut).", ge=8, le=MAX_SIZES["model.max_length"])
     states: Literal["encoder", "decoder"] = setting("encoder", "For encoder-decoder bases: read 'encoder' or "
                                                                "'decoder' hidden states.")
-    runtime: Literal["torch", "llama.cpp"] = setting("torch", "What runs the base for training and evaluation: torch "
-                                                              "or llama.cpp (a GGUF base as it is, quantized, CPU).")
+    runtime: Annotated[str, AfterValidator(_trains)] = setting(
+        "torch", "What runs the base for training and evaluation: a runtime of adalayers.runtimes that runs a base "
+                 "alone: torch or llama.cpp (a GGUF base as it is, quantized, CPU).")
 
 
 class MixerConfig(Section):

@@ -15,6 +15,7 @@ parts consumed, then continues with the next part; a part written after the mani
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -27,7 +28,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from adalayers.bulk.inputs import input_files, records
+from adalayers import runtimes
 from adalayers.bulk.predictor import BatchPredictor, check_heads
+from adalayers.store.head_spec import HeadSpec, parse_heads
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.store.run import atomic_write, write_json
 from adalayers.data.tasks import skipping_bad_rows
@@ -51,16 +54,22 @@ class Job:
     part_rows: int = 10_000
     max_length: int | None = None
     skip_bad_rows: bool = False
-    runtime: str = "torch"  # the engine of the base pass (adalayers.infer.sidetasks.RUNTIMES)
+    runtime: str = "torch"  # the engine of the base pass: one of adalayers.runtimes.names(trains=True)
     files: list[dict] = field(default_factory=list)  # [{path, bytes, mtime_ns}], filled by plan()
+
+    @functools.cached_property
+    def specs(self) -> list[HeadSpec]:
+        """`heads` parsed once (a Hub id resolved once); the manifest keeps them as they were given."""
+        return parse_heads(self.heads, "--heads")
 
     def plan(self) -> list[Path]:
         if self.output_format not in OUTPUT_FORMATS:
             raise DataError(f"--format: one of {', '.join(OUTPUT_FORMATS)}, got {self.output_format!r}")
         if self.part_rows < 1:
             raise DataError(f"--part-rows: must be at least 1, got {self.part_rows}")
+        runtimes.get(self.runtime, trains=True)  # an unknown runtime fails before any file is read
         files = input_files(self.input)
-        check_heads(self.heads, self.text_pair_column is not None)
+        check_heads(self.specs, self.text_pair_column is not None)
         self.files = [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                       for p in files]
         return files
@@ -137,7 +146,7 @@ def run(job: Job, out: Path, batch_size: int = 32, device: str = "cpu", num_thre
                 seen += 1
                 if seen + len(skipped or []) >= manifest["consumed"]:
                     break
-        predictor = predictor or BatchPredictor(job.base, job.heads, device=device, max_length=job.max_length,
+        predictor = predictor or BatchPredictor(job.base, job.specs, device=device, max_length=job.max_length,
                                                 batch_size=batch_size, num_threads=num_threads, runtime=job.runtime)
         out.mkdir(parents=True, exist_ok=True)
         bar = tqdm(unit="rows", desc="predict-files", initial=done_rows, dynamic_ncols=True, mininterval=1.0)

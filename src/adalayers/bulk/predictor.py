@@ -20,22 +20,19 @@ import pyarrow as pa
 
 from adalayers.errors import DataError
 from adalayers.kinds import TaskKind
+from adalayers.store.head_spec import HeadSpec
 from adalayers.textcheck import text_problem
 
 log = logging.getLogger(__name__)
 
 
-def check_heads(heads: list[str], pairs: bool) -> None:
+def check_heads(heads: list[HeadSpec], pairs: bool) -> None:
     """Refuse, from the run folders' configs alone, heads that do not take this input: a mix of pair and
     single-text heads (one input per job), else tasks.check_pairs' own rule for each head."""
     from adalayers.store.run import run_config
-    from adalayers.infer.sidetasks import parse_head_arg
     from adalayers.data.tasks import check_pairs, takes_pairs
 
-    takes = {}
-    for arg in heads:
-        name, path = parse_head_arg(str(arg))
-        takes[name] = takes_pairs(run_config(path))
+    takes = {h.name: takes_pairs(run_config(h.path)) for h in heads}
     if len(set(takes.values())) > 1:
         pair_heads = ", ".join(n for n, t in takes.items() if t)
         single = ", ".join(n for n, t in takes.items() if not t)
@@ -79,7 +76,7 @@ class BatchPredictor:
     """Loads the base and heads once; called with a batch (Arrow table or {column: values}) of id + text
     (+ second text, with `text_pair_column`)."""
 
-    def __init__(self, base: str, heads: list[str], id_column: str = "id", text_column: str = "text",
+    def __init__(self, base: str, heads: list[str | HeadSpec], id_column: str = "id", text_column: str = "text",
                  device: str = "cpu", max_length: int | None = None, batch_size: int = 32,
                  num_threads: int | None = None, skip_bad_rows: bool = False, text_pair_column: str | None = None,
                  runtime: str = "torch"):
@@ -90,7 +87,7 @@ class BatchPredictor:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.side = SideTasks.load(base, heads, primary=False, device=device, max_length=max_length,
-                                   batch_size=batch_size, backend=runtime, threads=num_threads)
+                                   batch_size=batch_size, runtime=runtime, threads=num_threads)
         self.heads = {h.name: h.kind for h in self.side.heads.values()}
         self.id_column, self.text_column, self.skip_bad_rows = id_column, text_column, skip_bad_rows
         self.text_pair_column = text_pair_column

@@ -114,6 +114,7 @@ def run(job: Job, out: Path, batch_size: int = 32, concurrency: int = 2, num_gpu
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ds = read_dataset(files, job)
+        # the heads as given: each actor (a process, maybe on another node) resolves a Hub id for itself
         ds = ds.map_batches(BatchPredictor, batch_size=batch_size, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=concurrency),
                             num_gpus=num_gpus, num_cpus=cpus_per_actor,

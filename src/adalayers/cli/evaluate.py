@@ -1,7 +1,8 @@
 """`adalayers evaluate`: score a trained run on a split of its task."""
 from __future__ import annotations
 
-from adalayers.cli.common import dump
+from adalayers import runtimes
+from adalayers.cli.common import add_runtime_arg, dump
 
 
 def cmd_evaluate(args) -> int:
@@ -23,7 +24,7 @@ def add_commands(sub) -> None:
     p.add_argument("run", help="run folder, or a Hub id user/name[@revision]")
     p.add_argument("--split", default="test", choices=["validation", "test"],
                    help="which split of the run's task to score (default: test)")
-    p.add_argument("--runtime", choices=["torch", "llama.cpp"],
-                   help="what runs the base: torch, or llama.cpp running its GGUF file as it is (default: the "
-                        "runtime the run was trained on, its model.runtime)")
+    add_runtime_arg(p, default=None, trains=True,
+                    help=f"what runs the base ({runtimes.describe(trains=True)}; default: the runtime the run was "
+                         "trained on, its model.runtime)")
     p.set_defaults(fn=cmd_evaluate)

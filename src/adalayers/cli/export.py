@@ -11,11 +11,11 @@ def cmd_export(args) -> int:
     from adalayers.store import run as runlib
     from adalayers.model.backbone import Backbone
     from adalayers.export.onnx import export
-    from adalayers.infer.sidetasks import parse_head_arg
+    from adalayers.store.head_spec import parse_heads
 
-    heads = [parse_head_arg(h) for h in args.heads]
-    for _, path in heads:
-        runlib.read_config(path)  # a missing run folder fails before the base loads
+    heads = parse_heads(args.heads, "--heads")
+    for h in heads:
+        runlib.read_config(h.path)  # a missing run folder fails before the base loads
     meta = export(Backbone.load(args.base), heads, Path(args.out), primary=not args.no_primary,
                   int8=args.int8 or args.int8_scheme is not None, int8_scheme=args.int8_scheme or DEFAULT_INT8)
     print(json.dumps({"out": args.out, "files": meta["files"], "inputs": meta["inputs"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adalayers.cli.common import add_runtime_arg
 from adalayers.errors import AdaLayersError
 
 
@@ -59,7 +60,5 @@ def add_commands(sub) -> None:
                    help="a sentence pair, for heads trained on pairs (repeatable)")
     p.add_argument("--file", help="a file of texts, one per line (a head trained on pairs: text TAB second text)")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
-    p.add_argument("--runtime", default="torch", choices=["torch", "llama.cpp"],
-                   help="torch: the PyTorch pass; llama.cpp: the run's GGUF base run quantized by llama.cpp "
-                        "(docs/llm.md)")
+    add_runtime_arg(p, trains=True)  # the runtimes that run a base alone (adalayers.runtimes)
     p.set_defaults(fn=cmd_predict)

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import json
 
+from adalayers.cli.common import add_runtime_arg
+
 
 def cmd_predict_files(args) -> int:
     from adalayers.bulk.local import Job
     from adalayers.infer.sidetasks import heads_base
 
-    job = Job(base=args.base or heads_base(args.heads), heads=list(args.heads), input=args.input, id_column=args.id_column,
+    job = Job(base=args.base or "", heads=list(args.heads), input=args.input, id_column=args.id_column,
               text_column=args.text_column, text_pair_column=args.text_pair_column, output_format=args.format, part_rows=args.part_rows,
               max_length=args.max_length, skip_bad_rows=args.skip_bad_rows, runtime=args.runtime)
+    job.base = job.base or heads_base(job.specs)  # the heads parsed once, here; the job keeps them
     if args.engine == "ray":
         from adalayers.bulk import ray_engine
 
@@ -55,8 +58,7 @@ def add_commands(sub) -> None:
                    help="skip rows without id or text (and malformed lines), counting them in the manifest; "
                         "without it the first one stops the job with its file and line")
     p.add_argument("--device", default="cpu", help="cpu, cuda, or auto")
-    p.add_argument("--runtime", default="torch", choices=["torch", "llama.cpp"],
-                   help="torch: the PyTorch pass; llama.cpp: a GGUF base run quantized by llama.cpp (docs/llm.md)")
+    add_runtime_arg(p, trains=True)  # the runtimes that run a base alone (adalayers.runtimes)
     p.add_argument("--threads", type=int, default=None, help="CPU threads of torch and of the llama.cpp engine (per actor with --engine ray: 1)")
     p.add_argument("--engine", default="local", choices=["local", "ray"],
                    help="local: this process, resumable parts; ray: Ray Data actors (pip install 'adalayers[ray]')")

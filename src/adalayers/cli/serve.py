@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import typing
 
+from adalayers.cli.common import add_runtime_arg
 from adalayers.serve.config import ServeConfig, serve_flag, serve_metavar
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def cmd_serve(args) -> int:
     from adalayers.serve.app import Loading, create_app
     from adalayers.serve.auth import read_api_key
     from adalayers.serve.limits import timed_h11
+    from adalayers.store.head_spec import parse_heads
 
     cfg = ServeConfig(**{name: getattr(args, name) for name in ServeConfig.model_fields})
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
@@ -60,9 +62,9 @@ def cmd_serve(args) -> int:
 
     def load() -> SideTasks:
         # without heads a prompt may fill the context; with them, the heads' model.max_length (or --max-length)
-        return SideTasks.load(args.base, args.heads, primary=cfg.primary, device=cfg.device,
+        return SideTasks.load(args.base, parse_heads(args.heads, "--heads"), primary=cfg.primary, device=cfg.device,
                               max_length=cfg.max_length or (None if args.heads else cfg.ctx_size),
-                              batch_size=cfg.max_batch, backend=args.backend, threads=cfg.num_threads,
+                              batch_size=cfg.max_batch, runtime=args.runtime, threads=cfg.num_threads,
                               ctx_size=cfg.ctx_size, parallel=cfg.parallel)
 
     def ready(side: SideTasks) -> None:
@@ -102,7 +104,7 @@ def _serve_on_ray(args, cfg: ServeConfig) -> int:
     stop = threading.Event()
     try:
         url = ray_serve.start(args.base, args.heads, cfg, args.replicas, args.min_replicas, args.max_replicas,
-                              args.address, backend=args.backend)
+                              args.address, runtime=args.runtime)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after Ray's start, which may install handlers of its own
             signal.signal(sig, lambda *_: stop.set())
         print(f"serving on Ray Serve at {url}  (docs: /docs; Ctrl-C or SIGTERM stops it)", flush=True)
@@ -121,10 +123,7 @@ def add_commands(sub) -> None:
                    help="run folders (or NAME=RUN_FOLDER to name a task); the folder name is the task name "
                         "(none: a plain OpenAI-style server of the base, --base then required)")
     add_setting_flags(p)  # --host, --port, --max-batch, ... --no-ui: ServeConfig's fields
-    p.add_argument("--backend", "--runtime", default="torch", choices=["torch", "onnx", "onnx-int8", "llama.cpp"],
-                   help="torch: the PyTorch pass; onnx / onnx-int8: one exported graph in ONNX Runtime (--base may "
-                        "then be a folder from 'adalayers export'; see docs/export.md); llama.cpp: a GGUF base run "
-                        "quantized by llama.cpp (docs/llm.md)")
+    add_runtime_arg(p, backend_alias=True)  # every runtime of adalayers.runtimes; --backend: its old name
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     p.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"],
                    help="uvicorn: one process; ray: Ray Serve replicas (pip install 'adalayers[ray]')")

@@ -29,6 +29,7 @@ import torch
 
 from adalayers.store import run as runlib
 from adalayers.store import trust
+from adalayers.store.head_spec import HeadSpec
 from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, OnePassGraph, layer_owner, output_name
 from adalayers.export.int8 import DEFAULT_INT8, INT8_SCHEMES, quantize
@@ -57,16 +58,16 @@ def example_inputs(backbone, graph: OnePassGraph) -> dict:
     return {name: enc[name] if name in enc else torch.zeros_like(enc["input_ids"]) for name in graph.input_names()}
 
 
-def export(backbone, heads: list[tuple[str, Path]], out: Path, primary: bool = True, int8: bool = False,
+def export(backbone, heads: list[HeadSpec], out: Path, primary: bool = True, int8: bool = False,
            int8_scheme: str = DEFAULT_INT8) -> dict:
-    """Export `backbone` + the heads (name, run folder) to the folder `out`; returns export.json's content."""
+    """Export `backbone` + the heads (each a name and its run folder) to the folder `out`; returns export.json's content."""
     out = Path(out)
     if int8 and int8_scheme not in INT8_SCHEMES:
         raise ModelError(f"int8 scheme {int8_scheme!r}: choose one of {', '.join(INT8_SCHEMES)}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META).is_file())):
         raise RunError(f"{out}: exists and is not an export folder; give a new or empty folder")
     names, tasks, metas = [], [], []
-    for name, path in heads:
+    for name, path in ((h.name, h.path) for h in heads):
         if not name.replace("-", "_").isidentifier():
             raise ModelError(f"task name {name!r}: use letters, digits and underscores (NAME=RUN to rename)")
         task, cfg, meta = runlib.load_head(path, backbone)  # refuses a head trained on another base

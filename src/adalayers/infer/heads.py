@@ -1,6 +1,7 @@
-"""The heads a Predictor serves: one trained run folder each (Head), named on the command line as RUN or NAME=RUN.
+"""The heads a Predictor serves: one trained run folder each (Head), named as RUN or NAME=RUN (a HeadSpec,
+parsed once where it enters: adalayers.store.head_spec).
 
-    heads = load_heads(runtime.base, ["runs/cola", "tags=runs/conll"])   # refuses a head of another base
+    heads = load_heads(runtime.base, parse_heads(["runs/cola", "tags=runs/conll"]))  # refuses a head of another base
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 from adalayers.data.tasks import takes_pairs
 from adalayers.data.templates import Template
-from adalayers.errors import ConfigError, ModelError
+from adalayers.errors import ModelError
 from adalayers.store import run as runlib
+from adalayers.store.head_spec import HeadSpec
 
 
 @dataclass
@@ -33,36 +35,10 @@ class Head:
                 "max_length": self.max_length}  # never the run folder's path: clients need not know it
 
 
-def parse_head_arg(arg: str) -> tuple[str, Path]:
-    """'runs/cola' -> ('cola', runs/cola); 'acc=runs/cola' -> ('acc', runs/cola).
-
-    A Hub id 'user/name[@rev]' that is not a local folder is fetched (adalayers.store.hub): ('name', its snapshot).
-    """
-    from adalayers.store.hub import resolve_run
-
-    name, sep, path = arg.partition("=")
-    if sep and name and "/" not in name:
-        return _task_name(name, arg), resolve_run(path)
-    return _task_name(Path(arg.partition("@")[0]).name, arg), resolve_run(arg)
-
-
-def _task_name(name: str, arg: str) -> str:
-    """A task name every answer can carry: valid UTF-8 (argv bytes that are not arrive as lone surrogates)
-    and printable."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise ConfigError(f"--heads {shown}: the task name is not valid UTF-8; name it with NAME=RUN_FOLDER") from None
-    if not name.isprintable():
-        raise ConfigError(f"--heads {arg!r}: the task name holds unprintable characters; name it with NAME=RUN_FOLDER")
-    return name
-
-
-def heads_base(run_dirs: list) -> str:
-    """The base the heads in `run_dirs` were trained on (their config.json's base name), when they all
-    name the same one; otherwise a ModelError that lists them and names --base."""
-    named = {str(arg): runlib.read_config(parse_head_arg(str(arg))[1])["base"]["name"] for arg in run_dirs}
+def heads_base(heads: list[HeadSpec]) -> str:
+    """The base the heads were trained on (their config.json's base name), when they all name the same one;
+    otherwise a ModelError that lists them and names --base."""
+    named = {str(h.path): runlib.read_config(h.path)["base"]["name"] for h in heads}
     bases = sorted(set(named.values()))
     if not bases:
         raise ModelError("no heads given, so no base to load: name one with --base")
@@ -72,12 +48,11 @@ def heads_base(run_dirs: list) -> str:
     return bases[0]
 
 
-def load_heads(base, run_dirs: list) -> list[Head]:
-    """The heads in `run_dirs` ('RUN' or 'NAME=RUN', a folder or a Hub id) on `base` (its device), each
-    checked against the base's fingerprint and number of layers."""
+def load_heads(base, specs: list[HeadSpec]) -> list[Head]:
+    """The heads named by `specs` on `base` (its device), each checked against the base's fingerprint and
+    number of layers."""
     heads = []
-    for arg in run_dirs:
-        name, path = parse_head_arg(str(arg))
+    for name, path in ((s.name, s.path) for s in specs):
         task, cfg, _ = runlib.load_head(path, base)  # refuses a head trained on another base
         if task.mixer.num_layers != base.num_layers:
             raise ModelError(f"{path}: head expects {task.mixer.num_layers} layers, base has {base.num_layers}")
@@ -86,10 +61,9 @@ def load_heads(base, run_dirs: list) -> list[Head]:
     return heads
 
 
-def heads_states(run_dirs: list) -> str:
-    """The hidden states ("encoder" or "decoder") the heads in `run_dirs` read; one kind per Predictor."""
-    states = {runlib.read_config(parse_head_arg(str(r))[1])["config"].get("model", {}).get("states", "encoder")
-              for r in run_dirs}
+def heads_states(heads: list[HeadSpec]) -> str:
+    """The hidden states ("encoder" or "decoder") the heads read; one kind per Predictor."""
+    states = {runlib.read_config(h.path)["config"].get("model", {}).get("states", "encoder") for h in heads}
     if len(states) > 1:
         raise ModelError(f"the heads read different hidden states ({', '.join(sorted(states))}); "
                          "serve encoder and decoder heads separately")

@@ -1,7 +1,7 @@
 """The ONNX runtime: one exported graph (base + every head) run by ONNX Runtime (adalayers.infer.runtime).
 
-    tasks = SideTasks.load("minilm-l6", ["runs/cola", "runs/conll"], backend="onnx")
-    tasks = SideTasks.load("exported/", [], backend="onnx-int8")     # a folder from `adalayers export`
+    tasks = SideTasks.load("minilm-l6", ["runs/cola", "runs/conll"], runtime="onnx")
+    tasks = SideTasks.load("exported/", [], runtime="onnx-int8")     # a folder from `adalayers export`
     tasks = SideTasks.open_export("exported/", int8=True)           # the same, with the folder's options
 
 Tokenization, windows and the shape of each answer are the Predictor's own; only the pass changes:
@@ -27,11 +27,11 @@ from adalayers.errors import ModelError, RunError
 from adalayers.export.graph import EMBEDDING, output_name
 from adalayers.export.int8 import DEFAULT_INT8
 from adalayers.export.onnx import META, export, read_meta, verify
-from adalayers.infer.heads import Head, parse_head_arg
+from adalayers.infer.heads import Head
 from adalayers.infer.runtime import Runtime
+from adalayers.store.head_spec import HeadSpec
 
 log = logging.getLogger(__name__)
-BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
 class OnnxBase:
@@ -51,35 +51,31 @@ class OnnxBase:
         return self.meta["base"]["fingerprint"]
 
 
-def export_key(base: str, heads: list[tuple[str, Path]], primary: bool, int8: bool) -> str:
+def export_key(base: str, heads: list[HeadSpec], primary: bool, int8: bool) -> str:
     h = hashlib.sha256(json.dumps([base, primary, int8 and DEFAULT_INT8, torch.__version__]).encode())
-    for name, path in heads:
-        h.update(name.encode())
+    for spec in heads:
+        h.update(spec.name.encode())
         for f in ("config.json", runlib.HEAD):
-            p = Path(path) / f
+            p = Path(spec.path) / f
             h.update(runlib.sha256(p).encode() if p.is_file() else b"-")
     return h.hexdigest()[:20]
 
 
-def load(base: str, run_dirs: list, primary: bool = True, backend: str = "onnx", threads: int | None = None
+def load(base: str, heads: list[HeadSpec], primary: bool = True, int8: bool = False, threads: int | None = None
          ) -> tuple["OnnxRuntime", list[Head]]:
-    """A base and run folders (exported once into the cache, then reused) or an export folder (`base`) ->
-    (the runtime, its heads: those named in run_dirs, all of the folder's when none are)."""
-    if backend not in BACKENDS[1:]:
-        raise ModelError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    int8 = backend == "onnx-int8"
+    """A base and heads' run folders (exported once into the cache, then reused) or an export folder (`base`) ->
+    (the runtime, its heads: those named in `heads`, all of the folder's when none are). int8: its int8 graph."""
+    names = [h.name for h in heads]
     if (Path(base) / META).is_file():
-        folder, names = Path(base), [parse_head_arg(str(r))[0] for r in run_dirs]
+        folder = Path(base)
     else:
-        heads = [parse_head_arg(str(r)) for r in run_dirs]
         if not heads:
             raise ModelError("give the heads to export (run folders), or an export folder as the base")
         folder = model_packages.cache_root() / "onnx" / export_key(base, heads, primary, int8)
-        names = [n for n, _ in heads]
         if not (folder / META).is_file():
             from adalayers.model.backbone import Backbone
 
-            runlib.read_config(heads[0][1])  # a missing run folder fails here, before the base loads
+            runlib.read_config(heads[0].path)  # a missing run folder fails here, before the base loads
             export(Backbone.load(base), heads, folder, primary=primary, int8=int8)
     return open_folder(folder, names or None, int8=int8, threads=threads)
 

@@ -21,7 +21,8 @@ differs between engines:
                     (LlamaCppBackbone, adalayers.infer.llamacpp_backbone, fed by its eval callback)
     OnnxRuntime     one exported graph (base + every head) run by ONNX Runtime (adalayers.infer.onnx)
 
-A new engine is one module with one Runtime subclass, its name in RUNTIMES and its loader in SideTasks.load.
+A new engine is one module with one Runtime subclass and one line in adalayers.runtimes naming its loader
+(adalayers.infer.loaders holds the built-in ones).
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ class Decoder(Protocol):
 
 class Runtime(ABC):
     """The base pass (see the module doc)."""
+
+    has_own_output: bool = True  # forward gives the base's own output (a graph exported --no-primary does not)
 
     @property
     @abstractmethod

@@ -7,7 +7,9 @@
     tasks.generate(["Write one sentence about cats."])      # a decoder LLM base: adalayers.infer.generate
 
 What a pass does and what each answer holds: adalayers.infer.predictor and adalayers.infer.outputs. Which
-engine runs the base (backend=): RUNTIMES below, each a Runtime (adalayers.infer.runtime).
+engine runs the base (runtime=): a name of the registry adalayers.runtimes, its loader in adalayers.infer.loaders,
+each a Runtime (adalayers.infer.runtime). Heads may be given as str, Path or HeadSpec (adalayers.store.head_spec),
+parsed here once.
 """
 from __future__ import annotations
 
@@ -17,16 +19,18 @@ import torch
 
 from adalayers.data.encoding import collate
 from adalayers.engine.predict import in_order
-from adalayers.errors import DataError, ModelError
-from adalayers.infer.heads import Head, heads_base, heads_states, load_heads, parse_head_arg
+from adalayers.errors import DataError
+from adalayers import runtimes
+from adalayers.infer.heads import Head, heads_base, load_heads
+from adalayers.infer.loaders import LoadRequest
 from adalayers.infer.predictor import Predictor
 from adalayers.infer.runtime import Runtime
+from adalayers.store.head_spec import HeadSpec, parse_heads
 from adalayers.store.trust import trusting
 from adalayers.textcheck import check_texts
 
-__all__ = ["SideTasks", "Head", "RUNTIMES", "heads_base", "parse_head_arg"]
+__all__ = ["SideTasks", "Head", "HeadSpec", "heads_base", "parse_heads"]
 
-RUNTIMES = ("torch", "onnx", "onnx-int8", "llama.cpp")
 POOLINGS = ("mean", "last")  # SideTasks.embed's (llama-server's --pooling mean / last)
 
 
@@ -34,52 +38,41 @@ class SideTasks(Predictor):
     """A Predictor over one base and its heads (see adalayers.infer.predictor for predict, count_tokens, ...)."""
 
     @classmethod
-    def load(cls, base: str | None, run_dirs: list, primary: bool = True, device: str = "auto",
-             backend: str = "torch", threads: int | None = None, ctx_size: int | None = None,
-             parallel: int | None = None, trust_unverified: bool = False, **kw) -> "SideTasks":
-        """One base (alias, folder or hub id) and the heads in `run_dirs` ('RUN' or 'NAME=RUN'); no heads at
-        all is a base alone (its generation, its embeddings), and then `base` must be named.
+    def load(cls, base: str | None, heads: list, primary: bool = True, device: str = "auto",
+             runtime: str = "torch", threads: int | None = None, ctx_size: int | None = None,
+             parallel: int | None = None, trust_unverified: bool = False, backend: str | None = None,
+             **kw) -> "SideTasks":
+        """One base (alias, folder or hub id) and its `heads` (each 'RUN', 'NAME=RUN' or a HeadSpec); no heads
+        at all is a base alone (its generation, its embeddings), and then `base` must be named.
 
-        base=None: the base every head was trained on (heads_base). backend="onnx" (or "onnx-int8"): one
+        base=None: the base every head was trained on (heads_base). runtime="onnx" (or "onnx-int8"): one
         exported graph run by ONNX Runtime (adalayers.infer.onnx); `base` may then also be a folder
-        written by `adalayers export`. backend="llama.cpp": a GGUF base (alias or .gguf file) run quantized
-        by llama.cpp, the heads fed through its eval callback (adalayers.infer.llamacpp_backbone).
+        written by `adalayers export`. runtime="llama.cpp": a GGUF base (alias or .gguf file) run quantized
+        by llama.cpp, the heads fed through its eval callback (adalayers.infer.llamacpp_backbone). Every runtime:
+        adalayers.runtimes.names(); `backend` is runtime's deprecated old name.
         `threads`: the CPU threads of the ONNX Runtime and llama.cpp engines. llama.cpp's context (context_size):
         `ctx_size` KV tokens and `parallel` sequences for generations, beside the same again for passes.
         `trust_unverified`: load run folders and exports that lack a checksum entry (older ones), with a
         warning (store/trust.py).
         """
+        runtime = runtimes.deprecated_backend(runtime, backend)
+        entry = runtimes.get(runtime)  # an unknown runtime fails before any head is read
+        specs = tuple(parse_heads(heads))
+        sizes = context_size(ctx_size, parallel) if ctx_size or parallel else {}
         with trusting(trust_unverified):
-            return cls._load(base, run_dirs, primary, device, backend, threads, ctx_size, parallel, **kw)
+            loaded = entry.load(LoadRequest(base or heads_base(list(specs)), specs, primary, device,
+                                            threads=threads, **sizes))
+        return cls(loaded.runtime, loaded.heads, primary and loaded.runtime.has_own_output, **kw)
 
     @classmethod
-    def _load(cls, base, run_dirs, primary, device, backend, threads, ctx_size, parallel, **kw) -> "SideTasks":
-        base = base or heads_base(run_dirs)
-        if backend == "torch":
-            from adalayers.core import pick_device
-            from adalayers.model.backbone import Backbone
-
-            return cls.from_backbone(Backbone.load(base, heads_states(run_dirs), pick_device(device)), run_dirs,
-                                     primary, **kw)
-        if backend == "llama.cpp":
-            from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
-
-            sizes = context_size(ctx_size, parallel) if ctx_size or parallel else {}
-            return cls.from_backbone(LlamaCppBackbone.load(base, threads=threads, **sizes), run_dirs, primary, **kw)
-        if backend in ("onnx", "onnx-int8"):
-            from adalayers.infer import onnx
-
-            runtime, heads = onnx.load(base, run_dirs, primary=primary, backend=backend, threads=threads)
-            return cls(runtime, heads, primary and runtime.has_own_output, **kw)
-        raise ModelError(f"backend {backend!r}: choose one of {', '.join(RUNTIMES)}")
-
-    @classmethod
-    def from_backbone(cls, backbone, run_dirs: list, primary: bool = True, trust_unverified: bool = False,
+    def from_backbone(cls, backbone, heads: list, primary: bool = True, trust_unverified: bool = False,
                       **kw) -> "SideTasks":
-        """The heads in `run_dirs` on a loaded base: a transformers Backbone or any Runtime."""
+        """The `heads` ('RUN', 'NAME=RUN' or a HeadSpec each) on a loaded base: a transformers Backbone or any
+        Runtime."""
+        specs = parse_heads(heads)
         with trusting(trust_unverified):
             return cls(backbone, load_heads(backbone if not isinstance(backbone, Runtime) else backbone.base,
-                                            run_dirs), primary, **kw)
+                                            specs), primary, **kw)
 
     @classmethod
     def open_export(cls, folder: Path, names: list[str] | None = None, primary: bool = True, int8: bool = False,

@@ -66,11 +66,12 @@ def load_base(cfg, device: str | torch.device = "cpu"):
     cfg.train.num_threads threads). Its context holds 32 sequences: a larger batch runs in groups of 32 rows,
     faster and in less memory than one pass (its sequences share one KV cache: every token's attention and
     llama.cpp's buffers grow with the pass's tokens: benchmarks/llamacpp_groups.py)."""
-    if cfg.model.runtime == "torch":
-        return Backbone.load(cfg.model.base, cfg.model.states, device)
-    from adalayers.infer.llamacpp_backbone import LlamaCppBackbone
+    from adalayers import runtimes
+    from adalayers.infer.loaders import LoadRequest
 
-    return LlamaCppBackbone.load(cfg.model.base, n_seq=32, threads=cfg.train.num_threads)
+    request = LoadRequest(cfg.model.base, device=device, states=cfg.model.states, threads=cfg.train.num_threads,
+                          n_seq=32)
+    return runtimes.get(cfg.model.runtime, trains=True).load(request).runtime.base
 
 
 def resolve_head(cfg, data) -> None:
@@ -283,7 +284,7 @@ def predict(run_dir: Path, texts: list[str], backbone: Backbone | None = None,
     if text_pairs is not None:
         check_texts(text_pairs, "second text")
     if runtime != "torch":
-        side = SideTasks.load(cfg.model.base, [f"run={run_dir}"], backend=runtime)
+        side = SideTasks.load(cfg.model.base, [f"run={run_dir}"], runtime=runtime)
     else:
         backbone = backbone or Backbone.load(cfg.model.base, cfg.model.states, pick_device(cfg.train.device))
         side = SideTasks.from_backbone(backbone, [f"run={run_dir}"])

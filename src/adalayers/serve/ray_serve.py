@@ -18,6 +18,7 @@ import time
 
 from ray import serve
 
+from adalayers import runtimes
 from adalayers.serve.batching import Admits, Busy, Job, each_alone, predict_group
 from adalayers.serve.config import ServeConfig
 
@@ -98,7 +99,7 @@ class SideTasksIngress:
     """One replica: SideTasks + the app. Constructed by Ray Serve with (base, heads, ServeConfig as a dict, the
     runtime's name)."""
 
-    def __init__(self, base: str, heads: list[str], cfg: dict, backend: str = "torch"):
+    def __init__(self, base: str, heads: list[str], cfg: dict, runtime: str = "torch"):
         import torch
 
         from adalayers.infer.sidetasks import SideTasks
@@ -109,7 +110,7 @@ class SideTasksIngress:
         # --threads also sizes the replica's llama.cpp / ONNX Runtime engine (their own default: 4 threads or
         # every core, per replica)
         self.side = SideTasks.load(base, heads, primary=self.cfg.primary, device=self.cfg.device,
-                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, backend=backend,
+                                   max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, runtime=runtime,
                                    threads=self.cfg.num_threads)
         self.predict_many.set_max_batch_size(self.cfg.max_batch)
         self.predict_many.set_batch_wait_timeout_s(self.cfg.max_wait_ms / 1000)
@@ -152,8 +153,11 @@ class SideTasksIngress:
 
 
 def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1,
-                min_replicas: int | None = None, max_replicas: int | None = None, backend: str = "torch"):
-    """The bound deployment: `replicas` fixed, or autoscaling between min_replicas and max_replicas."""
+                min_replicas: int | None = None, max_replicas: int | None = None, runtime: str = "torch",
+                backend: str | None = None):
+    """The bound deployment: `replicas` fixed, or autoscaling between min_replicas and max_replicas.
+    `backend`: runtime's deprecated old name."""
+    runtime = runtimes.deprecated_backend(runtime, backend)
     if min_replicas is not None or max_replicas is not None:
         lo, hi = min_replicas or 1, max_replicas or max(min_replicas or 1, replicas)
         scale = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi,
@@ -164,18 +168,20 @@ def application(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1
     deployment = serve.deployment(SideTasksIngress, name="adalayers", ray_actor_options={"num_cpus": 0.5},
                                   max_ongoing_requests=max(100, 4 * cfg.max_batch), graceful_shutdown_timeout_s=30,
                                   health_check_period_s=10, **scale)
-    return deployment.bind(base, [str(h) for h in heads], cfg.model_dump(), backend)
+    return deployment.bind(base, [str(h) for h in heads], cfg.model_dump(), runtimes.get(runtime).name)
 
 
 def start(base: str, heads: list[str], cfg: ServeConfig, replicas: int = 1, min_replicas: int | None = None,
           max_replicas: int | None = None, address: str | None = None, num_cpus: int | None = None,
-          backend: str = "torch") -> str:
-    """Start (or join) Ray, put Serve's HTTP proxy on cfg.host:cfg.port, deploy; returns the URL."""
+          runtime: str = "torch", backend: str | None = None) -> str:
+    """Start (or join) Ray, put Serve's HTTP proxy on cfg.host:cfg.port, deploy; returns the URL. `backend`:
+    runtime's deprecated old name."""
+    runtime = runtimes.deprecated_backend(runtime, backend)
     from adalayers.raylocal import init_ray
 
     init_ray(address, num_cpus or 2)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(application(base, heads, cfg, replicas, min_replicas, max_replicas, backend), name="adalayers",
+    serve.run(application(base, heads, cfg, replicas, min_replicas, max_replicas, runtime), name="adalayers",
               route_prefix="/", blocking=False)
     return f"http://{cfg.host}:{cfg.port}"
 
