@@ -1,15 +1,13 @@
 """The package's shape as the limits of issues #34 and #57: no import circles, no import that runs up a floor
-(KNOWN_UP names the one left, with its reason), no product module importing the lab, no module but __main__
+(none: KNOWN_UP is empty), no product module importing the lab, no module but __main__
 importing the CLI, no hasattr/getattr on a batcher (the serve/batching.Batcher protocol is the contract), the runtime names
 listed once (in adalayers.runtimes), no function over 80 lines and no module over 400 (tests/architecture.py)."""
 import architecture as arch
 
 from adalayers import runtimes
 
-# The one import up a floor still there, and why; the list only shrinks. data/templates.py reads a GGUF base's
-# chat template and resolves a packaged alias through model/model_packages.py: base_chat_template and
-# gguf_chat_template belong in model/, which moves serve/routers/openai.py's import of them (issue 57).
-KNOWN_UP = [("adalayers.data.templates", "adalayers.model.model_packages")]
+# Imports up a floor: none (data/templates.py's GGUF chat template moved to model/chat_templates.py).
+KNOWN_UP = []
 
 
 def test_no_import_circles():

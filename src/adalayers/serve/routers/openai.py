@@ -31,7 +31,8 @@ from adalayers.serve.params import openai_params
 from adalayers.serve.protocol import ChatRequest, CompletionRequest, OpenAIRequest, unsupported
 from adalayers.serve.state import ServeState
 from adalayers.serve.validate import check_count, check_tasks, check_text, check_texts
-from adalayers.data.templates import base_chat_template, chat_text, read_chat_template
+from adalayers.data.templates import chat_text, read_chat_template
+from adalayers.model.chat_templates import base_chat_template
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4
