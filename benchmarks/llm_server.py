@@ -259,7 +259,7 @@ def run(args) -> None:
     prompts = prompts_for(args.base, args.lengths, args.clients)
     for threads in args.threads:
         args.threads_now = threads
-        logdir = args.out.parent / "logs"
+        logdir = args.heads_dir / "logs"  # the servers' logs beside the heads (runs/: not committed)
         logdir.mkdir(parents=True, exist_ok=True)
         repeats, load = [], [os.getloadavg()]
         for rep in range(args.repeats):
