@@ -37,25 +37,17 @@ def test_runtime_names_are_listed_once():
 
 
 def test_the_checker_sees_a_second_runtime_list(tmp_path, monkeypatch):
-    pkg = tmp_path / "adalayers"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "runtimes.py").write_text("NAMES = ('torch', 'onnx', 'llama.cpp')\n")
-    (pkg / "cli.py").write_text("def f(p):\n    p.add_argument('--runtime', choices=['torch', 'llama.cpp'])\n")
-    (pkg / "ok.py").write_text("RUNTIME = 'llama.cpp'\nPAIR = ('torch', 'cuda')\n")
-    monkeypatch.setattr(arch, "SRC", tmp_path)
+    _plant(tmp_path, monkeypatch, {
+        "runtimes.py": "NAMES = ('torch', 'onnx', 'llama.cpp')\n",
+        "cli.py": "def f(p):\n    p.add_argument('--runtime', choices=['torch', 'llama.cpp'])\n",
+        "ok.py": "RUNTIME = 'llama.cpp'\nPAIR = ('torch', 'cuda')\n"})
     assert arch.runtime_lists({"torch", "onnx", "llama.cpp"}) == [("adalayers.cli", 2)]
 
 
 def test_the_checker_sees_a_circle(tmp_path, monkeypatch):
     """The checker itself: two modules importing each other are found, a one-way import is not."""
-    pkg = tmp_path / "adalayers"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from adalayers import b\n")
-    (pkg / "b.py").write_text("def f():\n    from adalayers.a import x\n")
-    (pkg / "c.py").write_text("import adalayers.a\n")
-    monkeypatch.setattr(arch, "SRC", tmp_path)
+    _plant(tmp_path, monkeypatch, {"a.py": "from adalayers import b\n",
+                                   "b.py": "def f():\n    from adalayers.a import x\n", "c.py": "import adalayers.a\n"})
     assert arch.circles(arch.imports()) == [["adalayers.a", "adalayers.b"]]
 
 
