@@ -20,6 +20,7 @@ still sends is dropped until it closes, so that no TCP reset overtakes the answe
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import h11
