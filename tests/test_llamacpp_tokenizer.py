@@ -1,6 +1,7 @@
 """llama.cpp's own tokenizer (adalayers.infer.llamacpp_tokenizer) against the transformers tokenizer read from the
-same GGUF: the same ids on the test texts of every task the project ships (sentence pairs: each text alone; CoNLL:
-the words joined by spaces, as served), and in a process where torch and transformers cannot be imported.
+same GGUF, as the llama.cpp runtime reads it (built once, kept, read back: adalayers.model.gguf_models.tokenizer):
+the same ids on the test texts of every task the project ships (sentence pairs: each text alone; CoNLL: the words
+joined by spaces, as served), and in a process where torch and transformers cannot be imported.
 IMDB's 25,000 test reviews are read in part (the first --imdb-texts, 2,000 by default, both labels): the rest is
 the same kind of text and would make the test minutes long."""
 from __future__ import annotations
@@ -61,12 +62,14 @@ def user_cache():
 def test_the_ids_equal_transformers_on_every_tasks_test_texts(alias):
     if not _installed(alias):
         pytest.skip(f"{alias}'s packages are not installed")
-    from transformers import AutoTokenizer
+    from adalayers.model import gguf_models
+    from adalayers.model.model_packages import SPLIT_GGUF
 
     path = gguf_path(alias)
     engine = LlamaCpp(path, n_ctx=64, n_seq=1, n_batch=64, threads=1, read_states=False)
     ours = GgufTokenizer(engine)
-    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    gguf_models.tokenizer(path, SPLIT_GGUF[alias].sha256)  # built from the GGUF (once per cache) ...
+    theirs = gguf_models.tokenizer(path, SPLIT_GGUF[alias].sha256)  # ... and read back, as the runtime reads it
     differ, total = {}, 0
     for task in TASKS:
         texts = _test_texts(task)

@@ -26,7 +26,6 @@ import torch
 from adalayers.data.encoding import consecutive
 from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
-from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path  # noqa: F401  (gguf_path: imported from here too)
 from adalayers.infer.runtime import TappedRuntime
 
@@ -54,7 +53,7 @@ class LlamaCppBackbone(TappedRuntime):
     @classmethod
     def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 32, threads: int | None = None,
              read_states: bool = True) -> "LlamaCppBackbone":
-        from transformers import AutoTokenizer
+        from adalayers.model import gguf_models, model_packages
 
         path = gguf_path(name)
         # one decode takes at most n_batch tokens in one graph (the eval callback needs n_ubatch = n_batch), and
@@ -62,10 +61,8 @@ class LlamaCppBackbone(TappedRuntime):
         # context does not make the batch larger (at n_ctx 32768 the context could not be made at all)
         engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, MAX_BATCH), threads=threads,
                           read_states=read_states)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        except (OSError, ValueError, KeyError) as e:
-            raise ModelError(f"cannot read the tokenizer of {path}: {str(e).splitlines()[0]}") from None
+        known = model_packages.SPLIT_GGUF.get(name)  # its sha256 is pinned: no need to hash the file again
+        tokenizer = gguf_models.tokenizer(path, known.sha256 if known else None)  # built once, then ~1 s
         return cls(engine, tokenizer, name, path)
 
     # The context is shared: one pass over texts (/predict) and the running generations (serve's scheduler).

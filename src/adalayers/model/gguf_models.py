@@ -8,6 +8,12 @@ every later load takes seconds and a changed file never reuses a stale conversio
 model still carries the GGUF "quantizer" although its weights are plain fp32; transformers then
 refuses save_pretrained, so the quantizer and its quantization_config are dropped first (the
 reload matches bit for bit). The folder appears by one rename: a crash leaves no half model.
+
+    tok = tokenizer(Path("gemma-3-270m-q4_k_m.gguf"))      # the file's transformers tokenizer, built once
+
+A runtime that runs the GGUF itself (llama.cpp) needs only the tokenizer: transformers builds it from the
+file's vocabulary (for Gemma 3's 262,144 tokens most of a server's start-up time and memory), so it is kept
+too, as a tokenizer folder keyed by the same sha256 (the conversion's own when there is one), read back fast.
 """
 from __future__ import annotations
 
@@ -60,6 +66,60 @@ def converted(path: Path, sha256: str | None = None) -> Path:
             shutil.rmtree(target)
         os.replace(out, target)
     return target
+
+
+def tokenizer(path: Path, sha256: str | None = None):
+    """`path`'s transformers tokenizer as AutoTokenizer.from_pretrained(gguf_file=...) builds it, read from a folder
+    written the first time (save_pretrained, renamed into place). The folder is read back as its tokenizer.json
+    holds it (PreTrainedTokenizerFast), not through the model's tokenizer class, which would add its own defaults
+    (Qwen2's class adds an NFC normalizer the GGUF's vocabulary does not have, and llama.cpp does not apply); a
+    folder that would not read back the same pipeline, special tokens and chat template is not kept."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise ModelError(f"GGUF file not found: {path}")
+    check_header(path)
+    digest = sha256 or file_sha256(path)
+    models = cache_root() / "models"
+    for folder in (models / f"gguf-{digest[:16]}", models / f"gguf-{digest[:16]}-tokenizer"):  # the last: ours
+        if (folder / ".complete").is_file():
+            return _read_tokenizer(folder, path)
+    from transformers import AutoTokenizer
+
+    log.info("reading the vocabulary of %s into a tokenizer (once; kept in %s)", path.name, folder)
+    try:
+        built = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot read the tokenizer of {path}: {str(e).splitlines()[0]}") from None
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tokenizer-") as tmp:
+        out = Path(tmp) / "tokenizer"
+        built.save_pretrained(out)
+        if not same_tokenizer(built, _read_tokenizer(out, path)):
+            log.warning("the tokenizer of %s does not read back the same from a folder; it is built at every load",
+                        path.name)
+            return built
+        (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
+        (out / ".complete").touch()
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(out, folder)
+    return built
+
+
+def same_tokenizer(a, b) -> bool:
+    """The same tokenization pipeline (normalizer, pre-tokenizer, model, post-processor, decoder, added tokens),
+    special tokens and chat template."""
+    return (a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+            and a.special_tokens_map == b.special_tokens_map and a.chat_template == b.chat_template)
+
+
+def _read_tokenizer(folder: Path, path: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot read the tokenizer of {path} kept in {folder}: {str(e).splitlines()[0]}") from None
 
 
 def _convert(path: Path, out: Path) -> None:
