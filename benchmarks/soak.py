@@ -52,6 +52,7 @@ is reported too: growth that stops after the first round is warm-up, growth that
 
     python benchmarks/soak.py --clients 50 --seconds 60 --poison
     python benchmarks/soak.py --engine ray --replicas 2 --out benchmarks/results/soak_ray2   # Ray Serve
+    python benchmarks/soak.py --base gemma3-270m --runtime llama.cpp --generate --poison --storm-clients 40
 """
 from __future__ import annotations
 
@@ -392,6 +393,7 @@ def main() -> int:
     ap.add_argument("--max-heap-growth-pct", type=float, default=10.0,
                     help="pass criterion: the server's heap in use at the end at most this many percent above its value after the warm-up")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runtime", default="torch", help="serve --runtime (e.g. llama.cpp with a GGUF --base)")
     ap.add_argument("--engine", default="uvicorn", choices=["uvicorn", "ray"], help="serve --engine")
     ap.add_argument("--replicas", type=int, default=1, help="serve --replicas (--engine ray)")
     ap.add_argument("--data", default=str(data_folder(None)), help="the data folder (default: $ADALAYERS_DATA, else ../shared/data)")
@@ -403,7 +405,7 @@ def main() -> int:
     print("settings:", json.dumps(settings), flush=True)
     texts = sentences(Path(args.data))
     flags = ["--max-batch", "32", "--max-wait-ms", "5", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS),
-             "--read-timeout", str(args.read_timeout), "--engine", args.engine]
+             "--read-timeout", str(args.read_timeout), "--engine", args.engine, "--runtime", args.runtime]
     flags += ["--replicas", str(args.replicas)] if args.engine == "ray" else []
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "server.log", "w") as log:
         heads = args.heads or untrained_heads(args.base, Path(tmp))
@@ -465,7 +467,7 @@ def main() -> int:
                                           for q in ("p50", "p99")}
     engine = "uvicorn" if args.engine == "uvicorn" else f"Ray Serve, {args.replicas} replica(s)"
     lines = report(f"### Soak ({engine}): {args.clients} clients, {args.rounds} x {args.seconds:g} s per phase, "
-                   f"{args.base}, heads {', '.join(Path(h).name for h in heads)}, CPU {args.threads} thread(s)",
+                   f"{args.base} on {args.runtime}, heads {', '.join(Path(h).name for h in heads)}, CPU {args.threads} thread(s)",
                    phases, rss, rounds, health, heap, leak)
     write_json(Path(args.out + ".json"), {"settings": settings, "result": result})
     atomic_write(Path(args.out + ".md"), "\n".join(lines) + "\n")

@@ -236,6 +236,28 @@ def test_work_of_disconnected_clients_is_dropped(busy_server):
     assert after["requests_answered"] == before["requests_answered"]  # neither abandoned request was run
 
 
+def test_a_cancel_storm_is_not_counted_and_a_valid_request_is_answered_beside_it(server):
+    """Clients that send a heavy body and hang up: their token counts wait in the checks' lane, and those whose
+    client has left by their turn are never run (issue 56: they queued ahead of every valid request)."""
+    before = server.health()
+    body = json.dumps({"texts": [(SENT * 100)[:4000]] * 8, "tasks": ["ner"]}).encode()
+    head = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+            + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    storm = [_raw(server.port, head + body) for _ in range(40)]
+    time.sleep(0.03)
+    for s in storm:
+        s.close()
+    valid = _post(server, json.dumps({"texts": [SENT], "tasks": ["acc"]}).encode())
+    assert valid.status_code == 200, valid.text
+    deadline = time.time() + 30
+    while server.health()["checks_waiting"]:
+        assert time.time() < deadline, server.health()
+        time.sleep(0.05)
+    after = server.health()
+    assert after["checks_skipped"] > before["checks_skipped"], after
+    assert after["requests_answered"] == before["requests_answered"] + 1  # the valid one alone
+
+
 def test_slow_clients_are_cut_off(server):
     # headers one byte at a time: 408 once the read timeout (2 s) has passed, however steady the drip
     s = _raw(server.port, b"")

@@ -32,6 +32,7 @@ from adalayers.data.encoding import consecutive
 from adalayers.errors import Cancelled
 from adalayers.infer.sidetasks import SideTasks
 from adalayers.serve.batching import Admits, Busy, Job, each_alone, predict_group
+from adalayers.serve.lanes import Lane
 
 __all__ = ["MicroBatcher", "Busy", "Job", "predict_group"]
 
@@ -60,9 +61,11 @@ class MicroBatcher(Admits):
     pass_s: float = 0.0  # running mean of a group's seconds (for Retry-After)
     tokens_per_s: float = 0.0  # running mean of the base's tokens per second over the groups run (for slices)
     pending: int = 0     # requests queued or running whose answer is still awaited
+    heavy_pending: int = 0  # ... of them, those of more than one slice of work (at most half of max_queue)
     generations_stopped: int = 0  # /generate runs stopped at a decode step: client gone or deadline passed
     sliced: int = 0      # requests run in slices (more work than slice_s)
     _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `pending` changes from threads too
+    lane: Lane = field(default_factory=lambda: Lane("adalayers-pass"), repr=False)  # the passes' own thread
 
     def __post_init__(self):
         self.bind()
@@ -83,22 +86,32 @@ class MicroBatcher(Admits):
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
                per_text: list[int] | None = None) -> Job:
-        """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending.
+        """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending, or when
+        it is a request of more than one slice of work and half of max_queue such requests are (a flood of heavy
+        requests, such as a cancel storm's, leaves room for small ones).
         A request whose client left or whose deadline passed stops counting at once (its future is
         cancelled), though the worker only discards it when it reaches it."""
-        if self.pending >= self.max_queue:
+        limit = self._slice_tokens()
+        heavy = bool(limit) and tokens > limit  # more than one slice of work
+        if self.pending >= self.max_queue or (heavy and self.heavy_pending >= max(1, self.max_queue // 2)):
             self.refused += 1
             raise Busy()
         job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs, per_text)
         with self._count:
             self.pending += 1
-        job.future.add_done_callback(self._settled)
+            self.heavy_pending += heavy
+        job.future.add_done_callback(self._settled_heavy if heavy else self._settled)
         self._put(job)
         return job
 
     def _settled(self, _future) -> None:
         with self._count:
             self.pending -= 1
+
+    def _settled_heavy(self, _future) -> None:
+        with self._count:
+            self.pending -= 1
+            self.heavy_pending -= 1
 
     async def _next(self) -> Job:
         while True:  # skip jobs nobody waits for any more
@@ -200,7 +213,7 @@ class MicroBatcher(Admits):
         if not live:
             return
         try:  # a failing group: each request alone (each_alone), so only the faulty one gets the error
-            answers = await asyncio.to_thread(each_alone, self._pass, live, lambda job: job.future.done())
+            answers = await self.lane.run(each_alone, self._pass, live, lambda job: job.future.done())
         except Cancelled:  # every client left or every deadline passed during the pass: stopped between batches
             answers = [None] * len(live)
         for job, answer in zip(live, answers):

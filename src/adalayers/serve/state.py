@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from adalayers.serve.config import ServeConfig
 from adalayers.serve.errors import BadText, ClientGone, ServerError, TooLarge
 from adalayers.serve.generation import GenerationService
 from adalayers.serve.guards import GuardPolicy
+from adalayers.serve.lanes import CheckLane
 from adalayers.serve.limits import client_gone
 from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
@@ -63,6 +65,11 @@ class ServeState:
     scheduler: Scheduler | None = None  # the one behind decode, when generations share decode steps
     guards: GuardPolicy | None = None  # the server's guards (--guard), joined to every request's
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (serve/metrics.py); decode reports to it
+    checks: CheckLane | None = None  # where requests' token counts wait for their turn (serve/lanes.py)
+
+    def __post_init__(self):
+        if self.checks is None:
+            self.checks = CheckLane(max(1, self.cfg.max_queue), self.cfg.max_chars)
 
     @classmethod
     def build(cls, side: SideTasks, cfg: ServeConfig, batcher: Batcher | None = None) -> ServeState:
@@ -81,22 +88,25 @@ class ServeState:
         (results as /predict gives them, tokens run). Every failure is a typed error naming the problem
         (serve/errors.py; a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes
         answer through this."""
-        gone_early = await request.is_disconnected()  # hung up while its body was parsed: not even checked
-        if not gone_early:
-            tasks, per_text = await self._checked(texts, text_pairs, tasks)
-        if gone_early or await request.is_disconnected():  # hung up while it was checked: never queued, never run
-            self.batcher.gone += 1
-            self.batcher.dropped += 1
-            raise ClientGone("client disconnected")  # never sent
-        tokens = sum(per_text)
+        if await request.is_disconnected():  # hung up while its body was parsed: not even checked
+            raise self._gone()
+        gone = asyncio.create_task(client_gone(request))  # one watcher for the request's whole life
+        left = threading.Event()  # ... that the checks' thread reads: a count whose client left is never run
+        gone.add_done_callback(lambda _: left.set())
         try:
-            job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
-        except Busy:
-            raise self.generation.busy() from None
-        gone = asyncio.create_task(client_gone(request))
-        try:
-            left = self.cfg.request_timeout_s - (time.perf_counter() - arrived)
-            await asyncio.wait({job.future, gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                tasks, per_text = await self._checked(texts, text_pairs, tasks, left)
+            except ClientGone:
+                raise self._gone() from None
+            if gone.done():  # hung up while it was checked: never queued, never run
+                raise self._gone()
+            tokens = sum(per_text)
+            try:
+                job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
+            except Busy:
+                raise self.generation.busy() from None
+            wait = self.cfg.request_timeout_s - (time.perf_counter() - arrived)
+            await asyncio.wait({job.future, gone}, timeout=max(0.0, wait), return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
         if not job.future.done():
@@ -134,18 +144,30 @@ class ServeState:
         except DataError as e:
             raise BadText(str(e)) from None
 
-    async def _checked(self, texts: list[str], text_pairs: list[str] | None,
-                       tasks: list[str] | None) -> tuple[list[str], list[int]]:
-        """(the heads to run, the tokens each text needs), or the typed error naming its first problem."""
+    def _gone(self) -> ClientGone:
+        """A request whose client left before it was queued: counted as dropped unrun, never answered."""
+        self.batcher.gone += 1
+        self.batcher.dropped += 1
+        return ClientGone("client disconnected")  # never sent
+
+    async def _checked(self, texts: list[str], text_pairs: list[str] | None, tasks: list[str] | None,
+                       gone: threading.Event | None = None) -> tuple[list[str], list[int]]:
+        """(the heads to run, the tokens each text needs), or the typed error naming its first problem. The
+        tokens are counted in the checks' lane (ClientGone, uncounted, once `gone` is set before its turn; a
+        full lane: 503)."""
         check_texts(texts, self.cfg.max_chars, "text")
         check_texts(text_pairs or [], self.cfg.max_chars, "second text")
         side = self.side
         check_tasks(side, tasks)
         try:  # the named heads (or, by default, those that take this input): pairs for pair heads only
             tasks = side.select(list(dict.fromkeys(tasks)) if tasks is not None else None, text_pairs is not None)
-            per_text = list(await asyncio.to_thread(side.count_tokens, texts, tasks, text_pairs))
+            size = sum(map(len, texts)) + sum(map(len, text_pairs or []))
+            per_text = list(await self.checks.run(side.count_tokens, texts, tasks, text_pairs, size=size, gone=gone))
         except DataError as e:
             raise BadText(str(e)) from None
+        except Busy:  # the checks' lane is full
+            self.batcher.refused += 1
+            raise self.generation.busy() from None
         tokens = sum(per_text)
         if tokens > self.cfg.max_tokens:
             raise TooLarge(f"the request needs {tokens} tokens (with token-head windows); the limit is "

@@ -29,5 +29,6 @@ def counters(state: ServeState) -> dict:
             "generations_stopped": b.generations_stopped, "max_batch_tokens": b.max_batch_tokens,
             "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
             "requests_sliced": b.sliced, "base_tokens_per_s": round(b.tokens_per_s, 1),
+            "checks_waiting": state.checks.waiting(), "checks_skipped": state.checks.skipped,
             **(state.scheduler.stats() if state.scheduler is not None else {}), **side.runtime.usage(),
             "guard_stops": state.guards.stats() if state.guards is not None else {}}

@@ -1,0 +1,76 @@
+"""The service's lanes (serve/lanes.py): a request's token count waits light first and is skipped once its client
+has left; a full lane refuses at once; the batcher keeps half its queue for small requests (serve/batcher.py)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from adalayers.serve.batcher import MicroBatcher
+from adalayers.serve.batching import Busy
+from adalayers.serve.errors import ClientGone
+from adalayers.serve.lanes import CheckLane, Lane
+
+
+async def _occupy(lane: CheckLane, hold: threading.Event) -> asyncio.Future:
+    """Work that holds the lane's thread until `hold` is set, once the thread has taken it."""
+    taken = threading.Event()
+    first = asyncio.ensure_future(lane.run(lambda: taken.set() or hold.wait(), size=1000))
+    while not taken.is_set():
+        await asyncio.sleep(0.001)
+    return first
+
+
+def test_light_work_goes_first_and_work_whose_client_left_never_runs():
+    async def main():
+        lane, ran = CheckLane(capacity=10, light_size=100), []
+        hold = threading.Event()
+        first = await _occupy(lane, hold)
+        left = threading.Event()
+        heavy = asyncio.ensure_future(lane.run(ran.append, "heavy", size=1000))
+        gone = asyncio.ensure_future(lane.run(ran.append, "gone", size=1000, gone=left))
+        light = asyncio.ensure_future(lane.run(ran.append, "light", size=10))
+        await asyncio.sleep(0.01)
+        left.set()
+        hold.set()
+        await asyncio.gather(first, heavy, light)
+        with pytest.raises(ClientGone):
+            await gone
+        assert ran == ["light", "heavy"] and lane.skipped == 1
+    asyncio.run(main())
+
+
+def test_a_full_lane_refuses_and_errors_reach_their_request():
+    async def main():
+        lane, hold = CheckLane(capacity=1, light_size=100), threading.Event()
+        first = await _occupy(lane, hold)
+        queued = asyncio.ensure_future(lane.run(lambda: 1 / 0, size=1))
+        await asyncio.sleep(0.01)
+        assert lane.waiting() == 1
+        with pytest.raises(Busy):
+            await lane.run(print, size=1)
+        hold.set()
+        await first
+        with pytest.raises(ZeroDivisionError):
+            await queued
+        assert await Lane("test-lane").run(sum, [1, 2]) == 3
+    asyncio.run(main())
+
+
+def test_heavy_requests_hold_at_most_half_the_queue():
+    async def main():
+        b = MicroBatcher(None, max_batch=8, max_wait_s=0, max_queue=4, slice_s=1.0)
+        b.tokens_per_s = 100.0  # a slice: 100 tokens
+        heavy = [b.submit(["x"], [], 500) for _ in range(2)]
+        with pytest.raises(Busy):
+            b.submit(["x"], [], 500)
+        light = [b.submit(["x"], [], 10) for _ in range(2)]
+        with pytest.raises(Busy):
+            b.submit(["x"], [], 10)
+        heavy[0].future.cancel()  # its client left: it stops counting at once
+        await asyncio.sleep(0)
+        assert b.pending == 3 and b.heavy_pending == 1
+        b.submit(["x"], [], 500)
+        assert b.refused == 2 and len(light) == 2
+    asyncio.run(main())
