@@ -19,7 +19,7 @@ CITED = re.compile(r"(--out[ =]+)?benchmarks/results/([A-Za-z0-9_.{},/-]*[A-Za-z
 ABSOLUTE = re.compile(r"(?<![\w.])/(work|tmp|root|home)/")
 BESIDE_THE_CHECKOUT = re.compile(r"\.\./shared/")  # where the data sits beside one checkout: $ADALAYERS_DATA instead
 LINK = re.compile(r"\]\(([^()\s]+)\)")
-AT_MOST_FILES, AT_MOST_BYTES = 300, 4_000_000
+AT_MOST_FILES, AT_MOST_BYTES = 250, 4_000_000
 TEXT = (".json", ".jsonl", ".md", ".txt", ".yaml", ".csv")
 
 
