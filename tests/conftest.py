@@ -73,7 +73,7 @@ def _config_decides_the_data_dir(monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Tests never write into the user's ~/.cache/adalayers."""
+    """Tests never write into the user's ~/.cache/adalayers, but for the real GGUF bases' files (real_base_cache)."""
     if "ADALAYERS_CACHE" not in os.environ:
         os.environ["ADALAYERS_CACHE"] = str(tmp_path_factory.mktemp("adalayers-cache"))
     yield
