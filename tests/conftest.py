@@ -1,4 +1,5 @@
-"""Tiny random models built locally (no downloads), the path of the real data, and one local Ray for the session."""
+"""Tiny random models built locally (no downloads), the path of the real data, one local Ray for the session, and
+the user's cache for the real GGUF bases."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,8 @@ from adalayers.model.backbone import Backbone
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ADALAYERS_DATA") or ROOT.parent / "shared" / "data")
+# before _private_cache points ADALAYERS_CACHE at the session's folder: where the user's own commands keep models
+USER_CACHE = os.environ.get("ADALAYERS_CACHE")
 WORDS = ("the a book was written by john mary sees dog cat runs quickly big small good bad movie film "
          "great terrible is and of to in it . , ! ? she he they we love hate").split()
 
@@ -70,10 +73,23 @@ def _config_decides_the_data_dir(monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Tests never write into the user's ~/.cache/adalayers."""
+    """Tests never write into the user's ~/.cache/adalayers, but for the real GGUF bases' files (real_base_cache)."""
     if "ADALAYERS_CACHE" not in os.environ:
         os.environ["ADALAYERS_CACHE"] = str(tmp_path_factory.mktemp("adalayers-cache"))
     yield
+
+
+@pytest.fixture
+def real_base_cache(monkeypatch) -> str | None:
+    """ADALAYERS_CACHE back at the user's cache (for this test and the processes it starts): the real GGUF bases
+    (gemma3-270m, qwen2.5-0.5b) are joined and converted there, pinned by their sha256, once per machine as the
+    user's own commands would (minutes), not once per session in the session's folder. Returns its value (None:
+    ~/.cache/adalayers)."""
+    if USER_CACHE is None:
+        monkeypatch.delenv("ADALAYERS_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("ADALAYERS_CACHE", USER_CACHE)
+    return USER_CACHE
 
 
 @pytest.fixture(scope="session")

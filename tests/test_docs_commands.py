@@ -77,9 +77,10 @@ def readme_chat_example() -> tuple[str, str]:
     return serve, code
 
 
-def test_the_readme_chat_example_runs():
+def test_the_readme_chat_example_runs(real_base_cache):
     """The README's chat example as written (only its port moved to a free one): the documented server, then
-    the Python block with the `openai` client, whose answer names Paris."""
+    the Python block with the `openai` client, whose answer names Paris. The server keeps qwen2.5-0.5b's joined
+    and converted files in the user's cache (conftest.real_base_cache), as the README's reader's server does."""
     import os
     import subprocess
     import sys

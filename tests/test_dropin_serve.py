@@ -31,9 +31,28 @@ def files(tmp_path_factory):
             "base": write_tiny_llama(root / "tiny-base.gguf", seed=1)}
 
 
+def _watch_loading(server: ServeProcess) -> list[tuple[int, str]]:
+    """(status, "status" field) of each /health answer from the start of `server` until its first 200; other routes
+    answer 503 (or 200, once loaded) meanwhile."""
+    seen = []
+    deadline = time.time() + 180
+    while time.time() < deadline and (not seen or seen[-1][0] != 200):
+        assert server.proc.poll() is None, server.logfile.read_text()
+        try:
+            r = httpx.get(server.url + "/health", timeout=5)
+            seen.append((r.status_code, r.json().get("status")))
+            if r.status_code == 503:
+                other = httpx.get(server.url + "/v1/models", timeout=5)
+                assert other.status_code in (503, 200)
+        except httpx.TransportError:
+            time.sleep(0.01)
+    return seen
+
+
 @pytest.fixture(scope="module")
-def servers(files, tmp_path_factory):
-    """No heads: the chat file on llama.cpp (llama-server's flag names) and on torch; the base file on torch."""
+def started(files, tmp_path_factory):
+    """No heads: the chat file on llama.cpp (llama-server's flag names) and on torch; the base file on torch.
+    The llama.cpp server's /health is watched from its start (test_health_is_503_while_loading_then_200)."""
     with pytest.MonkeyPatch.context() as mp:  # the torch runtime's conversion of the GGUF file goes here
         mp.setenv("ADALAYERS_CACHE", str(tmp_path_factory.mktemp("cache")))
         started = {"llama": ServeProcess(files["chat"], [], files["root"], "--runtime", "llama.cpp", "-c", "1024",
@@ -41,10 +60,16 @@ def servers(files, tmp_path_factory):
                    "torch": ServeProcess(files["chat"], [], files["root"], "--ctx-size", "1024"),
                    "base": ServeProcess(files["base"], [], files["root"], "--runtime", "llama.cpp")}
     try:
-        yield {k: s.wait_started() for k, s in started.items()}
+        loading = _watch_loading(started["llama"])
+        yield {"servers": {k: s.wait_started() for k, s in started.items()}, "loading": loading}
     finally:
         for s in started.values():
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(started):
+    return started["servers"]
 
 
 def _client(server) -> "openai.OpenAI":
@@ -142,25 +167,10 @@ def test_metrics_parse_and_move(servers):
     assert _metrics(server)[("adalayers:requests_total", (("route", "unmatched"), ("status", "404")))] >= 1
 
 
-def test_health_is_503_while_loading_then_200(files):
+def test_health_is_503_while_loading_then_200(started):
     """As llama-server: the server binds first, /health answers 503 {"status": "loading"} until the base is
-    loaded, then 200; other routes answer 503 meanwhile."""
-    server = ServeProcess(files["chat"], [], files["root"], "--runtime", "llama.cpp")
-    seen = []
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline and (not seen or seen[-1][0] != 200):
-            assert server.proc.poll() is None, server.logfile.read_text()
-            try:
-                r = httpx.get(server.url + "/health", timeout=5)
-                seen.append((r.status_code, r.json().get("status")))
-                if r.status_code == 503:
-                    other = httpx.get(server.url + "/v1/models", timeout=5)
-                    assert other.status_code in (503, 200)
-            except httpx.TransportError:
-                time.sleep(0.01)
-    finally:
-        server.stop()
+    loaded, then 200; other routes answer 503 meanwhile (_watch_loading, from the llama.cpp server's start)."""
+    seen = started["loading"]
     assert seen[0] == (503, "loading") and seen[-1] == (200, "ok"), seen
     assert {s for s, _ in seen} == {503, 200}
 

@@ -362,9 +362,6 @@ def test_a_burst_of_prompts_over_one_batch_is_prefilled_in_groups(both, tiny):
     engine.release(held)
 
 
-_USER_CACHE = os.environ.get("ADALAYERS_CACHE")  # before the module's fixtures point it at a test folder
-
-
 def _gemma_installed() -> bool:
     from importlib.metadata import PackageNotFoundError, distribution
 
@@ -379,14 +376,10 @@ def _gemma_installed() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _gemma_installed(), reason="gemma3-270m's packages are not installed (pip install 'adalayers[gemma]')")
-def test_gemma_states_match_the_default_runtime_within_the_quantization_error(monkeypatch):
+def test_gemma_states_match_the_default_runtime_within_the_quantization_error(real_base_cache):
     """gemma3-270m's Q4_K_M file run by llama.cpp against the same file dequantized to fp32 in transformers (the
-    conversion is cached after its first use): the embedding state equal, every layer's close (the quantization's
+    conversion is cached in the user's cache after its first use, conftest.real_base_cache): the embedding state equal, every layer's close (the quantization's
     own error, docs/llm.md "States": means 0.6-2.2%, the final norm's 5.4%)."""
-    if _USER_CACHE is None:  # the user's cache, where gemma's join and conversion live, not the tiny model's
-        monkeypatch.delenv("ADALAYERS_CACHE", raising=False)
-    else:
-        monkeypatch.setenv("ADALAYERS_CACHE", _USER_CACHE)
     reference = Backbone.load("gemma3-270m", "decoder")
     ours = LlamaCppBackbone.load("gemma3-270m", n_ctx=512, n_seq=4, threads=1)
     texts = ["The book was written by John.", "Him and me went to the store yesterday.", "Colorless green ideas sleep."]

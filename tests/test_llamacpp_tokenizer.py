@@ -6,7 +6,7 @@ IMDB's 25,000 test reviews are read in part (the first --imdb-texts, 2,000 by de
 the same kind of text and would make the test minutes long."""
 from __future__ import annotations
 
-import os
+import functools
 import subprocess
 import sys
 
@@ -35,6 +35,7 @@ def _installed(alias: str) -> bool:
     return True
 
 
+@functools.cache  # read once for both bases
 def _test_texts(task: str) -> list[str]:
     from adalayers.config import Config
     from adalayers.data.tasks import load_task
@@ -51,21 +52,15 @@ def _test_texts(task: str) -> list[str]:
     return texts
 
 
-@pytest.fixture(scope="module")
-def user_cache():
-    """The user's cache (where the bases' joined GGUF files live), not a test's."""
-    return os.environ.get("ADALAYERS_CACHE")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", ["gemma3-270m", "qwen2.5-0.5b"])
-def test_the_ids_equal_transformers_on_every_tasks_test_texts(alias):
+def test_the_ids_equal_transformers_on_every_tasks_test_texts(alias, real_base_cache):
     if not _installed(alias):
         pytest.skip(f"{alias}'s packages are not installed")
     from adalayers.model import gguf_models
     from adalayers.model.model_packages import SPLIT_GGUF
 
-    path = gguf_path(alias)
+    path = gguf_path(alias)  # joined once, in the user's cache (conftest.real_base_cache)
     engine = LlamaCpp(path, n_ctx=64, n_seq=1, n_batch=64, threads=1, read_states=False)
     ours = GgufTokenizer(engine)
     gguf_models.tokenizer(path, SPLIT_GGUF[alias].sha256)  # built from the GGUF (once per cache) ...
