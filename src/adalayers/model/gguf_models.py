@@ -59,13 +59,17 @@ def converted(path: Path, sha256: str | None = None) -> Path:
     log.info("converting %s to safetensors in %s (once; about a minute per 300M parameters)", path.name, target)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".gguf-") as tmp:
         _convert(path, Path(tmp) / "model")
-        out = Path(tmp) / "model"
-        (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
-        (out / ".complete").touch()
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(out, target)
+        _put_in_place(Path(tmp) / "model", target, path, digest)
     return target
+
+
+def _put_in_place(out: Path, target: Path, path: Path, digest: str) -> None:
+    """A finished folder marked complete (with the file it came from) and renamed to `target` in one step."""
+    (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
+    (out / ".complete").touch()
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(out, target)
 
 
 def tokenizer(path: Path, sha256: str | None = None):
@@ -98,11 +102,7 @@ def tokenizer(path: Path, sha256: str | None = None):
             log.warning("the tokenizer of %s does not read back the same from a folder; it is built at every load",
                         path.name)
             return built
-        (out / "source.txt").write_text(f"{path.name}\nsha256 {digest}\n", encoding="utf-8")
-        (out / ".complete").touch()
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(out, folder)
+        _put_in_place(out, folder, path, digest)
     return built
 
 
