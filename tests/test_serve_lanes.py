@@ -58,6 +58,30 @@ def test_a_full_lane_refuses_and_errors_reach_their_request():
     asyncio.run(main())
 
 
+def test_a_full_lane_keeps_room_for_light_work_and_makes_room_from_work_whose_client_left():
+    async def main():
+        lane, hold = CheckLane(capacity=4, light_size=100), threading.Event()
+        first = await _occupy(lane, hold)
+        left = threading.Event()
+        heavy = [asyncio.ensure_future(lane.run(int, size=1000, gone=left)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(Busy):  # half the lane is heavy work already
+            await lane.run(int, size=1000)
+        light = [asyncio.ensure_future(lane.run(int, size=1)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        assert lane.waiting() == 4
+        left.set()  # the heavy requests' client has gone: a new request takes their place
+        again = asyncio.ensure_future(lane.run(int, size=1000))
+        await asyncio.sleep(0.01)
+        assert lane.skipped == 2 and lane.waiting() == 3
+        hold.set()
+        await asyncio.gather(first, again, *light)
+        for h in heavy:
+            with pytest.raises(ClientGone):
+                await h
+    asyncio.run(main())
+
+
 def test_heavy_requests_hold_at_most_half_the_queue():
     async def main():
         b = MicroBatcher(None, max_batch=8, max_wait_s=0, max_queue=4, slice_s=1.0)

@@ -13,7 +13,9 @@ behind work whose client had already left (issue 56). So:
     - a request's token count waits in CheckLane, requests of at most `light_size` characters first (each
       class in arrival order), and is not run at all if its client has left by the time its turn comes: a
       storm's backlog drains at no cost, and a valid request's count never waits behind a heavy one's;
-    - at most `capacity` requests wait there; one more is refused at once (Busy, a 503 with Retry-After).
+    - at most `capacity` requests wait there, at most half of them heavy; when full, work whose client has left
+      gives its place up at once, and if there is still no room the request is refused (Busy: a 503 with
+      Retry-After).
 """
 from __future__ import annotations
 
@@ -59,13 +61,36 @@ class CheckLane:
         """fn(*args) on the lane's thread, in its turn; Busy when `capacity` are waiting already, ClientGone when
         `gone` is set before its turn."""
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done, heavy = loop.create_future(), size > self.light_size
         with self._ready:
-            if len(self._heap) >= self.capacity:
-                raise Busy(f"{len(self._heap)} requests wait for their check")
-            heapq.heappush(self._heap, (size > self.light_size, next(self._order), fn, args, gone, loop, done))
+            if self._full(heavy):
+                self._purge()
+                if self._full(heavy):
+                    raise Busy(f"{len(self._heap)} requests wait for their check")
+            heapq.heappush(self._heap, (heavy, next(self._order), fn, args, gone, loop, done))
             self._ready.notify()
         return await done
+
+    def _full(self, heavy: bool) -> bool:
+        """No room: `capacity` wait, or (for heavy work) half of it is heavy work already, so that a flood of
+        heavy requests leaves room for light ones."""
+        if len(self._heap) >= self.capacity:
+            return True
+        return heavy and sum(e[0] for e in self._heap) >= max(1, self.capacity // 2)
+
+    def _purge(self) -> None:
+        """Work whose client has left gives its place up now, not at its turn (called with the lock held)."""
+        keep = []
+        for entry in self._heap:
+            gone, loop, done = entry[4], entry[5], entry[6]
+            if done.cancelled() or (gone is not None and gone.is_set()):
+                self.skipped += 1
+                loop.call_soon_threadsafe(_settle, done, None, ClientGone("client disconnected"))
+            else:
+                keep.append(entry)
+        if len(keep) < len(self._heap):
+            heapq.heapify(keep)
+            self._heap[:] = keep
 
     def _work(self) -> None:
         while True:
