@@ -22,6 +22,7 @@ retry_after_s, run, queue, the counters /health reads) and answer through the sa
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from adalayers.data.encoding import consecutive
 from adalayers.errors import Cancelled
 from adalayers.infer.sidetasks import SideTasks
-from adalayers.serve.batching import Admits, Busy, Job, each_alone, predict_group
+from adalayers.serve.batching import Admits, Busy, Job, each_alone, heavy_full, predict_group
 from adalayers.serve.lanes import Lane
 
 __all__ = ["MicroBatcher", "Busy", "Job", "predict_group"]
@@ -93,25 +94,21 @@ class MicroBatcher(Admits):
         cancelled), though the worker only discards it when it reaches it."""
         limit = self._slice_tokens()
         heavy = bool(limit) and tokens > limit  # more than one slice of work
-        if self.pending >= self.max_queue or (heavy and self.heavy_pending >= max(1, self.max_queue // 2)):
+        if self.pending >= self.max_queue or (heavy and heavy_full(self.heavy_pending, self.max_queue)):
             self.refused += 1
             raise Busy()
         job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs, per_text)
         with self._count:
             self.pending += 1
             self.heavy_pending += heavy
-        job.future.add_done_callback(self._settled_heavy if heavy else self._settled)
+        job.future.add_done_callback(functools.partial(self._settled, heavy))
         self._put(job)
         return job
 
-    def _settled(self, _future) -> None:
+    def _settled(self, heavy: bool, _future) -> None:
         with self._count:
             self.pending -= 1
-
-    def _settled_heavy(self, _future) -> None:
-        with self._count:
-            self.pending -= 1
-            self.heavy_pending -= 1
+            self.heavy_pending -= heavy
 
     async def _next(self) -> Job:
         while True:  # skip jobs nobody waits for any more

@@ -29,6 +29,12 @@ class Busy(Exception):
     """The queue is full."""
 
 
+def heavy_full(heavy_waiting: int, capacity: int) -> bool:
+    """Large requests may hold at most half of a queue's places (at least one), so that a flood of them (a cancel
+    storm's) leaves room for small ones: the rule of the batcher's queue and of the checks' lane."""
+    return heavy_waiting >= max(1, capacity // 2)
+
+
 @dataclass
 class Job:
     """One queued request: its texts (and second texts), the heads it asks for, the tokens it was

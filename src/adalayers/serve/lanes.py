@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from adalayers.serve.batching import Busy
+from adalayers.serve.batching import Busy, heavy_full
 from adalayers.serve.errors import ClientGone
 
 
@@ -76,7 +76,7 @@ class CheckLane:
         heavy requests leaves room for light ones."""
         if len(self._heap) >= self.capacity:
             return True
-        return heavy and sum(e[0] for e in self._heap) >= max(1, self.capacity // 2)
+        return heavy and heavy_full(sum(e[0] for e in self._heap), self.capacity)
 
     def _purge(self) -> None:
         """Work whose client has left gives its place up now, not at its turn (called with the lock held)."""
