@@ -114,13 +114,18 @@ def test_generate_refuses_bad_input():
 
 def test_top_p_keeps_the_nucleus_only():
     """top_p: the most likely tokens whose mass before them is below top_p, sampled in proportion."""
-    from adalayers.infer.generate import sample
-    from adalayers.infer.params import Sampling
+    import numpy as np
 
-    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
-    g = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample(probs.log(), Sampling(True, 1.0, 0, 0.8), g) for _ in range(4000)]).flatten()
-    counts = torch.bincount(draws, minlength=4).float() / len(draws)
+    from adalayers.infer.params import Sampling
+    from adalayers.infer.sampling import generator, sample
+
+    logits = np.log(np.array([[0.05, 0.5, 0.15, 0.3]], np.float32))
+    g = generator(0)
+    draws = np.concatenate([sample(logits, Sampling(True, 1.0, 0, 0.8), g) for _ in range(4000)])
+    counts = np.bincount(draws, minlength=4) / len(draws)
     assert counts[0] == counts[2] == 0  # 0.5 + 0.3 = 0.8: the 0.15 and 0.05 tokens are out
     assert abs(counts[1] - 0.5 / 0.8) < 0.03 and abs(counts[3] - 0.3 / 0.8) < 0.03
-    assert (sample(probs.log(), Sampling(True, 1.0, 0, 1e-6), g) == 1).all()  # the first token always stays
+    assert (sample(logits, Sampling(True, 1.0, 0, 1e-6), g) == 1).all()  # the first token always stays
+    top2 = np.concatenate([sample(logits, Sampling(True, 1.0, 2, 1.0), g) for _ in range(2000)])
+    assert set(top2.tolist()) == {1, 3}  # top_k 2: the two most likely tokens only
+    assert (sample(logits, Sampling(False), None) == 1).all()  # greedy

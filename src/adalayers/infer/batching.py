@@ -13,27 +13,17 @@ transformers' DynamicCache (adalayers.infer.torch_runtime.KVCache) and llama.cpp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from adalayers.errors import Cancelled
+from adalayers.infer.request import Row  # noqa: F401  (a Batch's rows; imported from here too)
 from adalayers.infer.runtime import Cache
-
-
-@dataclass
-class Row:
-    """One prompt's generation inside a Batch."""
-    owner: object                 # the request it belongs to (adalayers.infer.generate.Job)
-    index: int                    # its prompt's index in that request
-    prompt_ids: list[int]
-    offsets: list[tuple[int, int]]  # character offsets of its prefill columns (padding: (0, 0))
-    start: int                    # batch column of its first prefill column
-    answer_from: int              # batch column of its first generated token
-    generated: list[int] = field(default_factory=list)
-    finish: str | None = None
-    steps: dict = field(default_factory=dict)  # head -> per-token values (steps or guard)
-    guard: dict | None = None     # the guard that ended it: {head, label, value, token} (token 0: the prompt)
+from adalayers.kinds import TaskKind
+from adalayers.model.sidetask import read_all
 
 
 @dataclass
@@ -43,7 +33,7 @@ class Batch:
     real: torch.Tensor            # (B, T) bool: the columns the heads read
     accs: dict                    # head name -> (B, T, k)
     cache: Cache                  # the runtime decoder's KV cache of these rows
-    logits: torch.Tensor | None   # (B, V): the next token's logits (None only inside a step, rows ending)
+    logits: np.ndarray | None     # (B, V) float32: the next token's logits (None only inside a step, rows ending)
 
     @property
     def width(self) -> int:
@@ -55,7 +45,7 @@ class Batch:
         a, b = self._padded(width), other._padded(width)
         cache = a.cache.merged(b.cache, width)
         return Batch(a.rows + b.rows, torch.cat([a.attn, b.attn]), torch.cat([a.real, b.real]),
-                     {n: torch.cat([a.accs[n], b.accs[n]]) for n in a.accs}, cache, torch.cat([a.logits, b.logits]))
+                     {n: torch.cat([a.accs[n], b.accs[n]]) for n in a.accs}, cache, np.concatenate([a.logits, b.logits]))
 
     def _padded(self, width: int) -> "Batch":
         pad = width - self.width
@@ -74,7 +64,7 @@ class Batch:
         at = torch.tensor(idx, dtype=torch.long, device=self.attn.device)
         kept = Batch([self.rows[i] for i in idx], self.attn.index_select(0, at), self.real.index_select(0, at),
                      {n: v.index_select(0, at) for n, v in self.accs.items()}, self.cache.select(idx),
-                     None if self.logits is None else self.logits.index_select(0, at))
+                     None if self.logits is None else self.logits[idx])
         return kept._trimmed()
 
     def _trimmed(self) -> "Batch":
@@ -106,3 +96,71 @@ class Batch:
         start = torch.tensor([r.answer_from for r in self.rows], device=mask.device)
         mask &= torch.arange(mask.shape[1], device=mask.device)[None, :] >= start[:, None]
         return mask if rows is None else mask[rows]
+
+
+class TorchPasses:
+    """infer/generate.Passes on a torch runtime's decoder (transformers, llama.cpp through LlamaCppBackbone): the
+    rows left-padded in one Batch, the heads' accumulators torch tensors, read by the torch heads."""
+
+    def __init__(self, side, heads: list):
+        self.side, self.heads = side, heads
+        self.decoder = side.runtime.decoder()
+
+    def prefill(self, wrapped: list[str], cancelled) -> tuple[Batch, list[tuple]]:
+        side, tok = self.side, self.side.backbone.tokenizer
+        enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
+                  return_offsets_mapping=tok.is_fast)
+        ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
+        watch = (lambda tap: _until_cancelled(tap, cancelled)) if self.decoder.interruptible else (lambda tap: tap)
+        (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, watch(tap)))
+        real = attn.bool()
+        columns = [(ids[b][real[b]].tolist(), offsets(enc, b), 0, attn.shape[1]) for b in range(len(wrapped))]
+        return Batch([], attn, real, accs, cache, _numpy(logits)), columns
+
+    def decode(self, batch: Batch, nxt: np.ndarray, go_on: list[int], deepest: int | None) -> np.ndarray | None:
+        device = batch.attn.device
+        batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=device))
+        everyone = len(go_on) == len(batch.rows)
+        step = torch.as_tensor(nxt, dtype=torch.long, device=device).unsqueeze(1)
+        (logits, batch.cache), new = self.side.tapped(self.heads, lambda tap: self.decoder.step(
+            step, batch.attn, batch.cache, tap, logits_for=None if everyone else go_on, stop_after=deepest))
+        batch.accs = {n: torch.cat([batch.accs[n], v], 1) for n, v in new.items()}
+        logits = _numpy(logits)
+        batch.logits = logits if everyone else None
+        return logits
+
+    def read(self, batch: Batch, names: list[str], rows: list[int], answer_alone: bool) -> dict[str, list]:
+        mask = batch.answer_mask(rows) if answer_alone else batch.real[rows]
+        values = read_heads(self.side, names, [batch.accs[n][rows] for n in names], mask, answer_alone)
+        return {n: list(v.numpy()) for n, v in values.items()}
+
+
+def _numpy(logits: torch.Tensor | None) -> np.ndarray | None:
+    return None if logits is None else logits.float().cpu().numpy()
+
+
+def _until_cancelled(tap, cancelled):
+    """The prefill's tap, ending the pass between two layers (Cancelled) once cancelled() (every request in it is
+    cancelled: its client gone, its deadline passed): a long prefill nobody waits for does not hold the base."""
+    def watched(i: int, z: torch.Tensor) -> None:
+        if cancelled():
+            raise Cancelled(f"the prefill stopped at state {i}: every request in it was cancelled")
+        if tap is not None:
+            tap(i, z)
+    return watched
+
+
+def offsets(enc, b: int) -> list[tuple[int, int]] | None:
+    """Row b's character offsets per (left-padded) column, when the tokenizer gives them."""
+    return [tuple(o) for o in enc["offset_mapping"][b].tolist()] if "offset_mapping" in enc else None
+
+
+@torch.no_grad()
+def read_heads(side, names: list[str], accs: list[torch.Tensor], mask: torch.Tensor, only_answer: bool = False
+               ) -> dict[str, torch.Tensor]:
+    """Each head's values on its accumulator F under `mask` (one mask for all): class probabilities, or the
+    value. Sequence heads of one shape run as one (adalayers.model.sidetask.read_all)."""
+    tasks = [side.heads[n].task for n in names]
+    outs = read_all(tasks, accs, mask, False if only_answer else None)
+    return {n: (o.float().cpu() if t.kind == TaskKind.REGRESSION else torch.softmax(o.float().cpu(), -1))
+            for n, t, o in zip(names, tasks, outs)}

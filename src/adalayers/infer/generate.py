@@ -28,42 +28,39 @@ probability (a streaming guard, e.g. a policy head), on the prompt after the pre
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Protocol
 
-import torch
+import numpy as np
 
 from adalayers.errors import Cancelled
 from adalayers.infer.answers import answer, answer_text, cut
-from adalayers.infer.batching import Batch, Row
 from adalayers.infer.guarding import guard_trip, prompt_trips
 from adalayers.infer.outputs import head_output
-from adalayers.infer.params import GenerationParams, Sampling
-from adalayers.infer.request import Job, Stream, job_events
-
-__all__ = ["Generation", "GenerationParams", "Job", "Stream", "generate", "sample", "start", "stream"]
+from adalayers.infer.params import GenerationParams
+from adalayers.infer.request import Job, Row, Stream, job_events
+from adalayers.infer.sampling import sample
 from adalayers.kinds import TaskKind
-from adalayers.model.sidetask import read_all
-from adalayers.model.states import deepest_layer
+
+__all__ = ["Generation", "GenerationParams", "Job", "Passes", "Stream", "generate", "sample", "start", "stream"]
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
-    """Greedy argmax, or a draw from p = softmax(logits / temperature) restricted to the top_k (0 = all)
-    and to the nucleus: the most likely tokens whose probabilities, in decreasing order, sum to top_p
-    (a token is kept when the mass before it is below top_p; the first one always)."""
-    if not sampling.do_sample:
-        return logits.argmax(-1)
-    top_k, top_p = sampling.top_k, sampling.top_p
-    logits = logits.float() / max(sampling.temperature, 1e-6)
-    if top_k and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, -1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        probs, order = torch.softmax(logits, -1).sort(-1, descending=True)
-        cut = (probs.cumsum(-1) - probs) >= top_p
-        logits = logits.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
-    probs = torch.softmax(logits, -1)
-    return torch.multinomial(probs.cpu() if generator is not None else probs, 1,
-                             generator=generator).squeeze(-1).to(logits.device)
+class Passes(Protocol):
+    """What Generation asks of a runtime: its passes over a batch of rows (infer/batching.TorchPasses: a
+    left-padded torch Batch; infer/gguf_steps.SequencePasses: llama.cpp sequences and numpy heads, no torch).
+    A batch has `rows` (Row), `logits` (numpy (B, V), or None inside a step), keep(idx) and merge(other)."""
+
+    def prefill(self, wrapped: list[str], cancelled) -> tuple[object, list[tuple]]:
+        """The texts as one batch, one pass with every head tapping it (its rows still empty), and per text
+        (prompt ids, character offsets per column, first prefill column, first answer column). cancelled():
+        True once nobody waits for the pass (a runtime that can stop between layers stops)."""
+
+    def decode(self, batch, nxt: np.ndarray, go_on: list[int], deepest: int | None) -> np.ndarray | None:
+        """Feed every row its token nxt[b] (the heads tap it); the LM head on go_on's rows only (-> their logits;
+        none at all: the pass may end after state `deepest`). Sets batch.logits (None unless every row goes on)."""
+
+    def read(self, batch, names: list[str], rows: list[int], answer_alone: bool) -> dict[str, list[np.ndarray]]:
+        """Heads `names` on the rows at `rows`: per head, per row, class probabilities (a token head: per column)
+        or the value; answer_alone: over the generated tokens only."""
 
 
 def stream(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
@@ -121,42 +118,39 @@ def generate(side, prompts: list[str], max_new_tokens: int = 32, tasks: list[str
 
 
 class Generation:
-    """The one generation loop: prefill requests (Jobs) into a Batch, then decode steps until its rows end.
+    """The one generation loop: prefill requests (Jobs) into a batch, then decode steps until its rows end.
     Every head in `heads` accumulates on every row (one pass feeds them all); each request reads its own.
-    Sampling runs per request with its own generator, so a seed gives the same text whatever runs beside it."""
+    Sampling runs per request with its own generator, so a seed gives the same text whatever runs beside it.
+    What a pass is belongs to the runtime (side.generation_passes: Passes)."""
 
     def __init__(self, side, heads: list | None = None):
         self.side, self.tok = side, side.backbone.tokenizer
         self.heads = list(side.heads.values()) if heads is None else heads
-        self.decoder = side.runtime.decoder()
-        self.deepest = deepest_layer([h.task for h in self.heads]) if self.heads else None
+        self.passes: Passes = side.generation_passes(self.heads)
+        self.deepest = max(max(h.task.used_layers()) for h in self.heads) if self.heads else None
 
-    def prefill(self, jobs: list[Job]) -> Batch | None:
-        """The jobs' prompts as one left-padded batch, one forward with the heads' hooks on; each job gets its
-        "prompt" event once the whole prefill has succeeded; rows whose prompt trips a guard end (None: all did)."""
-        side, tok = self.side, self.tok
+    def prefill(self, jobs: list[Job]):
+        """The jobs' prompts as one batch, one pass with the heads tapping it; each job gets its "prompt" event
+        once the whole prefill has succeeded; rows whose prompt trips a guard end (None: all did)."""
         wrapped = [w for job in jobs for w in job.wrapped]
-        enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
-                  return_offsets_mapping=tok.is_fast)
-        ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
-        watch = _until_cancelled if self.decoder.interruptible else (lambda tap, jobs: tap)
-        (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, watch(tap, jobs)))
-        real, rows, start, events = attn.bool(), [], 0, []
+        batch, columns = self.passes.prefill(wrapped, lambda: all(j.cancelled.is_set() for j in jobs))
+        start, events = 0, []
         for job in jobs:
             mine = list(range(start, start + len(job.prompts)))
             start += len(job.prompts)
-            values = read_heads(side, job.names, [accs[n][mine] for n in job.names], real[mine])
-            job.prompt_json = [{n: _output(side.heads[n], values[n][j], offsets(enc, b), job.wrapped[j])
-                                for n in job.names} for j, b in enumerate(mine)]
-            prompt_ids = [ids[b][real[b]].tolist() for b in mine]
-            events.append((job, {"event": "prompt", "results": job.prompt_json, "token_ids": prompt_ids}))
-            rows += [Row(job, j, prompt_ids[j], offsets(enc, b), 0, attn.shape[1]) for j, b in enumerate(mine)]
-            prompt_trips(side, job, rows[-len(mine):], values)
+            rows = [Row(job, j, *columns[b]) for j, b in enumerate(mine)]
+            batch.rows += rows
+            values = self.passes.read(batch, job.names, mine, False)
+            job.prompt_json = [{n: _output(self.side.heads[n], values[n][j], r.offsets, job.wrapped[j])
+                                for n in job.names} for j, r in enumerate(rows)]
+            events.append((job, {"event": "prompt", "results": job.prompt_json,
+                                 "token_ids": [r.prompt_ids for r in rows]}))
+            prompt_trips(self.side, job, rows, values)
         for job, event in events:
             job.events.put(event)
-        return self._prompt_guards(Batch(rows, attn, real, accs, cache, logits))
+        return self._prompt_guards(batch)
 
-    def _prompt_guards(self, batch: Batch) -> Batch | None:
+    def _prompt_guards(self, batch):
         """Rows whose prompt tripped a guard end, having generated nothing (-> the rest; None: none is left)."""
         tripped, failed = [i for i, r in enumerate(batch.rows) if r.finish], {}
         self._finish(batch, tripped, failed)
@@ -169,12 +163,12 @@ class Generation:
         batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.finish and r.owner not in failed])
         return batch if batch.rows else None  # keep([]) gives the rows' KV cache back (llama.cpp sequences)
 
-    def step(self, batch: Batch) -> Batch | None:
+    def step(self, batch):
         """One token for every row; rows that end leave; each request gets its step (and done) event.
         -> the rows still going (None: none). What is one request's own (sampling, stop strings, its heads'
         outputs) fails that request alone: it gets the error and its rows leave; the forward is everyone's."""
         rows, failed = batch.rows, {}
-        nxt = torch.empty(len(rows), dtype=torch.long, device=batch.logits.device)
+        nxt = np.zeros(len(rows), np.int64)
         for job, idx in _by_job(rows).items():
             _own(failed, job, lambda: nxt.__setitem__(idx, sample(batch.logits[idx], job.params.sampling,
                                                                  job.generator)))
@@ -190,7 +184,7 @@ class Generation:
         go_on = [i for i, r in enumerate(batch.rows) if not r.finish]  # the rows that need next-token logits
         logits = None
         if batch.rows and (self.heads or go_on):  # heads read the last token too
-            logits = self._decode(batch, nxt, go_on)
+            logits = self.passes.decode(batch, nxt, go_on, None if go_on else self.deepest)
         jobs = [j for j in {id(r.owner): r.owner for r in rows}.values() if j not in failed]
         events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
                       "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
@@ -219,21 +213,7 @@ class Generation:
         elif len(r.generated) >= r.owner.max_new:
             r.finish = "length"
 
-    def _decode(self, batch: Batch, nxt: torch.Tensor, go_on: list[int]) -> torch.Tensor | None:
-        """Feed every row its token, the heads tapping the step (their accumulators grow by one column). The
-        LM head runs on the rows that go on only (-> their logits, in go_on's order); when none does (the step
-        that feeds the heads the last generated tokens), not at all, and the pass ends after the deepest
-        state a head reads. batch.logits: every row's logits, or None when some row's were not computed."""
-        batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=nxt.device))
-        everyone = len(go_on) == len(batch.rows)
-        (logits, batch.cache), new = self.side.tapped(self.heads, lambda tap: self.decoder.step(
-            nxt.unsqueeze(1), batch.attn, batch.cache, tap, logits_for=None if everyone else go_on,
-            stop_after=None if go_on else self.deepest))
-        batch.accs = {n: torch.cat([batch.accs[n], v], 1) for n, v in new.items()}
-        batch.logits = logits if everyone else None
-        return logits
-
-    def _step_values(self, batch: Batch, nxt: torch.Tensor, events: dict, failed: dict) -> None:
+    def _step_values(self, batch, nxt: np.ndarray, events: dict, failed: dict) -> None:
         """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""
         needed = sorted({n for r in batch.rows for n in r.owner.stepped})
         values = self._read(batch, needed, list(range(len(batch.rows))))
@@ -250,9 +230,9 @@ class Generation:
         r.guard = guard_trip(self.side, r.owner.guard, values, len(r.generated)) if r.owner.guard else None
         r.finish = "guard" if r.guard else r.finish
 
-    def _read(self, batch: Batch, names: list[str], idx: list[int]) -> dict[str, torch.Tensor]:
-        """Heads `names` on the rows at idx, stacked per head: a row whose request reads a head on the answer alone
-        under the answer mask. Heads that read the same rows under the same mask run together (read_heads)."""
+    def _read(self, batch, names: list[str], idx: list[int]) -> dict[str, list[np.ndarray]]:
+        """Heads `names` on the rows at idx, per head in idx's order: a row whose request reads a head on the
+        answer alone over its answer. Heads that read the same rows the same way are read together."""
         calls: dict[tuple, list[str]] = {}
         for n in names:
             only = tuple(i for i in idx if n in batch.rows[i].owner.answer_only)
@@ -262,19 +242,17 @@ class Generation:
                     calls.setdefault((sel, alone), []).append(n)
         out = {n: [None] * len(batch.rows) for n in names}
         for (sel, alone), group in calls.items():
-            rows = list(sel)
-            mask = batch.answer_mask(rows) if alone else batch.real[rows]
-            for n, values in read_heads(self.side, group, [batch.accs[n][rows] for n in group], mask, alone).items():
-                for i, v in zip(rows, values):
+            for n, values in self.passes.read(batch, group, list(sel), alone).items():
+                for i, v in zip(sel, values):
                     out[n][i] = v
-        return {n: torch.stack([out[n][i] for i in idx]) for n in names}
+        return {n: [out[n][i] for i in idx] for n in names}
 
-    def _finish(self, batch: Batch, idx: list[int], failed: dict) -> None:
+    def _finish(self, batch, idx: list[int], failed: dict) -> None:
         """The results of the rows at idx (they leave the batch after this)."""
         for i in idx:
             _own(failed, batch.rows[i].owner, lambda: self._result(batch, i))
 
-    def _result(self, batch: Batch, i: int) -> None:
+    def _result(self, batch, i: int) -> None:
         r, job = batch.rows[i], batch.rows[i].owner
         text, spans = answer(self.tok, r.prompt_ids, r.generated)
         wrapped = job.wrapped[r.index]
@@ -290,17 +268,6 @@ class Generation:
         if job.stepped:
             res["steps"] = {n: r.steps.get(n, []) for n in job.stepped}
         job.results[r.index] = res
-
-
-def _until_cancelled(tap, jobs: list[Job]):
-    """The prefill's tap, ending the pass between two layers (Cancelled) once every job in it is cancelled (its
-    client gone, its deadline passed): a long prefill nobody waits for does not hold the base to its end."""
-    def watched(i: int, z: torch.Tensor) -> None:
-        if all(j.cancelled.is_set() for j in jobs):
-            raise Cancelled(f"the prefill stopped at state {i}: every request in it was cancelled")
-        if tap is not None:
-            tap(i, z)
-    return watched
 
 
 def _own(failed: dict, job: Job, work) -> None:
@@ -321,24 +288,8 @@ def _by_job(rows: list[Row]) -> dict:
     return groups
 
 
-def offsets(enc, b: int) -> list[tuple[int, int]] | None:
-    """Row b's character offsets per (left-padded) column, when the tokenizer gives them."""
-    return [tuple(o) for o in enc["offset_mapping"][b].tolist()] if "offset_mapping" in enc else None
-
-
-@torch.no_grad()
-def read_heads(side, names: list[str], accs: list[torch.Tensor], mask: torch.Tensor, only_answer: bool = False
-               ) -> dict[str, torch.Tensor]:
-    """Each head's values on its accumulator F under `mask` (one mask for all): class probabilities, or the
-    value. Sequence heads of one shape run as one (adalayers.model.sidetask.read_all)."""
-    tasks = [side.heads[n].task for n in names]
-    outs = read_all(tasks, accs, mask, False if only_answer else None)
-    return {n: (o.float().cpu() if t.kind == TaskKind.REGRESSION else torch.softmax(o.float().cpu(), -1))
-            for n, t, o in zip(names, tasks, outs)}
-
-
-def _output(head, values: torch.Tensor, offsets: list[tuple[int, int]] | None, text: str,
+def _output(head, values, offsets: list[tuple[int, int]] | None, text: str,
             answer_offsets: list[tuple[int, int]] | None = None) -> dict:
     """A head's values -> the same JSON as /predict gives (adalayers.infer.outputs). Token heads: the row's
-    columns are the (left-padded) prompt, then the generated tokens."""
+    columns are the prompt (left-padded in a torch batch), then the generated tokens."""
     return head_output(head.kind, head.task.labels, values, text, list(offsets or []) + list(answer_offsets or []))

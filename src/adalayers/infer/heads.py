@@ -29,7 +29,7 @@ class Head:
         return self.task.kind
 
     def describe(self) -> dict:
-        w = self.task.mixer.layer_weights().tolist()
+        w = self.task.layer_weights().tolist()  # a torch SideTask's, or a numpy Task's (the torch-free path)
         return {"name": self.name, "kind": self.kind, "pairs": self.pairs, "labels": self.task.labels,
                 "layer_weights": [round(x, 6) for x in w], "used_layers": self.task.used_layers(),
                 "max_length": self.max_length}  # never the run folder's path: clients need not know it

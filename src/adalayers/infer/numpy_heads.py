@@ -120,11 +120,28 @@ class SequenceHead:
         return (self.in_w.shape, self.num_heads)
 
     def output(self, pooled: np.ndarray) -> np.ndarray:
-        y = pooled @ self.out_w.T + self.out_b
-        return y if self.scale is None else self.scale[0] + self.scale[1] * y[..., 0]
+        return linear_output(pooled, self.out_w, self.out_b, self.scale)
 
     def __call__(self, F: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return sequence_heads([self], F[None], mask)[0]
+
+
+def linear_output(pooled: np.ndarray, w: np.ndarray, b: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
+    """A head's output layer: class scores, or a regression's mean + std * y."""
+    y = pooled @ w.T + b
+    return y if scale is None else scale[0] + scale[1] * y[..., 0]
+
+
+@dataclass
+class ProbeHead:
+    """head.type probe on a sequence task (ProbeHead / RegressionProbe): pool(F) -> linear."""
+    out_w: np.ndarray  # (C, k)
+    out_b: np.ndarray
+    pooling: str
+    scale: tuple[float, float] | None = None
+
+    def __call__(self, F: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return linear_output(pool(F, mask, self.pooling), self.out_w, self.out_b, self.scale)
 
 
 def sequence_heads(heads: list[SequenceHead], F: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
@@ -186,7 +203,7 @@ class Task:
     labels: list[str]
     weights: np.ndarray                 # (L,) the mixer's layer weights
     proj: dict[int, np.ndarray]         # i -> W_i (k, d), the layers with w_i > 0
-    head: SequenceHead | TokenHead
+    head: SequenceHead | ProbeHead | TokenHead  # a token probe: a TokenHead without encoder layers
     skip_bos: bool = False
     positional: bool = True
     gelu_after_sum: bool = False
@@ -198,6 +215,9 @@ class Task:
 
     def used_layers(self) -> list[int]:
         return sorted(self.proj)
+
+    def layer_weights(self) -> np.ndarray:
+        return self.weights
 
     def seen(self, mask: np.ndarray, skip_bos: bool | None = None) -> np.ndarray:
         """The tokens the head sees: the real ones, less each row's first with skip_bos."""

@@ -10,62 +10,41 @@ tensor the config asks for present and of its shape; a seed ensemble loads its m
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from adalayers import config as config_mod
-from adalayers.errors import ConfigError, RunError
-from adalayers.files import sha256
+from adalayers.errors import RunError
 from adalayers.kinds import TaskKind
-from adalayers.infer.numpy_heads import EncoderLayer, SequenceHead, Task, TokenHead, layer_weights
-
-HEAD = "head.safetensors"
-
-
-def read_meta(run_dir: Path) -> dict:
-    """config.json of a run folder as a dict (a one-line RunError when missing or unreadable)."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise RunError(f"{run_dir}: no config.json (is this a run folder from 'adalayers train'?)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise RunError(f"{path}: not a valid run config ({type(e).__name__})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "base" not in meta:
-        raise RunError(f"{path}: not a valid run config (no config or base)")
-    return meta
+from adalayers.infer.numpy_heads import EncoderLayer, ProbeHead, SequenceHead, Task, TokenHead, layer_weights
+from adalayers.store import run as runlib
 
 
-def load_task(run_dir: Path) -> tuple[Task, object, dict]:
-    """(the numpy Task, its Config, config.json's dict) of a run folder."""
+def load_task(run_dir: Path, base=None) -> tuple[Task, object, dict]:
+    """(the numpy Task, its Config, config.json's dict) of a run folder, with run.load_head's checks (config.json
+    and its digest, the head file's checksum, finite weights, every tensor present and of its shape; `base`: its
+    fingerprint() must be the one the head was trained on); a seed ensemble loads its members."""
     run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
-    try:
-        cfg = config_mod.from_dict(meta["config"])
-    except ConfigError as e:
-        raise RunError(f"{run_dir / 'config.json'}: {str(e).splitlines()[0]}") from None
+    meta = runlib.read_config(run_dir)
+    cfg = runlib.run_config(run_dir, meta)
+    if base is not None:
+        runlib.check_base(run_dir, meta, base)
     if meta.get("ensemble"):
-        return ensemble([load_task(run_dir / m)[0] for m in meta["ensemble"]]), cfg, meta
-    path = run_dir / HEAD
-    if not path.is_file():
-        raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")
-    if sha256(path) != (meta.get("checksums") or {}).get(HEAD):
-        raise RunError(f"{path}: checksum does not match config.json (the file was changed or damaged)")
+        return ensemble([load_task(run_dir / m, base)[0] for m in meta["ensemble"]]), cfg, meta
+    path = runlib.head_file(run_dir, meta)
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
-    try:
-        state = load_file(str(path))
+    try:  # bytes read here, as run.load_head does (a path that is not valid UTF-8)
+        state = load(path.read_bytes())
     except (SafetensorError, OSError) as e:
         raise RunError(f"{path}: not a readable safetensors file ({e})") from None
     broken = [n for n, t in state.items() if t.dtype.kind == "f" and not np.isfinite(t).all()]
     if broken:
         raise RunError(f"{path}: weights that are not finite (NaN or infinity) in {', '.join(broken[:3])}")
-    base = meta["base"]
-    return task_from_state(cfg, meta["labels"], state, base.get("adds_bos", False), base["num_layers"],
-                           base["hidden_size"], where=str(path)), cfg, meta
+    trained = meta["base"]
+    return task_from_state(cfg, meta["labels"], state, trained.get("adds_bos", False), trained["num_layers"],
+                           trained["hidden_size"], where=str(path)), cfg, meta
 
 
 def ensemble(members: list[Task]) -> Task:
@@ -73,7 +52,7 @@ def ensemble(members: list[Task]) -> Task:
     first = members[0]
     if any(m.kind != first.kind or m.labels != first.labels for m in members):
         raise RunError("ensemble members differ in kind or labels")
-    return Task(first.kind, first.labels, first.weights, first.proj, first.head, first.skip_bos, first.positional,
+    return Task(first.kind, first.labels, np.mean([m.weights for m in members], 0), first.proj, first.head, first.skip_bos, first.positional,
                 first.gelu_after_sum, list(members))
 
 
@@ -91,12 +70,19 @@ def task_from_state(cfg, labels: list[str], state: dict, bos: bool, num_layers: 
     m, h, k = cfg.mixer, cfg.head, cfg.mixer.k
     kind = TaskKind.parse(h.kind or TaskKind.CLASSIFICATION, "head.kind")
     w = layer_weights(get("mixer.p", (num_layers,)), m.alpha, m.cutoff, m.pin_layer)
-    proj = {i: get(f"mixer.proj.{i}.weight", (k, hidden_size)) for i in range(num_layers) if w[i] != 0}
-    if kind == TaskKind.TOKENS:
+    if h.type == "probe":  # one identity W shared by every layer (model.mixer.probe_projection), saved once
+        shared = next((n for n in state if n.startswith("mixer.proj.")), "mixer.proj.0.weight")
+        proj = {i: get(shared, (k, hidden_size)) for i in range(num_layers) if w[i] != 0}
+    else:
+        proj = {i: get(f"mixer.proj.{i}.weight", (k, hidden_size)) for i in range(num_layers) if w[i] != 0}
+    scale = (h.target_mean or 0.0, h.target_std or 1.0) if kind == TaskKind.REGRESSION else None
+    if h.type == "probe":
+        head = (TokenHead([], get("head.out.weight"), get("head.out.bias")) if kind == TaskKind.TOKENS
+                else ProbeHead(get("head.out.weight"), get("head.out.bias"), h.pooling, scale))
+    elif kind == TaskKind.TOKENS:
         head = TokenHead([_encoder_layer(get, f"head.encoder.layers.{j}.", h.num_heads)
                           for j in range(h.encoder_layers)], get("head.out.weight"), get("head.out.bias"))
     else:
-        scale = (h.target_mean or 0.0, h.target_std or 1.0) if kind == TaskKind.REGRESSION else None
         head = SequenceHead(h.num_heads, get("head.attn.in_proj_weight", (3 * k, k)), get("head.attn.in_proj_bias"),
                             get("head.attn.out_proj.weight", (k, k)), get("head.attn.out_proj.bias"),
                             get("head.out.weight"), get("head.out.bias"), h.pooling, scale)

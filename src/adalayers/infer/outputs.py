@@ -13,9 +13,7 @@ from __future__ import annotations
 import bisect
 import re
 
-import torch
-
-from adalayers.data.encoding import first_subtokens
+from adalayers.data.windows import first_subtokens
 from adalayers.kinds import TaskKind
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
@@ -41,7 +39,7 @@ def word_ids(offsets, spans: list[tuple[int, int]], shift: int = 0) -> list[int 
     return ids
 
 
-def sequence_output(kind: str, labels: list[str], values: torch.Tensor) -> dict:
+def sequence_output(kind: str, labels: list[str], values) -> dict:
     """A sequence head's values (probabilities, or the value of a regression head) -> its answer."""
     if kind == TaskKind.REGRESSION:
         return {"value": float(values)}
@@ -71,7 +69,7 @@ def tag_words(labels: list[str], text: str, spans, rows) -> dict:
     return out
 
 
-def head_output(kind: str, labels: list[str], values: torch.Tensor, text: str,
+def head_output(kind: str, labels: list[str], values, text: str,
                 offsets: list[tuple[int, int]] | None = None) -> dict:
     """One head's answer on one text: a sequence head's values, or a token head's per-position
     probabilities (T, k) with the character offsets of those positions in `text`."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
-
-import torch
 
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.guarding import guard_rules
 from adalayers.infer.params import GenerationParams
+from adalayers.infer.sampling import generator
 from adalayers.kinds import TaskKind
 
 
@@ -37,6 +37,21 @@ def check_request(side, prompts: list[str], params: GenerationParams) -> tuple[l
     return names, guard, eos
 
 
+@dataclass
+class Row:
+    """One prompt's generation inside a batch of rows (infer/batching.Batch, infer/gguf_steps.SequenceBatch)."""
+    owner: object                 # the request it belongs to (Job)
+    index: int                    # its prompt's index in that request
+    prompt_ids: list[int]
+    offsets: list[tuple[int, int]]  # character offsets of its prefill columns (padding: (0, 0))
+    start: int                    # batch column of its first prefill column (a batch without columns: 0)
+    answer_from: int              # batch column of its first generated token (without columns: the prompt's length)
+    generated: list[int] = field(default_factory=list)
+    finish: str | None = None
+    steps: dict = field(default_factory=dict)  # head -> per-token values (steps or guard)
+    guard: dict | None = None     # the guard that ended it: {head, label, value, token} (token 0: the prompt)
+
+
 class Job:
     """One generation request: its prompts, settings (GenerationParams), events (a queue: "prompt", "step"s,
     "done") and results."""
@@ -45,8 +60,7 @@ class Job:
         self.names, self.guard, self.eos = check_request(side, prompts, params)
         self.params, self.prompts, self.max_new = params, list(prompts), int(params.max_new_tokens)
         self.answer_only, self.stop = set(params.answer_only), params.stop
-        seed = params.sampling.seed
-        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.generator = generator(params.sampling.seed)  # its own draws (infer/sampling.py)
         self.stepped = [n for n in self.names
                         if side.heads[n].kind != TaskKind.TOKENS and (params.steps or n in self.guard)]
         self.wrapped = list(prompts) if params.raw else side.wrap(prompts)[0]  # the heads' task.template (e.g. chat)

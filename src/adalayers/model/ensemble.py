@@ -59,6 +59,9 @@ class EnsembleTask(nn.Module):
     def used_layers(self) -> list[int]:
         return sorted(set().union(*(m.used_layers() for m in self.members)))
 
+    def layer_weights(self) -> torch.Tensor:
+        return self.mixer.layer_weights()
+
     def end(self, mask: torch.Tensor) -> torch.Tensor:
         outs = [y.float() for y in end_all(list(self.members), mask)]  # the members' heads batched
         if self.kind == TaskKind.REGRESSION:

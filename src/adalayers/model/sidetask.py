@@ -153,6 +153,10 @@ class SideTask(nn.Module):
     def used_layers(self) -> list[int]:
         return self.mixer.used_layers()
 
+    def layer_weights(self) -> torch.Tensor:
+        """w_i of every layer (what /predict's description lists)."""
+        return self.mixer.layer_weights()
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = task_loss(self.kind, logits, labels) / getattr(self.head, "loss_scale", 1.0)
         if self.cfg.mixer.entropy_lambda:

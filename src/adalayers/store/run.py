@@ -24,13 +24,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from safetensors import SafetensorError
-from safetensors.torch import load, save_file
 
 from adalayers import config as config_mod
-from adalayers.engine import distributed
 from adalayers.errors import ConfigError, ModelError, RunError
 from adalayers.files import (append_jsonl, atomic_write, file_mode, remove_if_empty,  # noqa: F401  (re-exported)
                              sha256, umask, write_json)
@@ -94,6 +90,8 @@ def replace_run(out: Path, build) -> dict:
     old run is deleted. If the second rename fails the old run is renamed back.
     Under torchrun (a started process group) rank 0 alone makes the new folder, whose name every rank
     is given to build into, and rank 0 alone swaps and deletes; the others wait at barriers."""
+    from adalayers.engine import distributed  # torch.distributed: only where a run is written
+
     out = Path(out)
     new = None
     if distributed.is_main():
@@ -163,6 +161,8 @@ def save_head(run_dir: Path, task) -> str:
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".head.", suffix=".tmp")
     os.close(fd)
     try:
+        from safetensors.torch import save_file
+
         save_file(tensors, tmp)
         os.chmod(tmp, file_mode())
         os.replace(tmp, Path(run_dir) / HEAD)
@@ -268,6 +268,24 @@ def run_config(run_dir: Path, meta: dict | None = None):
     return cfg
 
 
+def check_base(run_dir: Path, meta: dict, base) -> None:
+    """Refuse (ModelError, one line) a run folder trained on another base than `base` (its fingerprint())."""
+    trained = meta["base"]
+    if base.fingerprint() != trained["fingerprint"]:
+        raise ModelError(f"{run_dir} was trained on base {trained['name']!r} (fingerprint {trained['fingerprint']}), "
+                         f"but the loaded base is {base.name!r} (fingerprint {base.fingerprint()})")
+
+
+def head_file(run_dir: Path, meta: dict) -> Path:
+    """The run folder's head.safetensors, checked against config.json's checksum (RunError, one line)."""
+    head_path = Path(run_dir) / HEAD
+    if not head_path.is_file():
+        raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")
+    if sha256(head_path) != meta["checksums"][HEAD]:
+        raise RunError(f"{head_path}: checksum does not match config.json (the file was changed or damaged)")
+    return head_path
+
+
 def load_head(run_dir: Path, backbone=None, task=None):
     """Rebuild a trained SideTask from its run folder (checked against the base when one is given).
 
@@ -279,9 +297,8 @@ def load_head(run_dir: Path, backbone=None, task=None):
     meta = read_config(run_dir)
     cfg = run_config(run_dir, meta)
     base = meta["base"]
-    if backbone is not None and backbone.fingerprint() != base["fingerprint"]:
-        raise ModelError(f"{run_dir} was trained on base {base['name']!r} (fingerprint {base['fingerprint']}), "
-                         f"but the loaded base is {backbone.name!r} (fingerprint {backbone.fingerprint()})")
+    if backbone is not None:
+        check_base(run_dir, meta, backbone)
     if meta.get("ensemble"):  # a seed ensemble: its members' run folders, relative to this one
         from adalayers.model.ensemble import EnsembleTask
 
@@ -289,11 +306,11 @@ def load_head(run_dir: Path, backbone=None, task=None):
         task = EnsembleTask(members)
         task.eval()
         return task, cfg, meta
-    head_path = run_dir / HEAD
-    if not head_path.is_file():
-        raise RunError(f"{run_dir}: {HEAD} is missing (training never saved a checkpoint?)")
-    if sha256(head_path) != meta["checksums"][HEAD]:
-        raise RunError(f"{head_path}: checksum does not match config.json (the file was changed or damaged)")
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+    import torch
+
+    head_path = head_file(run_dir, meta)
     try:  # bytes read here: safetensors' own file reader cannot open a path that is not valid UTF-8
         state = load(head_path.read_bytes())
     except (SafetensorError, OSError) as e:
