@@ -72,16 +72,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+BLOCKED = """import runpy, sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
+sys.meta_path.insert(0, Blocked())
+sys.argv[0] = "adalayers"
+runpy.run_module("adalayers.cli", run_name="__main__")
+"""
+
+
 class ServeProcess:
     """`adalayers serve --base BASE --heads HEADS... FLAGS` (no heads: no --heads) under uvicorn in a subprocess on a free loopback
     port (this checkout's src first on PYTHONPATH), its output in ROOT_DIR/server-PORT.log."""
 
-    def __init__(self, base, heads: list, root: Path, *flags: str):
+    def __init__(self, base, heads: list, root: Path, *flags: str, without: tuple[str, ...] = ()):
+        """`without`: packages the server's process cannot import (each import of them fails, as when they are
+        not installed), e.g. ("torch", "transformers") for the torch-free llama.cpp path."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logfile = Path(root) / f"server-{self.port}.log"
         self.log = open(self.logfile, "w")
-        cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", str(base),
+        start = [sys.executable, "-c", BLOCKED.format(names=tuple(without))] if without else [
+            sys.executable, "-m", "adalayers.cli"]
+        cmd = [*start, "serve", "--base", str(base),
                *(["--heads", *map(str, heads)] if heads else []), "--port", str(self.port), "--threads", "1", *flags]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)

@@ -2,8 +2,9 @@
 
 Two servers (uvicorn subprocesses on 127.0.0.1) serve one tiny F32 GGUF written by the test, with the same two
 heads (a sequence and a token head): one on the default runtime (transformers, after the one conversion), one
-on llama.cpp. /predict, /generate and /generate/stream must agree (labels, tags, generated text, and values
-to the precision of llama.cpp's f16 KV cache). Concurrent generations on llama.cpp share decode steps within
+on llama.cpp, its process unable to import torch or transformers (the torch-free path: infer/gguf_serving.py).
+/predict, /generate, /generate/stream and /v1/chat/completions must agree (labels, tags, generated text, and
+values to the precision of llama.cpp's f16 KV cache). Concurrent generations on llama.cpp share decode steps within
 the generations' share of its context and answer as each alone.
 """
 from __future__ import annotations
@@ -24,7 +25,11 @@ PROMPTS = ["the cat sat on the", "a man in the other room"]
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     with tiny_gguf_runs(tmp_path_factory.mktemp("llamacpp_serve")) as runs:
-        started = [Server(runs), Server(runs, "--runtime", "llama.cpp")]
+        template = runs["root"] / "chat.jinja"  # the tiny GGUF has no chat template of its own
+        template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}assistant:{% endif %}")
+        chat = ("--chat-template", str(template))
+        started = [Server(runs, *chat), Server(runs, "--runtime", "llama.cpp", *chat, without=("torch", "transformers"))]
         try:
             yield [s.wait_started() for s in started]
         finally:
@@ -74,6 +79,24 @@ def test_generate_stream_gives_the_same_events(servers):
     assert len(b) >= 3 and b[-1]["results"][0]["steps"]["acc"]  # prompt, steps, done
     assert [sorted(e) for e in a] == [sorted(e) for e in b]
     _close(a, b)
+
+
+def test_chat_completions_answer_the_same_without_torch(servers):
+    """/v1/chat/completions through the openai client: the same answer, side tasks and usage on both servers."""
+    import openai
+
+    answers = []
+    for server in servers:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        model = client.models.list().data[0].id
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "the cat sat"}],
+                                           max_tokens=6, temperature=0, extra_body={"adalayers": {"steps": True}})
+        answers.append((r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens,
+                        r.model_extra["adalayers"]["choices"][0]))
+    (text_a, finish_a, n_a, side_a), (text_b, finish_b, n_b, side_b) = answers
+    assert (text_a, finish_a, n_a) == (text_b, finish_b, n_b) and n_b >= 1
+    _close(side_a, side_b)
+    assert side_b["prompt_tasks"]["acc"]["label"] in ("bad", "good")
 
 
 COMPLETIONS = ["the cat sat on the", "a man in the other room", "there", "the other cat sat in a room"]

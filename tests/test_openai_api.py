@@ -206,7 +206,9 @@ def test_stop_cuts_the_answer_before_the_stop_string(client, side):
     kw = dict(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=3, stop=[stop, "never seen"])
     r = client.chat.completions.create(**kw)
     assert (r.choices[0].message.content, r.choices[0].finish_reason) == (expected, "stop")
-    assert r.usage.completion_tokens == len(expected.split()) + 1  # the words kept and the stop word
+    cut = side.generate([CONTENT], 8, tasks=[], do_sample=True, temperature=1.0, seed=3, stop=[stop])[0]
+    assert cut["text"] == expected and cut["finish"] == "stop"
+    assert r.usage.completion_tokens == cut["tokens"] < 8  # the tokens kept and the one that completed the stop
     chunks = list(client.chat.completions.create(stream=True, **kw))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"

@@ -40,8 +40,8 @@ def runs(tmp_path_factory):
 class Server(ServeProcess):
     """`adalayers serve` of a base with some of its heads (default: the tiny BERT's acc and ner; runs_util.ServeProcess)."""
 
-    def __init__(self, runs, *flags: str, heads: tuple[str, ...] = ("acc", "ner")):
-        super().__init__(runs["base"], [runs[h] for h in heads], runs["root"], *flags)
+    def __init__(self, runs, *flags: str, heads: tuple[str, ...] = ("acc", "ner"), without: tuple[str, ...] = ()):
+        super().__init__(runs["base"], [runs[h] for h in heads], runs["root"], *flags, without=without)
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,7 @@ import torch
 from torch import nn
 
 from adalayers.errors import TrainingError
-
-
-def launched() -> bool:
-    """Started by torchrun (or anything else that sets WORLD_SIZE > 1)?"""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def local_rank() -> int:
-    """This process's GPU number on its machine under torchrun (0 otherwise)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+from adalayers.launch import launched, local_rank  # noqa: F401  (core.launched / local_rank: callers use them)
 
 
 def pick_device(name: str) -> torch.device:

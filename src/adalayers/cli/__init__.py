@@ -56,7 +56,9 @@ def _add_plugin(sub, ep) -> None:
                     ep.name, ep.value, type(e).__name__, e)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; `command`: the one about to run, when it is a built-in one, with no plugin command
+    (a plugin's module is then never imported: the lab's import torch, `serve` on llama.cpp runs without it)."""
     parser = argparse.ArgumentParser(prog="adalayers", description=__doc__.splitlines()[0].partition(": ")[2].capitalize())
     parser.add_argument("--verbose", action="store_true", help="also show transformers' own progress bars "
                                                               "(e.g. 'Loading weights')")
@@ -64,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:  # each adds its own sub-commands: add_commands(sub)
         importlib.import_module(module).add_commands(sub)
-    for ep in plugin_commands():
-        _add_plugin(sub, ep)
+    if command not in sub.choices:
+        for ep in plugin_commands():
+            _add_plugin(sub, ep)
     _verbose_everywhere(sub)
     for name in RUN_COMMANDS:
         if name in sub.choices:
@@ -101,14 +104,16 @@ def _command_words(argv: list[str] | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adalayers.engine import distributed
     from adalayers.engine.progress import setup_logging
+    from adalayers.launch import launched, stop_process_group
 
     setup_logging()  # messages to stderr; the command's own output stays on stdout
-    args = build_parser().parse_args(argv)
+    args = build_parser((_command_words(argv) or [None])[0]).parse_args(argv)
     from adalayers import progress
 
-    if distributed.launched() and not getattr(args, "torchrun", False):
+    if launched() and not getattr(args, "torchrun", False):
+        from adalayers.engine import distributed
+
         if distributed.is_main():  # every process stops; one says why
             print(f"error: 'adalayers {' '.join(_command_words(argv))}' does not run under torchrun; under torchrun: "
                   f"{', '.join(TORCHRUN_COMMANDS)} (launch this one without torchrun)", file=sys.stderr)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         restore()
-        distributed.stop()  # leave a torchrun process group cleanly
+        stop_process_group()  # leave a torchrun process group cleanly
 
 
 if __name__ == "__main__":

@@ -1,20 +1,25 @@
-"""`adalayers cache build CONFIG [--shard I/N]` (also under torchrun), `adalayers cache ls`, `adalayers cache rm KEY|--all`."""
+"""`adalayers cache build CONFIG [--shard I/N]` (also under torchrun), `adalayers cache ls`, `adalayers cache rm KEY|--all`.
+
+The cache store is imported inside each command: it imports torch, and the CLI's parser imports every command
+module (`serve` on llama.cpp runs without torch)."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
 from adalayers.cli.common import add_config_args, print_help
-from adalayers.store.cache.source import cache_dir, cached_source
-from adalayers.store.cache.store import CacheDamaged, CacheError, list_entries, remove, remove_unfinished
 
 
 def _root(args) -> Path:
+    from adalayers.store.cache.source import cache_dir
+
     return Path(args.dir).expanduser() / "states" if args.dir else cache_dir()
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """'i/N' -> (i, N) with 0 <= i < N."""
+    from adalayers.store.cache.store import CacheError
+
     if text is None:
         return None
     i, slash, n = text.partition("/")
@@ -24,6 +29,8 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 def cmd_build(args) -> int:
+    from adalayers.store.cache.source import cached_source
+    from adalayers.store.cache.store import CacheError
     from adalayers import config
     from adalayers.recipes import service
     from adalayers.engine import distributed
@@ -59,6 +66,7 @@ def cmd_build(args) -> int:
 
 
 def _report(source, split: str, entry, t0: float) -> None:
+    from adalayers.store.cache.store import CacheDamaged
     try:  # check every file's checksum, so a later run never meets a damaged layer
         for s in range(len(entry.layout.shards)):
             for layer in range(entry.manifest["num_layers"]):
@@ -71,6 +79,7 @@ def _report(source, split: str, entry, t0: float) -> None:
 
 
 def cmd_ls(args) -> int:
+    from adalayers.store.cache.store import list_entries
     root = _root(args)
     rows = list_entries(root)
     unfinished = len(list(root.glob(".tmp-*"))) if root.is_dir() else 0
@@ -91,6 +100,7 @@ def cmd_ls(args) -> int:
 
 
 def cmd_rm(args) -> int:
+    from adalayers.store.cache.store import CacheError, list_entries, remove, remove_unfinished
     root = _root(args)
     entries = [r["key"] for r in list_entries(root)]
     if args.all:

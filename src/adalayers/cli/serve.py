@@ -36,16 +36,37 @@ def add_setting_flags(p) -> None:
                            action=(field.json_schema_extra or {}).get("action", "store"))  # append: repeatable
 
 
-def cmd_serve(args) -> int:
+def _loader(args, cfg: ServeConfig):
+    """What `serve` loads: on llama.cpp the torch-free GgufPredictor (infer/gguf_serving.py: numpy heads, llama.cpp's
+    tokenizer; neither torch nor transformers enters the process), on every other runtime SideTasks."""
+    from adalayers.store.head_spec import parse_heads
+
+    heads = parse_heads(args.heads, "--heads")
+    # without heads a prompt may fill the context; with them, the heads' model.max_length (or --max-length)
+    sizes = {"max_length": cfg.max_length or (None if args.heads else cfg.ctx_size), "batch_size": cfg.max_batch,
+             "threads": cfg.num_threads, "ctx_size": cfg.ctx_size, "parallel": cfg.parallel}
+    if args.runtime == "llama.cpp":
+        from adalayers.infer.gguf_serving import GgufPredictor
+        from adalayers.infer.heads import heads_base
+
+        return lambda: GgufPredictor.load(args.base or heads_base(heads), heads, primary=cfg.primary, **sizes)
     import torch
+
+    from adalayers.infer.sidetasks import SideTasks
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    return lambda: SideTasks.load(args.base, heads, primary=cfg.primary, device=cfg.device, runtime=args.runtime,
+                                  **sizes)
+
+
+def cmd_serve(args) -> int:
     import uvicorn
 
     from adalayers.errors import ConfigError
-    from adalayers.infer.sidetasks import SideTasks
     from adalayers.serve.app import Loading, create_app
     from adalayers.serve.auth import read_api_key
     from adalayers.serve.limits import timed_h11
-    from adalayers.store.head_spec import parse_heads
 
     cfg = ServeConfig(**{name: getattr(args, name) for name in ServeConfig.model_fields})
     # ServeConfig validates every value (pydantic): a bad one is a ConfigError naming its flag
@@ -55,19 +76,12 @@ def cmd_serve(args) -> int:
     if not api_key and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without an API key: anyone who can reach it can use it "
                     "(give --api-key-file, or put it behind a proxy that authenticates)", cfg.host)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
     if args.engine == "ray":
         return _serve_on_ray(args, cfg)
 
-    def load() -> SideTasks:
-        # without heads a prompt may fill the context; with them, the heads' model.max_length (or --max-length)
-        return SideTasks.load(args.base, parse_heads(args.heads, "--heads"), primary=cfg.primary, device=cfg.device,
-                              max_length=cfg.max_length or (None if args.heads else cfg.ctx_size),
-                              batch_size=cfg.max_batch, runtime=args.runtime, threads=cfg.num_threads,
-                              ctx_size=cfg.ctx_size, parallel=cfg.parallel)
+    load = _loader(args, cfg)
 
-    def ready(side: SideTasks) -> None:
+    def ready(side) -> None:
         print(f"serving {', '.join(side.names) or 'no side tasks'} on {side.backbone.name} (fingerprint "
               f"{side.backbone.fingerprint()}) at http://{cfg.host}:{cfg.port}  (docs: /docs"
               f"{', playground: /' if cfg.ui else ''})", flush=True)

@@ -35,13 +35,17 @@ class _TqdmHandler(logging.Handler):
 
 def setup_logging(level: int = logging.INFO) -> None:
     """adalayers' messages to stderr, one plain line each."""
-    from adalayers.engine import distributed
+    from adalayers.launch import launched
 
     root = logging.getLogger("adalayers")
     handler = next((h for h in root.handlers if isinstance(h, _TqdmHandler)), None)
     if handler is None:  # one handler a process; its prefix and level follow the process's rank at each call
         handler = _TqdmHandler()
         root.addHandler(handler)
-    prefix = f"[rank {distributed.rank()}] " if distributed.launched() else ""
-    handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
-    root.setLevel(level if distributed.is_main() else logging.WARNING)
+    rank, main = 0, True
+    if launched():  # under torchrun (torch is there): the process's rank; otherwise torch is never imported here
+        from adalayers.engine import distributed
+
+        rank, main = distributed.rank(), distributed.is_main()
+    handler.setFormatter(logging.Formatter((f"[rank {rank}] " if launched() else "") + "%(message)s"))
+    root.setLevel(level if main else logging.WARNING)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -48,6 +49,41 @@ class Row:
     tokens: Sequence[int]
     seq: int
     start: int = 0
+
+
+class ContextShare:
+    """What a runtime over one LlamaCpp context (self.engine) tells the doors about its room.
+
+    The context is shared: one pass over texts (/predict) and the running generations (serve's scheduler).
+    It is split in two fixed shares, so neither can starve the other:
+      a pass holds at most  P_rows = n_seq // 2 sequences and  P_tok = max(n_ctx // 2, max_length) KV tokens
+          (rows_per_pass: max(1, min(wanted, n_seq // 2, (n_ctx // 2) // max_length)) rows of <= max_length);
+      generations hold at most  n_seq - P_rows  sequences and  n_ctx - P_tok  KV tokens (generation_room),
+          a row counted at its most: its prompt's tokens + its max_new_tokens (reserved while it runs).
+    """
+    engine: "LlamaCpp"
+
+    def rows_per_pass(self, max_length: int, wanted: int) -> int:
+        """At most `wanted` rows of up to max_length tokens, within the passes' share of the context (above)."""
+        share = min(self.engine.n_seq // 2, (self.engine.n_ctx // 2) // max_length, self.engine.n_batch // max_length)
+        return max(1, min(wanted, share))
+
+    def generation_room(self, max_length: int) -> tuple[int, int]:
+        """(sequences, KV tokens) of the context left to generations beside the passes' share (above)."""
+        engine = self.engine
+        return engine.n_seq - engine.n_seq // 2, max(0, engine.n_ctx - max(engine.n_ctx // 2, max_length))
+
+    def prefill_tokens(self) -> int:
+        """One prefill is one llama_decode: at most n_batch tokens (serve's scheduler prefills in groups)."""
+        return self.engine.n_batch
+
+    def usage(self) -> dict:
+        return {"llamacpp_sequences": self.engine.n_seq, "llamacpp_sequences_free": self.engine.free_sequences}
+
+    @property
+    def continuous_batching(self) -> bool:
+        """Rows join and leave a running batch as llama.cpp sequences (Sequences: merged / select)."""
+        return True
 
 
 class LlamaCpp:
@@ -186,6 +222,26 @@ class LlamaCpp:
                 outs[j] = np.ctypeslib.as_array(ptr, (self.n_vocab,))
             return outs
 
+    def run(self, rows: list[Row], taps: Sequence[Callable[[int, np.ndarray], None]] = (),
+            stop_after: int | None = None, wanted: set[int] | None = None) -> np.ndarray | None:
+        """The rows' tokens as one pass, every position's states to the taps, -> each row's next-token logits
+        (rows, vocab), or None when stopped early. Every position's output is asked for while a tap reads the
+        last state (llama.cpp computes the last layer only for output rows): the graph then ends after the
+        final norm (the LM head over every token costs more than the rest of Gemma 3 270M's pass), and each
+        row's last token runs once more, alone, for its logits (its KV entry removed first, so the cache is as
+        after one pass)."""
+        last = self.num_states - 1
+        reads_last = wanted is None or last in wanted
+        if not taps or not reads_last or (stop_after is not None and stop_after < last) or all(
+                len(r.tokens) == 1 for r in rows):
+            return self.decode(rows, taps, wanted, outputs="last", stop_after=stop_after)
+        self.decode(rows, taps, wanted, outputs="all", stop_after=last)
+        if stop_after is not None:
+            return None
+        tail = [Row([r.tokens[-1]], r.seq, r.start + len(r.tokens) - 1) for r in rows]
+        self.truncate({r.seq: r.start for r in tail})
+        return self.decode(tail, [], outputs="last")
+
     def states(self) -> dict[int, np.ndarray]:
         """The states the last small pass read ({state: (tokens, d)}, views valid until the next decode)."""
         return self.reader.gathered if self.reader is not None else {}
@@ -220,6 +276,38 @@ class LlamaCpp:
             self.close()
         except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass
+
+
+class Sequences:
+    """A batch's llama.cpp sequences (adalayers.infer.runtime.Cache): positions are per sequence, so padding
+    and trimming columns change nothing; a row that leaves gives its sequence back, and the rest are given
+    back when this object is dropped."""
+
+    def __init__(self, engine: LlamaCpp, n: int):
+        self.engine, self.ids = engine, engine.acquire(n)
+        weakref.finalize(self, engine.release, self.ids)  # the list as it is then: the rows still held
+
+    def select(self, idx: list[int]) -> "Sequences":
+        keep = [self.ids[i] for i in idx]
+        self.engine.release([s for s in self.ids if s not in keep])
+        self.ids[:] = keep
+        return self
+
+    def merged(self, other: "Sequences", width: int) -> "Sequences":
+        self.ids += other.ids
+        other.ids.clear()  # now held (and given back) by this one
+        return self
+
+    def trimmed(self, width: int) -> "Sequences":
+        return self
+
+
+def context_size(ctx_size: int | None, parallel: int | None) -> dict:
+    """llama.cpp's {n_ctx, n_seq} for generations of `ctx_size` KV tokens and `parallel` sequences in all (the
+    meaning of llama-server's --ctx-size and --parallel): the context is split in two equal shares, one for
+    /predict's passes and one for generations (LlamaCppBackbone.generation_room), so it holds twice as much.
+    None: 2048 tokens, 16 sequences (LlamaCppBackbone.load's own default context)."""
+    return {"n_ctx": 2 * (ctx_size or 2048), "n_seq": 2 * (parallel or 16)}
 
 
 def gguf_path(name: str) -> Path:

@@ -17,23 +17,22 @@ and outputs are the same code on both runtimes.
 from __future__ import annotations
 
 import logging
-import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from adalayers.data.encoding import consecutive
+from adalayers.data.windows import consecutive
 from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
-from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path  # noqa: F401  (gguf_path: imported from here too)
+from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, Sequences, gguf_path  # noqa: F401  (gguf_path: here too)
 from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 4096  # tokens of one llama_decode at most (n_batch = n_ubatch), whatever the context
 
 
-class LlamaCppBackbone(TappedRuntime):
+class LlamaCppBackbone(ContextShare, TappedRuntime):
     """The llama.cpp runtime, and the base it runs (tokenizer, sizes, fingerprint, a forward with layer taps)."""
 
     is_causal, is_encoder_decoder, states = True, False, "decoder"
@@ -64,34 +63,6 @@ class LlamaCppBackbone(TappedRuntime):
         known = model_packages.SPLIT_GGUF.get(name)  # its sha256 is pinned: no need to hash the file again
         tokenizer = gguf_models.tokenizer(path, known.sha256 if known else None)  # built once, then ~1 s
         return cls(engine, tokenizer, name, path)
-
-    # The context is shared: one pass over texts (/predict) and the running generations (serve's scheduler).
-    # It is split in two fixed shares, so neither can starve the other:
-    #   a pass holds at most  P_rows = n_seq // 2 sequences and  P_tok = max(n_ctx // 2, max_length) KV tokens
-    #       (rows_per_pass: max(1, min(wanted, n_seq // 2, (n_ctx // 2) // max_length)) rows of <= max_length);
-    #   generations hold at most  n_seq - P_rows  sequences and  n_ctx - P_tok  KV tokens (generation_room),
-    #       a row counted at its most: its prompt's tokens + its max_new_tokens (reserved while it runs).
-    def rows_per_pass(self, max_length: int, wanted: int) -> int:
-        """At most `wanted` rows of up to max_length tokens, within the passes' share of the context (above)."""
-        share = min(self.engine.n_seq // 2, (self.engine.n_ctx // 2) // max_length, self.engine.n_batch // max_length)
-        return max(1, min(wanted, share))
-
-    def generation_room(self, max_length: int) -> tuple[int, int]:
-        """(sequences, KV tokens) of the context left to generations beside the passes' share (above)."""
-        engine = self.engine
-        return engine.n_seq - engine.n_seq // 2, max(0, engine.n_ctx - max(engine.n_ctx // 2, max_length))
-
-    def prefill_tokens(self) -> int:
-        """One prefill is one llama_decode: at most n_batch tokens (serve's scheduler prefills in groups)."""
-        return self.engine.n_batch
-
-    def usage(self) -> dict:
-        return {"llamacpp_sequences": self.engine.n_seq, "llamacpp_sequences_free": self.engine.free_sequences}
-
-    @property
-    def continuous_batching(self) -> bool:
-        """Rows join and leave a running batch as llama.cpp sequences (Sequences: merged / select)."""
-        return True
 
     @property
     def base(self) -> "LlamaCppBackbone":
@@ -167,20 +138,8 @@ class LlamaCppBackbone(TappedRuntime):
             for tap in taps:
                 tap(i, full.view(B, T, self.hidden_size))
 
-        last = self.num_layers - 1
-        if not taps or (stop_after is not None and stop_after < last) or all(len(r.tokens) == 1 for r in rows):
-            # no tap reads the final state of a position whose output is not asked for anyway
-            logits = self.engine.decode(rows, [scatter] if taps else [], outputs="last", stop_after=stop_after)
-            return None if logits is None else torch.from_numpy(logits)
-        # Every position's final state: outputs asked everywhere, the graph ended after the final norm (the LM head
-        # over every token costs more than the rest of Gemma 3 270M's pass); then each row's last token once more,
-        # alone, for its next-token logits (its KV entry removed first, so the cache is as after one pass).
-        self.engine.decode(rows, [scatter], outputs="all", stop_after=last)
-        if stop_after is not None:
-            return None
-        tail = [Row([r.tokens[-1]], r.seq, r.start + len(r.tokens) - 1) for r in rows]
-        self.engine.truncate({r.seq: r.start for r in tail})
-        return torch.from_numpy(self.engine.decode(tail, [], outputs="last"))
+        logits = self.engine.run(rows, [scatter] if taps else [], stop_after)
+        return None if logits is None else torch.from_numpy(logits)
 
     def decoder(self) -> "LlamaCppDecoder":
         return LlamaCppDecoder(self)
@@ -218,27 +177,3 @@ class LlamaCppDecoder:
         stop = (self.base.num_layers - 1 if stop_after is None else stop_after) if none else None
         logits = self.base.run(input_ids, step, cache.ids, [tap] if tap is not None else [], stop, start=start)
         return (logits if logits_for is None or none else logits[logits_for]), cache
-
-
-class Sequences:
-    """A batch's llama.cpp sequences (adalayers.infer.runtime.Cache): positions are per sequence, so padding
-    and trimming columns change nothing; a row that leaves gives its sequence back, and the rest are given
-    back when this object is dropped."""
-
-    def __init__(self, engine: LlamaCpp, n: int):
-        self.engine, self.ids = engine, engine.acquire(n)
-        weakref.finalize(self, engine.release, self.ids)  # the list as it is then: the rows still held
-
-    def select(self, idx: list[int]) -> "Sequences":
-        keep = [self.ids[i] for i in idx]
-        self.engine.release([s for s in self.ids if s not in keep])
-        self.ids[:] = keep
-        return self
-
-    def merged(self, other: "Sequences", width: int) -> "Sequences":
-        self.ids += other.ids
-        other.ids.clear()  # now held (and given back) by this one
-        return self
-
-    def trimmed(self, width: int) -> "Sequences":
-        return self

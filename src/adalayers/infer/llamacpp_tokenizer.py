@@ -6,14 +6,20 @@
     tok.decode(ids[1:])                         # 'The cat sat.'
 
 Special tokens written in the text (a chat template's <start_of_turn>) are read as special tokens, as a Hugging
-Face tokenizer reads them. tests/test_llamacpp_tokenizer.py checks that the ids equal the transformers
+Face tokenizer reads them. The torch-free serving path (adalayers.infer.gguf_serving) reads it as the rest of the
+code reads a transformers tokenizer: tok(texts, truncation=True, max_length=..., return_offsets_mapping=True),
+num_special_tokens_to_add, decode, bos_token / eos_token, chat_template and apply_chat_template (the GGUF's
+tokenizer.chat_template rendered by Jinja2 as transformers renders it). tests/test_llamacpp_tokenizer.py checks that the ids equal the transformers
 tokenizer's (read from the same GGUF) on the test texts of the tasks the project ships.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 
 from adalayers.errors import DataError
+
+MAX_LENGTH = 100_000  # model_max_length when the GGUF gives no training context
 
 
 class GgufTokenizer:
@@ -31,6 +37,56 @@ class GgufTokenizer:
         self.bos_token_id = _id(lib.llama_vocab_bos(self.vocab))
         self.eos_token_id = _id(lib.llama_vocab_eos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        self.model_max_length = int(lib.llama_model_n_ctx_train(engine.model)) or MAX_LENGTH
+        self.chat_template: str | None = None  # set by whoever reads the GGUF's metadata (gguf_serving)
+        self.is_fast = True      # character offsets: offsets()
+        self.sep_token_id = None  # a decoder's vocabulary: no separator between a pair's texts
+        self.pad_token_id = self.eos_token_id if self.eos_token_id is not None else self.bos_token_id
+
+    # --- what the rest of the code reads of a transformers tokenizer ----------------------------------------
+    @property
+    def bos_token(self) -> str | None:
+        return None if self.bos_token_id is None else self.piece(self.bos_token_id).decode("utf-8", "replace")
+
+    @property
+    def eos_token(self) -> str | None:
+        return None if self.eos_token_id is None else self.piece(self.eos_token_id).decode("utf-8", "replace")
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return int(self.adds_bos) + int(self.adds_eos)
+
+    def __call__(self, texts, text_pairs=None, truncation: bool = False, max_length: int | None = None,
+                 add_special_tokens: bool = True, return_offsets_mapping: bool = False, **_ignored) -> dict:
+        """{"input_ids": ids per text (one list for one text), "offset_mapping": per token (start, end)}: a text
+        truncated to max_length tokens (special ones included) keeps its first tokens, as transformers does."""
+        if text_pairs is not None:
+            raise DataError("llama.cpp's tokenizer encodes single texts (a pair is joined into one by task.template)")
+        one = isinstance(texts, str)
+        ids, offs = [], []
+        for text in [texts] if one else texts:
+            body = self.encode(text, add_special_tokens=False)
+            specials = self.num_special_tokens_to_add() if add_special_tokens else 0
+            if truncation and max_length is not None:
+                body = body[:max(0, max_length - specials)]
+            row = ([self.bos_token_id] if add_special_tokens and self.adds_bos else []) + body + (
+                [self.eos_token_id] if add_special_tokens and self.adds_eos else [])
+            ids.append(row)
+            if return_offsets_mapping:
+                offs.append(self.offsets(text, row))
+        out = {"input_ids": ids[0] if one else ids}
+        if return_offsets_mapping:
+            out["offset_mapping"] = offs[0] if one else offs
+        return out
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **extra) -> str:
+        """The conversation rendered by the chat template (`chat_template`, else the GGUF's), in Jinja2's sandbox
+        with transformers' settings (trim_blocks, lstrip_blocks, raise_exception, tojson)."""
+        template = chat_template or self.chat_template
+        if not template:
+            raise DataError("the tokenizer has no chat template")
+        return _render(template, messages=messages, add_generation_prompt=add_generation_prompt,
+                       bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The token ids of `text` (BOS/EOS as the GGUF asks, with add_special_tokens)."""
@@ -90,6 +146,20 @@ class GgufTokenizer:
             out.append((char_at[cursor], stop))
             cursor = end
         return out
+
+
+def _render(template: str, **context) -> str:
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
+                                                                                 ensure_ascii=ensure_ascii)
+    return env.from_string(template).render(**context)
 
 
 def _id(token) -> int | None:

@@ -22,6 +22,7 @@ from adalayers.engine.predict import in_order
 from adalayers.errors import DataError
 from adalayers import runtimes
 from adalayers.infer.heads import Head, heads_base, load_heads
+from adalayers.infer.llamacpp import context_size
 from adalayers.infer.loaders import LoadRequest
 from adalayers.infer.predictor import Predictor
 from adalayers.infer.runtime import Runtime
@@ -118,11 +119,3 @@ class SideTasks(Predictor):
         pass itself (a decoder LLM base; see adalayers.infer.generate for the options)."""
         from adalayers.infer.generate import generate
         return generate(self, prompts, max_new_tokens, tasks, **kw)
-
-
-def context_size(ctx_size: int | None, parallel: int | None) -> dict:
-    """llama.cpp's {n_ctx, n_seq} for generations of `ctx_size` KV tokens and `parallel` sequences in all (the
-    meaning of llama-server's --ctx-size and --parallel): the context is split in two equal shares, one for
-    /predict's passes and one for generations (LlamaCppBackbone.generation_room), so it holds twice as much.
-    None: 2048 tokens, 16 sequences (LlamaCppBackbone.load's own default context)."""
-    return {"n_ctx": 2 * (ctx_size or 2048), "n_seq": 2 * (parallel or 16)}

@@ -1,4 +1,4 @@
-"""The HTTP service: a FastAPI app around one SideTasks, laid out as the OpenAI-style servers are.
+"""The HTTP service: a FastAPI app around one predictor (SideTasks, or GgufPredictor on the torch-free path), laid out as the OpenAI-style servers are.
 
     serve/app.py         create_app: the app, its middlewares, and every router, one line each
     serve/state.py       ServeState: what the routers share (heads, settings, batcher, decoder)
@@ -37,7 +37,7 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from adalayers.infer.sidetasks import SideTasks
+from adalayers.infer.predictor_base import PredictorBase
 from adalayers.serve.auth import BearerAuth
 from adalayers.serve.batching import Batcher
 from adalayers.serve.budget import JsonBudget, max_json_items, max_json_values
@@ -51,7 +51,7 @@ from adalayers.serve.state import ServeState
 ROUTERS = (predict, generate, ui, openai, pooling, health, metrics)
 
 
-def create_app(side: SideTasks, cfg: ServeConfig | None = None, api_key: str | None = None,
+def create_app(side: PredictorBase, cfg: ServeConfig | None = None, api_key: str | None = None,
                batcher: Batcher | None = None) -> FastAPI:
     """The app; `batcher` (serve/batching.Batcher) defaults to MicroBatcher, Ray Serve passes its own."""
     state = ServeState.build(side, cfg or ServeConfig(), batcher)
@@ -91,8 +91,8 @@ class Loading:
     shutdown. on_ready(side) runs once it answers; a failing load calls on_failure(error) (the CLI stops the
     server and reports the error) and keeps answering 503."""
 
-    def __init__(self, load: Callable[[], SideTasks], build: Callable[[SideTasks], FastAPI],
-                 on_ready: Callable[[SideTasks], None] = lambda side: None,
+    def __init__(self, load: Callable[[], PredictorBase], build: Callable[[PredictorBase], FastAPI],
+                 on_ready: Callable[[PredictorBase], None] = lambda side: None,
                  on_failure: Callable[[BaseException], None] = lambda error: None):
         self.load, self.build, self.on_ready, self.on_failure = load, build, on_ready, on_failure
         self.app: FastAPI | None = None

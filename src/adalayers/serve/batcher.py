@@ -29,9 +29,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from adalayers.data.encoding import consecutive
+from adalayers.data.windows import consecutive
 from adalayers.errors import Cancelled
-from adalayers.infer.sidetasks import SideTasks
+from adalayers.infer.predictor_base import PredictorBase
 from adalayers.serve.batching import Admits, Busy, Job, each_alone, heavy_full, predict_group
 from adalayers.serve.lanes import Lane
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class MicroBatcher(Admits):
     """The Batcher (serve/batching.py) of the uvicorn server: gathers concurrent requests into batches of at
     most max_batch texts and max_batch_tokens tokens and runs them in a thread; at most max_queue requests wait."""
-    side: SideTasks
+    side: PredictorBase
     max_batch: int
     max_wait_s: float
     max_batch_tokens: int = 16_384

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
 from adalayers.errors import Cancelled, DataError
-from adalayers.infer.sidetasks import SideTasks
+from adalayers.infer.predictor_base import PredictorBase
 from adalayers.kinds import TaskKind
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def _failed(e: Exception) -> tuple[bool, Exception]:
     return False, e
 
 
-def predict_group(side: SideTasks, group: list[tuple[list[str], list[str], list[str] | None]],
+def predict_group(side: PredictorBase, group: list[tuple[list[str], list[str], list[str] | None]],
                   gone=None) -> list[list[dict]]:
     """Requests (texts, tasks, text_pairs) of one kind (all single texts, or all sentence pairs) as one
     SideTasks.predict call, one base pass per batch; each request gets its own results with its own tasks.

@@ -34,11 +34,9 @@ import queue
 import threading
 
 from adalayers.errors import Cancelled, DataError
-from adalayers.infer.batching import Batch, Row
 from adalayers.infer.generate import Generation
 from adalayers.infer.params import GenerationParams
-from adalayers.infer.request import Job, Stream, job_events
-from adalayers.infer.torch_runtime import as_runtime
+from adalayers.infer.request import Job, Row, Stream, job_events
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +45,10 @@ __all__ = ["Scheduler", "Job", "Stream"]
 
 class Scheduler:
     @staticmethod
-    def supports(backbone) -> bool:
+    def supports(side) -> bool:
         """A decoder whose runtime merges and splits KV caches between steps (transformers' DynamicCache,
         llama.cpp's sequences); other runtimes generate per request through infer/generate.stream."""
-        return bool(backbone.is_causal) and as_runtime(backbone).continuous_batching
+        return bool(side.backbone.is_causal) and side.runtime.continuous_batching
 
     def __init__(self, side, max_rows: int = 64):
         self.side, self.max_rows = side, max_rows
@@ -116,12 +114,12 @@ class Scheduler:
                     job.events.put(e)
                 batch = None
 
-    def _step(self, batch: Batch) -> Batch | None:
+    def _step(self, batch):
         self.steps, self.rows_stepped = self.steps + 1, self.rows_stepped + len(batch.rows)
         self.largest_step = max(self.largest_step, len(batch.rows))
         return self.loop.step(batch)
 
-    def _admit(self, batch: Batch | None) -> Batch | None:
+    def _admit(self, batch):
         """Waiting requests that fit (in order) prefilled together (one forward) and merged in, blocking while
         nothing runs; rows of requests whose consumer left are dropped."""
         if batch is not None and any(r.owner.cancelled.is_set() for r in batch.rows):
@@ -148,7 +146,7 @@ class Scheduler:
             batch = new if batch is None else batch.merge(new)
         return batch
 
-    def _prefilled(self, jobs: list[Job]) -> list[Batch]:
+    def _prefilled(self, jobs: list[Job]) -> list:
         """The jobs' prompts in one prefill; when that fails, each job alone, so only a faulty one fails."""
         if not jobs:
             return []

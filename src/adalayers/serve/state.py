@@ -22,7 +22,7 @@ from fastapi import Request
 
 from adalayers.errors import AdaLayersError, DataError
 from adalayers.infer.generate import start
-from adalayers.infer.sidetasks import SideTasks
+from adalayers.infer.predictor_base import PredictorBase
 from adalayers.serve.batcher import MicroBatcher
 from adalayers.serve.batching import Batcher, Busy
 from adalayers.serve.config import ServeConfig
@@ -47,7 +47,7 @@ def scheduler(side, cfg) -> Scheduler | None:
     cfg.continuous_batching off (or a runtime that cannot merge caches), infer/generate.stream per request
     (each alone, taking turns between steps)."""
     rows = cfg.parallel or cfg.max_batch  # rows decoding together at most
-    return Scheduler(side, rows) if cfg.continuous_batching and Scheduler.supports(side.backbone) else None
+    return Scheduler(side, rows) if cfg.continuous_batching and Scheduler.supports(side) else None
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ServeState:
     """The service's shared parts. `batcher`: a serve/batching.Batcher (MicroBatcher, or Ray Serve's
     ServeBatcher); `decode(prompts, params, route=..., request_id=...)` gives infer/generate.start's events;
     `generation` the one path of every generating route."""
-    side: SideTasks
+    side: PredictorBase
     cfg: ServeConfig
     batcher: Batcher
     decode: Callable
@@ -72,7 +72,7 @@ class ServeState:
             self.checks = CheckLane(max(1, self.cfg.max_queue), self.cfg.max_chars)
 
     @classmethod
-    def build(cls, side: SideTasks, cfg: ServeConfig, batcher: Batcher | None = None) -> ServeState:
+    def build(cls, side: PredictorBase, cfg: ServeConfig, batcher: Batcher | None = None) -> ServeState:
         batcher = batcher or MicroBatcher(side, max(1, cfg.max_batch), max(0.0, cfg.max_wait_ms) / 1000,
                                      max(1, cfg.max_batch_tokens), max(1, cfg.max_queue), cfg.slice_ms / 1000)
         sched = scheduler(side, cfg)
@@ -126,7 +126,7 @@ class ServeState:
             raise ServerError(f"server-side error ({type(e).__name__}); see the server log") from None
 
     async def embed_texts(self, texts: list[str], arrived: float) -> tuple[list[list[float]], int]:
-        """A decoder base's embeddings (SideTasks.embed, --pooling) and the tokens run: the texts checked as
+        """A decoder base's embeddings (PredictorBase.embed, --pooling) and the tokens run: the texts checked as
         answer_texts checks them, counted under --max-queue, answered within --request-timeout (else 503)."""
         _, per_text = await self._checked(texts, None, [])
         release = self.batcher.admit()

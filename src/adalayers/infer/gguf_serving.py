@@ -1,0 +1,229 @@
+"""The torch-free serving path of GGUF bases: llama.cpp runs the base, the heads are numpy, the tokenizer is
+llama.cpp's own. Neither torch nor transformers is imported.
+
+    side = GgufPredictor.load("gemma3-270m", ["runs/cola_gemma"])      # the same run folders as on torch
+    side.predict(["The book was written by John."])                   # PredictorBase's rows and answers
+    side.generate(["Write one sentence about cats."], max_new_tokens=32)  # infer/generate's one loop
+
+What each part is:
+    base       GgufRuntime: one LlamaCpp context (adalayers.infer.llamacpp) shared by /predict's passes and the
+               generations (ContextShare: the same two shares as the torch llama.cpp runtime), its vocabulary as
+               the tokenizer (GgufTokenizer, with the GGUF's chat template)
+    heads      each run folder read by adalayers.infer.numpy_runs (safetensors' numpy reader, the same checks as
+               the torch loader: config digest, checksums, the base's fingerprint); the mixer of every head in
+               one LayerMix per set of heads asked together
+    passes     a pass feeds every asked head from llama.cpp's eval callback; generation's passes are
+               adalayers.infer.gguf_steps (each row one llama.cpp sequence, per-step reads incremental)
+
+The base's fingerprint is the torch runtime's (so a head trained on either runtime loads here): read from where
+the torch runtime keeps it beside the GGUF's conversion; when it was never computed, a separate Python process
+computes it once (that process imports torch; this one never does). A base served without heads needs none.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from adalayers.data.tasks import takes_pairs
+from adalayers.data.templates import Template
+from adalayers.data.windows import consecutive
+from adalayers.errors import DataError, ModelError
+from adalayers.infer.heads import Head
+from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, context_size, end_of_generation, gguf_path
+from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
+from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
+from adalayers.infer.numpy_runs import load_task
+from adalayers.infer.predictor_base import PredictorBase
+from adalayers.kinds import TaskKind
+from adalayers.store.head_spec import HeadSpec, parse_heads
+from adalayers.store.trust import trusting
+from adalayers.textcheck import check_texts
+
+log = logging.getLogger(__name__)
+MAX_BATCH = 4096  # tokens of one llama_decode at most (n_batch = n_ubatch), as the torch llama.cpp runtime's
+POOLINGS = ("mean", "last")  # embed's (llama-server's --pooling mean / last)
+
+
+class GgufRuntime(ContextShare):
+    """A GGUF base on llama.cpp as the doors read a base and a runtime: name, tokenizer, sizes, fingerprint(),
+    rows_per_pass / generation_room / prefill_tokens / usage (ContextShare), own_output, eos_ids."""
+
+    is_causal, has_own_output, runtime_name, device = True, True, "llama.cpp", "cpu"
+
+    def __init__(self, engine: LlamaCpp, tokenizer: GgufTokenizer, name: str, path: Path, fingerprint: str):
+        self.engine, self.tokenizer, self.name, self.path = engine, tokenizer, name, path
+        self.num_layers, self.hidden_size = engine.num_states, engine.d
+        self._fingerprint = fingerprint
+
+    @classmethod
+    def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 32, threads: int | None = None,
+             fingerprint: bool = True) -> "GgufRuntime":
+        from adalayers.model import model_packages
+        from adalayers.model.chat_templates import gguf_chat_template
+
+        path = gguf_path(name)
+        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, MAX_BATCH), threads=threads)
+        tokenizer = GgufTokenizer(engine)
+        tokenizer.chat_template = gguf_chat_template(str(path))
+        known = model_packages.SPLIT_GGUF.get(name)
+        return cls(engine, tokenizer, name, path, base_fingerprint(path, known.sha256 if known else None, fingerprint))
+
+    @property
+    def base(self) -> "GgufRuntime":
+        return self
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def own_output(self) -> tuple[str, None]:
+        return "next_token", None
+
+    def decoder(self) -> "GgufRuntime":
+        """What a generation request is checked against (infer/request.check_request): eos_ids."""
+        return self
+
+    def eos_ids(self) -> set[int]:
+        eos = self.tokenizer.eos_token_id
+        return ({eos} if eos is not None else set()) | end_of_generation(self.engine)
+
+
+def base_fingerprint(path: Path, sha256: str | None, needed: bool) -> str:
+    """The torch runtime's fingerprint of the GGUF (model.backbone.gguf_fingerprint), read where it is kept beside
+    the file's conversion, or computed once by a separate Python process; not needed (no heads to check): the
+    kept one, else an id of the file's bytes (what /predict and system_fingerprint show)."""
+    from adalayers.files import sha256 as file_sha256
+    from adalayers.model import gguf_models
+
+    kept = gguf_models.converted(path, sha256) / "fingerprint"
+    if kept.is_file():
+        return kept.read_text(encoding="utf-8").strip()
+    if not needed:
+        return "gguf-" + (sha256 or file_sha256(path))[:16]
+    log.info("%s: computing its base fingerprint once, in a separate process (torch reads its conversion)", path)
+    code = "import sys; from adalayers.model.backbone import gguf_fingerprint; print(gguf_fingerprint(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"{path}: the heads are checked against the base's fingerprint, computed once by the torch "
+                         f"runtime (pip install torch transformers), and that failed: {last}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def load_heads(base: GgufRuntime, specs: list[HeadSpec]) -> list[Head]:
+    """The run folders as numpy heads on `base` (each checked against its fingerprint and number of states)."""
+    heads = []
+    for spec in specs:
+        task, cfg, _ = load_task(spec.path, base)
+        if len(task.weights) != base.num_layers:
+            raise ModelError(f"{spec.path}: head expects {len(task.weights)} layers, base has {base.num_layers}")
+        heads.append(Head(spec.name, task, spec.path, cfg.model.max_length, takes_pairs(cfg), Template.of(cfg)))
+    return heads
+
+
+class GgufPredictor(PredictorBase):
+    """PredictorBase (rows, answers) over llama.cpp with numpy heads: what `adalayers serve --runtime llama.cpp`
+    serves (see the module doc)."""
+
+    @classmethod
+    def load(cls, base: str, heads: list, primary: bool = True, threads: int | None = None,
+             ctx_size: int | None = None, parallel: int | None = None, trust_unverified: bool = False,
+             **kw) -> "GgufPredictor":
+        """As SideTasks.load(base, heads, runtime="llama.cpp", ...): `ctx_size` KV tokens and `parallel`
+        sequences for generations, the same again for passes (infer/llamacpp.context_size)."""
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1, "blas")  # the heads' small products on one thread: OpenBLAS' spinning threads
+        specs = list(parse_heads(heads))  # would compete with llama.cpp's own
+        with trusting(trust_unverified):
+            runtime = GgufRuntime.load(base, threads=threads, fingerprint=bool(specs),
+                                       **context_size(ctx_size, parallel))
+            return cls(runtime, load_heads(runtime, specs), primary, **kw)
+
+    def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
+        super().__init__(runtime, heads, primary, **kw)
+        self._mixes: dict[tuple[str, ...], LayerMix] = {}
+
+    def generation_passes(self, heads: list[Head]):
+        from adalayers.infer.gguf_steps import SequencePasses
+
+        return SequencePasses(self, heads)
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 32, tasks: list[str] | None = None,
+                 **kw) -> list[dict]:
+        from adalayers.infer.generate import generate
+        return generate(self, prompts, max_new_tokens, tasks, **kw)
+
+    def _run(self, rows: list[dict], heads: list[Head], abandoned=None) -> dict:
+        """Per micro-batch (_plan), llama.cpp passes of the rows (as many as one llama_decode takes), every asked
+        head fed by them; -> per row the next-token logits (primary) and each head's values."""
+        engine = self.runtime.engine
+        names = tuple(h.name for h in heads)
+        mix = self._mixes.setdefault(names, LayerMix([h.task for h in heads])) if heads else None
+        layers = sorted(set().union(*(h.task.used_layers() for h in heads))) if heads else []
+        stop = None if self.primary or not heads else max(layers)
+        base_rows, head_rows = [None] * len(rows), {n: [None] * len(rows) for n in names}
+        for idx in self._plan(rows, abandoned):
+            self.rows_run += len(idx)
+            lengths = [len(rows[i]["input_ids"]) for i in idx]
+            for a, b in consecutive(lengths, engine.n_batch, max(1, engine.free_sequences)):
+                part = idx[a:b]
+                seqs = engine.acquire(len(part))
+                try:
+                    if mix is not None:
+                        mix.begin(sum(lengths[a:b]))
+                    logits = engine.run([Row(rows[i]["input_ids"], s) for i, s in zip(part, seqs)],
+                                        [mix.add] if mix is not None else [], stop, wanted=set(layers))
+                    accs = mix.take() if mix is not None else []
+                finally:
+                    engine.release(seqs)
+                self._read(heads, part, lengths[a:b], accs, head_rows)
+                for j, i in enumerate(part):
+                    if logits is not None and not rows[i]["window"]:
+                        base_rows[i] = logits[j:j + 1]
+        return {"base": base_rows, "heads": head_rows}
+
+    def _read(self, heads: list[Head], part: list[int], lengths: list[int], accs: list[np.ndarray],
+              head_rows: dict) -> None:
+        """Every head on the rows of one pass (their F laid out (B, T, k), right-padded)."""
+        if not heads:
+            return
+        T = max(lengths)
+        mask = np.arange(T)[None, :] < np.array(lengths)[:, None]
+        padded = []
+        for acc in accs:
+            out = np.zeros((len(part), T, acc.shape[-1]), np.float32)
+            out[mask] = acc
+            padded.append(out)
+        for h, y in zip(heads, read_all([h.task for h in heads], padded, mask)):
+            values = probabilities(h.task, y)
+            if not np.isfinite(values).all():  # never answered as NaN: a server-side fault
+                raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
+            for j, i in enumerate(part):
+                head_rows[h.name][i] = values[j, :lengths[j]] if h.kind == TaskKind.TOKENS else values[j]
+
+    def embed(self, texts: list[str], pooling: str = "mean") -> list[list[float]]:
+        """As SideTasks.embed: the final norm's output over each text's tokens, pooled, L2-normalized."""
+        if pooling not in POOLINGS:
+            raise DataError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+        check_texts(texts)
+        ids = self._tokenize(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        engine, last, out = self.runtime.engine, self.runtime.num_layers - 1, []
+        for a, b in consecutive([len(i) for i in ids], engine.n_batch, max(1, engine.n_seq // 2)):
+            got: list[np.ndarray] = []
+            seqs = engine.acquire(b - a)
+            try:
+                engine.run([Row(ids[i], s) for i, s in zip(range(a, b), seqs)],
+                           [lambda i, z: got.append(np.array(z)) if i == last else None], last, wanted={last})
+            finally:
+                engine.release(seqs)
+            at = np.concatenate([[0], np.cumsum([len(ids[i]) for i in range(a, b)])]).astype(int)
+            for j in range(b - a):
+                z = got[0][at[j]:at[j + 1]].astype(np.float64)
+                v = z.mean(0) if pooling == "mean" else z[-1]
+                out.append((v / max(np.linalg.norm(v), 1e-12)).tolist())
+            self.rows_run += b - a
+        return out

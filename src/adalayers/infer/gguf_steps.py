@@ -1,0 +1,192 @@
+"""Generation's passes on llama.cpp without torch: each row one llama.cpp sequence, the heads in numpy.
+
+infer/generate.Generation runs one loop for every runtime; this module is what a pass is on the torch-free
+serving path (adalayers.infer.gguf_serving):
+
+    prefill   the prompts' tokens as llama.cpp sequences from position 0 (rows in groups of one llama_decode),
+              the heads' accumulators F fed by the eval callback (numpy_heads.LayerMix)
+    decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
+              copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
+              once (LayerMix.add_layers: one batched product per head group)
+    read      sequence heads incrementally (numpy_incremental.IncrementalReads: a row's positions are fed once,
+              when first read, and each read costs the new positions only); token heads, probes and heads
+              that read the answer alone by the full read (numpy_heads.read_all) over the row's F so far
+
+A row's sequence positions are its own (no padding, no columns): a row's prompt starts at position 0 and its
+answer right after it. A batch's sequences are given back when rows leave (keep) or the batch is dropped.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adalayers.data.windows import consecutive
+from adalayers.errors import ModelError
+from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
+from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
+from adalayers.infer.numpy_incremental import IncrementalReads
+from adalayers.infer.request import Row
+
+
+class Grown:
+    """A (T, k) array grown by appending rows (capacity doubled: appending is O(1) amortised)."""
+
+    def __init__(self, k: int):
+        self.data, self.n = np.zeros((16, k), np.float32), 0
+
+    def append(self, rows: np.ndarray) -> None:
+        need = self.n + len(rows)
+        if need > len(self.data):
+            grown = np.zeros((max(need, 2 * len(self.data)), self.data.shape[1]), np.float32)
+            grown[:self.n] = self.data[:self.n]
+            self.data = grown
+        self.data[self.n:need] = rows
+        self.n = need
+
+    def view(self, start: int = 0) -> np.ndarray:
+        return self.data[start:self.n]
+
+
+@dataclass
+class SequenceBatch:
+    """Rows decoding together: per row its llama.cpp sequence, tokens held, and each head's F so far."""
+    rows: list[Row]
+    seqs: Sequences
+    keys: list[int]                       # each row's own id (its incremental reads' caches)
+    lengths: list[int]                    # tokens each row's sequence holds
+    F: list[dict[str, Grown]]             # per row: head -> F (T, k)
+    logits: np.ndarray | None             # (B, V): the next token's logits (None inside a step, rows ending)
+    gone: list[int] = field(default_factory=list)  # keys of rows that left, their caches to drop
+
+    def keep(self, idx: list[int]) -> "SequenceBatch":
+        if idx == list(range(len(self.rows))):
+            return self
+        kept = set(idx)
+        gone = self.gone + [k for j, k in enumerate(self.keys) if j not in kept]
+        return SequenceBatch([self.rows[i] for i in idx], self.seqs.select(idx), [self.keys[i] for i in idx],
+                             [self.lengths[i] for i in idx], [self.F[i] for i in idx],
+                             None if self.logits is None else self.logits[idx], gone)
+
+    def merge(self, other: "SequenceBatch") -> "SequenceBatch":
+        return SequenceBatch(self.rows + other.rows, self.seqs.merged(other.seqs, 0), self.keys + other.keys,
+                             self.lengths + other.lengths, self.F + other.F,
+                             np.concatenate([self.logits, other.logits]), self.gone + other.gone)
+
+
+class SequencePasses:
+    """infer/generate.Passes on a GgufPredictor (adalayers.infer.gguf_serving): llama.cpp and numpy heads."""
+
+    def __init__(self, side, heads: list):
+        self.side, self.heads = side, heads
+        self.engine = side.runtime.engine
+        self.tasks = {h.name: h.task for h in heads}
+        self.mix = LayerMix([h.task for h in heads]) if heads else None
+        self.layers = sorted(set().union(*(h.task.used_layers() for h in heads))) if heads else []
+        self.reads: dict[tuple[str, ...], IncrementalReads] = {}
+        self.fed: dict[tuple[tuple, int], int] = {}       # (heads read together, row key) -> positions fed
+        self.last: dict[tuple[tuple, int], list] = {}     # ... -> their values then
+        self._keys = itertools.count()
+
+    def prefill(self, wrapped: list[str], cancelled) -> tuple[SequenceBatch, list[tuple]]:
+        tok = self.side.backbone.tokenizer
+        enc = tok(wrapped, truncation=True, max_length=self.side.max_length, return_offsets_mapping=True)
+        ids = enc["input_ids"]
+        seqs = Sequences(self.engine, len(ids))
+        F = [{h.name: Grown(self.mix_k(h.name)) for h in self.heads} for _ in ids]
+        logits = np.zeros((len(ids), self.engine.n_vocab), np.float32)
+        for a, b in consecutive([len(i) for i in ids], self.engine.n_batch):  # one llama_decode each
+            rows = [SeqRow(ids[j], seqs.ids[j], 0) for j in range(a, b)]
+            logits[a:b], accs = self._pass(rows, None)
+            self._append(F[a:b], [len(ids[j]) for j in range(a, b)], accs)
+        batch = SequenceBatch([], seqs, [next(self._keys) for _ in ids], [len(i) for i in ids], F, logits)
+        return batch, [(ids[j], list(enc["offset_mapping"][j]), 0, len(ids[j])) for j in range(len(ids))]
+
+    def mix_k(self, name: str) -> int:
+        task = self.tasks[name]
+        return task.k * (len(task.members) or 1)  # a seed ensemble's members side by side (LayerMix.take)
+
+    def decode(self, batch: SequenceBatch, nxt: np.ndarray, go_on: list[int], deepest: int | None
+               ) -> np.ndarray | None:
+        rows = [SeqRow([int(t)], s, n) for t, s, n in zip(nxt.tolist(), batch.seqs.ids, batch.lengths)]
+        logits, accs = self._pass(rows, None if go_on else deepest)
+        batch.lengths = [n + 1 for n in batch.lengths]
+        self._append(batch.F, [1] * len(rows), accs)
+        self._forget(batch)
+        everyone = len(go_on) == len(batch.rows)
+        batch.logits = logits if everyone else None
+        return None if logits is None else (logits if everyone else logits[go_on])
+
+    def _pass(self, rows: list[SeqRow], stop: int | None) -> tuple[np.ndarray | None, list[np.ndarray]]:
+        """One llama_decode of the rows with every head's F fed: (logits or None, each head's F (tokens, k))."""
+        if not self.heads:
+            return self.engine.run(rows, [], stop, wanted=set()), []
+        n = sum(len(r.tokens) for r in rows)
+        self.mix.begin(n)
+        if n <= GATHER_TOKENS and n == len(rows):  # a decode step: the compiled gather, one mix for every layer
+            logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
+            states = self.engine.states()
+            self.mix.add_layers(self.layers, np.stack([states[i] for i in self.layers]))
+        else:
+            logits = self.engine.run(rows, [self.mix.add], stop, wanted=set(self.layers))
+        return logits, self.mix.take()
+
+    def _append(self, F: list[dict], counts: list[int], accs: list[np.ndarray]) -> None:
+        at = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        for b, row in enumerate(F):
+            for h, acc in zip(self.heads, accs):
+                row[h.name].append(acc[at[b]:at[b + 1]])
+
+    def _forget(self, batch: SequenceBatch) -> None:
+        """The incremental caches of rows that left the batch."""
+        for key in batch.gone:
+            for names, reads in self.reads.items():
+                reads.drop(key)
+                self.fed.pop((names, key), None)
+                self.last.pop((names, key), None)
+        batch.gone = []
+
+    def read(self, batch: SequenceBatch, names: list[str], rows: list[int], answer_alone: bool
+             ) -> dict[str, list[np.ndarray]]:
+        step = [n for n in names if not answer_alone and IncrementalReads.applies(self.tasks[n])]
+        out = self._incremental(batch, tuple(step), rows) if step else {}
+        full = [n for n in names if n not in step]
+        if full:
+            out.update(self._full(batch, full, rows, answer_alone))
+        for n in names:
+            if not all(np.isfinite(v).all() for v in out[n]):  # never answered as NaN: a server-side fault
+                raise ModelError(f"head {n!r} produced non-finite values (NaN or infinity)")
+        return out
+
+    def _incremental(self, batch: SequenceBatch, names: tuple[str, ...], rows: list[int]) -> dict[str, list]:
+        """Sequence heads read together, each row's positions not yet fed given once (IncrementalReads.step)."""
+        reads = self.reads.get(names)
+        if reads is None:
+            reads = self.reads[names] = IncrementalReads([self.tasks[n] for n in names])
+        fresh = [r for r in rows if self.fed.get((names, batch.keys[r])) != batch.F[r][names[0]].n]
+        if fresh:
+            counts = [batch.F[r][names[0]].n - self.fed.get((names, batch.keys[r]), 0) for r in fresh]
+            accs = [np.concatenate([batch.F[r][n].view(self.fed.get((names, batch.keys[r]), 0)) for r in fresh])
+                    for n in names]
+            ys = reads.step([batch.keys[r] for r in fresh], accs, counts)
+            for b, r in enumerate(fresh):
+                key = (names, batch.keys[r])
+                self.fed[key] = batch.F[r][names[0]].n
+                self.last[key] = [probabilities(self.tasks[n], y[b]) for n, y in zip(names, ys)]
+        return {n: [self.last[(names, batch.keys[r])][j] for r in rows] for j, n in enumerate(names)}
+
+    def _full(self, batch: SequenceBatch, names: list[str], rows: list[int], answer_alone: bool) -> dict:
+        """The full read over each row's F so far (answer_alone: its generated tokens only, BOS not skipped)."""
+        T = max(batch.F[r][names[0]].n for r in rows)
+        mask = np.zeros((len(rows), T), bool)
+        for b, r in enumerate(rows):
+            mask[b, (batch.rows[r].answer_from if answer_alone else 0):batch.F[r][names[0]].n] = True
+        accs = []
+        for n in names:
+            acc = np.zeros((len(rows), T, self.mix_k(n)), np.float32)
+            for b, r in enumerate(rows):
+                acc[b, :batch.F[r][n].n] = batch.F[r][n].view()
+            accs.append(acc)
+        outs = read_all([self.tasks[n] for n in names], accs, mask, False if answer_alone else None)
+        return {n: [probabilities(self.tasks[n], y[b]) for b in range(len(rows))] for n, y in zip(names, outs)}
