@@ -56,9 +56,13 @@ def _add_plugin(sub, ep) -> None:
                     ep.name, ep.value, type(e).__name__, e)
 
 
+# Commands no plugin extends, parsed without the plugins' modules (the lab's import torch; `serve` on llama.cpp
+# runs without it)
+WITHOUT_PLUGINS = ("serve",)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """Every command's parser; `command`: the one about to run, when it is a built-in one, with no plugin command
-    (a plugin's module is then never imported: the lab's import torch, `serve` on llama.cpp runs without it)."""
+    """Every command's parser; `command`: the one about to run (one of WITHOUT_PLUGINS: no plugin is loaded)."""
     parser = argparse.ArgumentParser(prog="adalayers", description=__doc__.splitlines()[0].partition(": ")[2].capitalize())
     parser.add_argument("--verbose", action="store_true", help="also show transformers' own progress bars "
                                                               "(e.g. 'Loading weights')")
@@ -66,7 +70,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:  # each adds its own sub-commands: add_commands(sub)
         importlib.import_module(module).add_commands(sub)
-    if command not in sub.choices:
+    if command not in WITHOUT_PLUGINS:
         for ep in plugin_commands():
             _add_plugin(sub, ep)
     _verbose_everywhere(sub)
@@ -104,7 +108,7 @@ def _command_words(argv: list[str] | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adalayers.engine.progress import setup_logging
+    from adalayers.progress import setup_logging
     from adalayers.launch import launched, stop_process_group
 
     setup_logging()  # messages to stderr; the command's own output stays on stdout

@@ -10,18 +10,10 @@
     distributed.py  torch.distributed under torchrun (no-ops in one process)
     progress.py     the progress bar and logging setup
 """
-from __future__ import annotations
+from adalayers.engine.loop import FitSettings, fit, trainable_state
+from adalayers.engine.loss import IGNORE, task_loss
+from adalayers.engine.predict import in_order, predict, probabilities_or_values
+from adalayers.engine.protocol import Trainable, count, trainable
 
-import importlib
-
-_WHERE = {"FitSettings": "loop", "fit": "loop", "trainable_state": "loop", "IGNORE": "loss", "task_loss": "loss",
-          "in_order": "predict", "predict": "predict", "probabilities_or_values": "predict",
-          "Trainable": "protocol", "count": "protocol", "trainable": "protocol"}
-__all__ = list(_WHERE)
-
-
-def __getattr__(name: str):
-    """The names above, imported when first read (PEP 562): `adalayers.engine.progress` alone needs no torch."""
-    if name not in _WHERE:
-        raise AttributeError(f"module 'adalayers.engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"adalayers.engine.{_WHERE[name]}"), name)
+__all__ = ["FitSettings", "fit", "trainable_state", "IGNORE", "task_loss", "in_order", "predict", "probabilities_or_values",
+           "Trainable", "count", "trainable"]

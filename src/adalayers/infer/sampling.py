@@ -12,8 +12,9 @@ from adalayers.infer.params import Sampling
 
 
 def generator(seed: int | None) -> np.random.Generator | None:
-    """A request's own generator (None: unseeded, numpy's fresh entropy per draw)."""
-    return np.random.default_rng(seed) if seed is not None else None
+    """A request's own generator (None: unseeded, numpy's fresh entropy per draw); any integer seed (OpenAI's may be
+    negative) taken modulo 2^64."""
+    return np.random.default_rng(int(seed) % (1 << 64)) if seed is not None else None
 
 
 def sample(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator | None) -> np.ndarray:
