@@ -19,6 +19,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def rank() -> int:
+    """This process's rank under torchrun, as torchrun sets it (0 otherwise)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def stop_process_group() -> None:
     """Leave the torchrun process group, if this process joined one (only engine.distributed starts one)."""
     distributed = sys.modules.get("adalayers.engine.distributed")

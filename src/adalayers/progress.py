@@ -155,13 +155,10 @@ def configure(verbose: bool = False) -> Callable[[], None]:
 
 
 def bar(items: Iterable, total: int | None = None, desc: str = "") -> Iterator:
-    from adalayers.launch import launched
+    from adalayers.launch import rank
 
-    if launched():  # under torchrun (torch is there): rank 0's bar only
-        from adalayers.engine import distributed
-
-        if not distributed.is_main():
-            return iter(items)
+    if rank() != 0:  # under torchrun: rank 0's bar only
+        return iter(items)
     # tqdm reads TQDM_MININTERVAL when it is imported; the CLI sets it later, for a log file (not a terminal)
     every = float(os.environ.get("TQDM_MININTERVAL", 0.1)) if not sys.stderr.isatty() else 0.1
     return iter(tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=every))
@@ -177,17 +174,12 @@ class _TqdmHandler(logging.Handler):
 
 def setup_logging(level: int = logging.INFO) -> None:
     """adalayers' messages to stderr, one plain line each."""
-    from adalayers.launch import launched
+    from adalayers.launch import launched, rank
 
     root = logging.getLogger("adalayers")
     handler = next((h for h in root.handlers if isinstance(h, _TqdmHandler)), None)
     if handler is None:  # one handler a process; its prefix and level follow the process's rank at each call
         handler = _TqdmHandler()
         root.addHandler(handler)
-    rank, main = 0, True
-    if launched():  # under torchrun (torch is there): the process's rank; otherwise torch is never imported here
-        from adalayers.engine import distributed
-
-        rank, main = distributed.rank(), distributed.is_main()
-    handler.setFormatter(logging.Formatter((f"[rank {rank}] " if launched() else "") + "%(message)s"))
-    root.setLevel(level if main else logging.WARNING)
+    handler.setFormatter(logging.Formatter((f"[rank {rank()}] " if launched() else "") + "%(message)s"))
+    root.setLevel(level if rank() == 0 else logging.WARNING)
