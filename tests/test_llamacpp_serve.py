@@ -162,7 +162,7 @@ def test_concurrent_completions_share_decode_steps_on_llama_cpp(servers):
 def test_a_generation_that_can_never_fit_the_context_is_refused(servers):
     """More prompts than the sequences generations may hold on llama.cpp: one 400 line naming the limit."""
     llama = servers[1]
-    room = llama.health()["llamacpp_sequences"] // 2  # the passes keep the other half (generation_room)
+    room = llama.health()["llamacpp_generation_sequences"]  # the passes keep the rest (generation_room)
     r = httpx.post(llama.url + "/generate", json={"prompts": ["the cat"] * (room + 1), "max_new_tokens": 2},
                    timeout=60)
     assert r.status_code == 400, r.text

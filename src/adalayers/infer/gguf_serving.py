@@ -33,7 +33,8 @@ from adalayers.data.templates import Template
 from adalayers.data.windows import consecutive
 from adalayers.errors import DataError, ModelError
 from adalayers.infer.heads import Head
-from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, context_size, end_of_generation, gguf_path
+from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, end_of_generation, gguf_path
+from adalayers.infer.gguf_steps import decode_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
 from adalayers.infer.numpy_runs import load_task
@@ -44,7 +45,9 @@ from adalayers.store.trust import trusting
 from adalayers.textcheck import check_texts
 
 log = logging.getLogger(__name__)
-MAX_BATCH = 4096  # tokens of one llama_decode at most (n_batch = n_ubatch), as the torch llama.cpp runtime's
+# tokens of one llama_decode at most (n_batch = n_ubatch: the eval callback needs a batch in one graph); llama.cpp
+# sizes its compute buffers for it, and passes and prefills are cut into decodes of at most this many
+N_BATCH = 512
 POOLINGS = ("mean", "last")  # embed's (llama-server's --pooling mean / last)
 
 
@@ -53,6 +56,7 @@ class GgufRuntime(ContextShare):
     rows_per_pass / generation_room / prefill_tokens / usage (ContextShare), own_output, eos_ids."""
 
     is_causal, has_own_output, runtime_name, device = True, True, "llama.cpp", "cpu"
+    PASS_SEQS, PASS_TOKENS = 8, 2048  # the passes' share of the context (ContextShare), beside the generations'
 
     def __init__(self, engine: LlamaCpp, tokenizer: GgufTokenizer, name: str, path: Path, fingerprint: str):
         self.engine, self.tokenizer, self.name, self.path = engine, tokenizer, name, path
@@ -60,13 +64,21 @@ class GgufRuntime(ContextShare):
         self._fingerprint = fingerprint
 
     @classmethod
-    def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 32, threads: int | None = None,
+    def sizes(cls, ctx_size: int | None, parallel: int | None) -> dict:
+        """The context for generations of `ctx_size` KV tokens and `parallel` sequences (llama-server's --ctx-size
+        and --parallel; None: 2048 and 16), plus the passes' share."""
+        return {"n_ctx": (ctx_size or 2048) + cls.PASS_TOKENS, "n_seq": (parallel or 16) + cls.PASS_SEQS}
+
+    @classmethod
+    def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 24, threads: int | None = None,
              fingerprint: bool = True) -> "GgufRuntime":
+        """`fingerprint`: heads will be read (their base's fingerprint is needed, and llama.cpp's states)."""
         from adalayers.model import model_packages
         from adalayers.model.chat_templates import gguf_chat_template
 
         path = gguf_path(name)
-        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, MAX_BATCH), threads=threads)
+        engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, N_BATCH), threads=threads,
+                          read_states=fingerprint)  # no heads: no eval callback at all (nor numba's compiler)
         tokenizer = GgufTokenizer(engine)
         tokenizer.chat_template = gguf_chat_template(str(path))
         known = model_packages.SPLIT_GGUF.get(name)
@@ -75,6 +87,17 @@ class GgufRuntime(ContextShare):
     @property
     def base(self) -> "GgufRuntime":
         return self
+
+    def pass_share(self) -> tuple[int, int]:
+        return self.PASS_SEQS, self.PASS_TOKENS
+
+    def pass_tokens(self) -> int:
+        """A pass is cut into llama_decodes as it needs (gguf_steps.decode_rows): its share of the context."""
+        return self.PASS_TOKENS
+
+    def prefill_tokens(self) -> int:
+        """Prefills are cut into llama_decodes too: a request's prompts are bounded by the context alone."""
+        return self.engine.n_ctx
 
     def fingerprint(self) -> str:
         return self._fingerprint
@@ -133,14 +156,14 @@ class GgufPredictor(PredictorBase):
              ctx_size: int | None = None, parallel: int | None = None, trust_unverified: bool = False,
              **kw) -> "GgufPredictor":
         """As SideTasks.load(base, heads, runtime="llama.cpp", ...): `ctx_size` KV tokens and `parallel`
-        sequences for generations, the same again for passes (infer/llamacpp.context_size)."""
+        sequences for generations, and the passes' share beside them (GgufRuntime.sizes)."""
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(1, "blas")  # the heads' small products on one thread: OpenBLAS' spinning threads
         specs = list(parse_heads(heads))  # would compete with llama.cpp's own
         with trusting(trust_unverified):
             runtime = GgufRuntime.load(base, threads=threads, fingerprint=bool(specs),
-                                       **context_size(ctx_size, parallel))
+                                       **GgufRuntime.sizes(ctx_size, parallel))
             return cls(runtime, load_heads(runtime, specs), primary, **kw)
 
     def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
@@ -169,21 +192,16 @@ class GgufPredictor(PredictorBase):
         for idx in self._plan(rows, abandoned):
             self.rows_run += len(idx)
             lengths = [len(rows[i]["input_ids"]) for i in idx]
-            for a, b in consecutive(lengths, engine.n_batch, max(1, engine.free_sequences)):
-                part = idx[a:b]
-                seqs = engine.acquire(len(part))
-                try:
-                    if mix is not None:
-                        mix.begin(sum(lengths[a:b]))
-                    logits = engine.run([Row(rows[i]["input_ids"], s) for i, s in zip(part, seqs)],
-                                        [mix.add] if mix is not None else [], stop, wanted=set(layers))
-                    accs = mix.take() if mix is not None else []
-                finally:
-                    engine.release(seqs)
-                self._read(heads, part, lengths[a:b], accs, head_rows)
-                for j, i in enumerate(part):
-                    if logits is not None and not rows[i]["window"]:
-                        base_rows[i] = logits[j:j + 1]
+            seqs = engine.acquire(len(idx))
+            try:
+                logits, accs = decode_rows(engine, [Row(rows[i]["input_ids"], s) for i, s in zip(idx, seqs)], mix,
+                                           layers, stop)
+            finally:
+                engine.release(seqs)
+            self._read(heads, idx, lengths, accs, head_rows)
+            for j, i in enumerate(idx):
+                if logits is not None and not rows[i]["window"]:
+                    base_rows[i] = logits[j:j + 1]
         return {"base": base_rows, "heads": head_rows}
 
     def _read(self, heads: list[Head], part: list[int], lengths: list[int], accs: list[np.ndarray],
@@ -212,18 +230,34 @@ class GgufPredictor(PredictorBase):
         check_texts(texts)
         ids = self._tokenize(texts, truncation=True, max_length=self.max_length)["input_ids"]
         engine, last, out = self.runtime.engine, self.runtime.num_layers - 1, []
-        for a, b in consecutive([len(i) for i in ids], engine.n_batch, max(1, engine.n_seq // 2)):
-            got: list[np.ndarray] = []
+        for a, b in consecutive([len(i) for i in ids], self.runtime.pass_tokens(), self.batch_size):
             seqs = engine.acquire(b - a)
             try:
-                engine.run([Row(ids[i], s) for i, s in zip(range(a, b), seqs)],
-                           [lambda i, z: got.append(np.array(z)) if i == last else None], last, wanted={last})
+                _, (z,) = decode_rows(engine, [Row(ids[i], s) for i, s in zip(range(a, b), seqs)], LastState(last),
+                                      [last], last)
             finally:
                 engine.release(seqs)
             at = np.concatenate([[0], np.cumsum([len(ids[i]) for i in range(a, b)])]).astype(int)
             for j in range(b - a):
-                z = got[0][at[j]:at[j + 1]].astype(np.float64)
-                v = z.mean(0) if pooling == "mean" else z[-1]
+                v = z[at[j]:at[j + 1]].astype(np.float64)
+                v = v.mean(0) if pooling == "mean" else v[-1]
                 out.append((v / max(np.linalg.norm(v), 1e-12)).tolist())
             self.rows_run += b - a
         return out
+
+
+class LastState:
+    """What decode_rows feeds (as it feeds a LayerMix): here the final state itself, every position's."""
+
+    def __init__(self, last: int):
+        self.last, self.tasks, self.z = last, [None], None
+
+    def begin(self, n: int) -> None:
+        self.z = None
+
+    def add(self, i: int, z: np.ndarray) -> None:
+        if i == self.last:
+            self.z = np.array(z, np.float32)
+
+    def take(self) -> list[np.ndarray]:
+        return [self.z]

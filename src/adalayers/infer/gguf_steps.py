@@ -22,12 +22,56 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adalayers.data.windows import consecutive
 from adalayers.errors import ModelError
 from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
 from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
 from adalayers.infer.numpy_incremental import IncrementalReads
 from adalayers.infer.request import Row
+
+# Positions whose outputs one llama_decode asks for at most. A pass whose heads read the final state asks for every
+# position's output (llama.cpp computes its last layer only for those), and llama.cpp keeps room for each asked
+# output's logits (Gemma 3: 1 MB a position, kept once reserved): such passes are cut into decodes of this many.
+OUTPUTS_AT_ONCE = 64
+
+
+def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | None
+                ) -> tuple[np.ndarray | None, list[np.ndarray]]:
+    """The rows (each a llama.cpp sequence from its start) in as many llama_decodes as their tokens need: at most
+    n_batch tokens each, OUTPUTS_AT_ONCE when the final state is read; a longer row is cut into pieces at its
+    successive positions. `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
+    decode. -> each row's next-token logits (None when the pass stops early), each head's F over the rows'
+    tokens in order, as one pass would give them."""
+    last = engine.num_states - 1
+    reads_last = mix is not None and last in layers and (stop is None or stop >= last)
+    budget = min(engine.n_batch, OUTPUTS_AT_ONCE) if reads_last else engine.n_batch
+    decodes, current, used = [], [], 0
+    for b, r in enumerate(rows):
+        at = 0
+        while at < len(r.tokens):
+            take = min(len(r.tokens) - at, budget - used)
+            current.append((b, SeqRow(r.tokens[at:at + take], r.seq, r.start + at), at + take == len(r.tokens)))
+            used, at = used + take, at + take
+            if used == budget:
+                decodes.append(current)
+                current, used = [], 0
+    if current:
+        decodes.append(current)
+    logits = None if stop is not None else np.zeros((len(rows), engine.n_vocab), np.float32)
+    parts: list[list] = [[[] for _ in rows] for _ in range(len(mix.tasks) if mix is not None else 0)]
+    for pieces in decodes:
+        if mix is not None:
+            mix.begin(sum(len(p.tokens) for _, p, _ in pieces))
+        out = engine.run([p for _, p, _ in pieces], [mix.add] if mix is not None else [], stop,
+                         wanted=set(layers))
+        accs = mix.take() if mix is not None else []
+        at = 0
+        for j, (b, p, ends) in enumerate(pieces):
+            if logits is not None and ends:
+                logits[b] = out[j]
+            for h, acc in enumerate(accs):
+                parts[h][b].append(acc[at:at + len(p.tokens)])
+            at += len(p.tokens)
+    return logits, [np.concatenate([c for row in head for c in row]) for head in parts]
 
 
 class Grown:
@@ -95,11 +139,9 @@ class SequencePasses:
         ids = enc["input_ids"]
         seqs = Sequences(self.engine, len(ids))
         F = [{h.name: Grown(self.mix_k(h.name)) for h in self.heads} for _ in ids]
-        logits = np.zeros((len(ids), self.engine.n_vocab), np.float32)
-        for a, b in consecutive([len(i) for i in ids], self.engine.n_batch):  # one llama_decode each
-            rows = [SeqRow(ids[j], seqs.ids[j], 0) for j in range(a, b)]
-            logits[a:b], accs = self._pass(rows, None)
-            self._append(F[a:b], [len(ids[j]) for j in range(a, b)], accs)
+        rows = [SeqRow(ids[j], seqs.ids[j], 0) for j in range(len(ids))]
+        logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, None)
+        self._append(F, [len(i) for i in ids], accs)
         batch = SequenceBatch([], seqs, [next(self._keys) for _ in ids], [len(i) for i in ids], F, logits)
         return batch, [(ids[j], list(enc["offset_mapping"][j]), 0, len(ids[j])) for j in range(len(ids))]
 
@@ -120,17 +162,14 @@ class SequencePasses:
 
     def _pass(self, rows: list[SeqRow], stop: int | None) -> tuple[np.ndarray | None, list[np.ndarray]]:
         """One llama_decode of the rows with every head's F fed: (logits or None, each head's F (tokens, k))."""
-        if not self.heads:
-            return self.engine.run(rows, [], stop, wanted=set()), []
         n = sum(len(r.tokens) for r in rows)
-        self.mix.begin(n)
-        if n <= GATHER_TOKENS and n == len(rows):  # a decode step: the compiled gather, one mix for every layer
+        if self.heads and n <= GATHER_TOKENS and n == len(rows):  # a step: the compiled gather, one mix per layer
+            self.mix.begin(n)
             logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
             states = self.engine.states()
             self.mix.add_layers(self.layers, np.stack([states[i] for i in self.layers]))
-        else:
-            logits = self.engine.run(rows, [self.mix.add], stop, wanted=set(self.layers))
-        return logits, self.mix.take()
+            return logits, self.mix.take()
+        return decode_rows(self.engine, rows, self.mix, self.layers, stop)
 
     def _append(self, F: list[dict], counts: list[int], accs: list[np.ndarray]) -> None:
         at = np.concatenate([[0], np.cumsum(counts)]).astype(int)
