@@ -34,7 +34,7 @@ from adalayers.data.windows import consecutive
 from adalayers.errors import DataError, ModelError
 from adalayers.infer.heads import Head
 from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, end_of_generation, gguf_path
-from adalayers.infer.gguf_steps import decode_rows
+from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
 from adalayers.infer.numpy_runs import load_task
@@ -233,8 +233,12 @@ class GgufPredictor(PredictorBase):
         for a, b in consecutive([len(i) for i in ids], self.runtime.pass_tokens(), self.batch_size):
             seqs = engine.acquire(b - a)
             try:
-                _, (z,) = decode_rows(engine, [Row(ids[i], s) for i, s in zip(range(a, b), seqs)], LastState(last),
-                                      [last], last)
+                rows = [Row(ids[i], s) for i, s in zip(range(a, b), seqs)]
+                if engine.read_states:
+                    _, (z,) = decode_rows(engine, rows, LastState(last), [last], last)
+                else:  # no eval callback (a base without heads): llama.cpp's own embeddings, row by row, cut
+                    z = np.concatenate([engine.final_states([Row(r.tokens[c:c + OUTPUTS_AT_ONCE], r.seq, c)])
+                                        for r in rows for c in range(0, len(r.tokens), OUTPUTS_AT_ONCE)])
             finally:
                 engine.release(seqs)
             at = np.concatenate([[0], np.cumsum([len(ids[i]) for i in range(a, b)])]).astype(int)

@@ -253,6 +253,26 @@ class LlamaCpp:
         self.truncate({r.seq: r.start for r in tail})
         return self.decode(tail, [], outputs="last")
 
+    def final_states(self, rows: list[Row]) -> np.ndarray:
+        """Every position's final-norm output (tokens, d), the rows' tokens in order, read as llama.cpp's own
+        embeddings (llama_set_embeddings for this decode, no pooling): what a context without the eval callback
+        gives of the states (llama-server's /v1/embeddings reads the same output)."""
+        lib = _lib()
+        n = sum(len(r.tokens) for r in rows)
+        if n > self.n_batch:
+            raise DataError(f"{n} tokens in one llama.cpp batch; at most {self.n_batch}")
+        with self._lock:
+            self._forget_returned()
+            self._fill(rows, "all")
+            lib.llama_set_embeddings(self.ctx, True)
+            try:
+                code = lib.llama_decode(self.ctx, self._batch)
+            finally:
+                lib.llama_set_embeddings(self.ctx, False)
+            if code != 0:
+                raise ModelError(f"llama_decode failed (code {code}): the KV cache may be full (n_ctx {self.n_ctx})")
+            return np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), (n, self.d)).copy()
+
     def states(self) -> dict[int, np.ndarray]:
         """The states the last small pass read ({state: (tokens, d)}, views valid until the next decode)."""
         return self.reader.gathered if self.reader is not None else {}
