@@ -18,7 +18,7 @@ cost, per repeat (configurations in a rotating order, medians of the per-repeat 
     in-pass        the same generation with the guard head read at the prompt and after every token
                    (a guard rule that never trips, so the work is the same length)
     prompt-stop    a generation whose guard trips on the prompt (threshold 0): what such a request costs
-    prefill        the LLM's one pass over the prompt (SideTasks.predict with the head): compared with prompt-stop
+    prefill        the LLM's one pass over the prompt (predict with the head): compared with prompt-stop
     sep-prompt     the separate guard model (the MiniLM head) on the prompt, before generating
     sep-answer     the separate guard model on prompt + answer, after generating
     llm-reread     a second pass of the LLM (with the head) over prompt + answer: the LLM as its own separate guard
@@ -163,6 +163,10 @@ def cost(args) -> int:
 
         backbone = Backbone.load(args.llm)
         llm, positive = SideTasks(backbone, heads_for(backbone, 1), primary=False, max_length=128), "acceptable"
+    elif args.runtime == "llama.cpp" and args.path == "serve":  # what `serve --runtime llama.cpp` runs: no torch
+        from adalayers.infer.gguf_serving import GgufPredictor
+
+        llm, positive = GgufPredictor.load(args.llm, [str(args.guard)], threads=1), POSITIVE
     else:
         llm = SideTasks.load(args.llm, [str(args.guard)], primary=True, runtime=args.runtime, threads=1)
         positive = POSITIVE
@@ -199,7 +203,7 @@ def cost(args) -> int:
     cpu_share = {n: statistics.median(c / g for c, g in zip(cpu[n], cpu["gen"])) for n in names}
     stop_vs_prefill = statistics.median(a / b for a, b in zip(wall["prompt-stop"], wall["prefill"]))
     result = {"settings": {"llm": args.llm, "runtime": "torch" if str(args.guard) == "shaped" else args.runtime,
-                           "guard": str(args.guard),
+                           "path": type(llm).__name__, "guard": str(args.guard),
                            "separate": str(args.separate), "new_tokens": args.new, "prompts": len(prompts),
                            "repeats": args.repeats, "threads": 1,
                            "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)"},
@@ -228,6 +232,9 @@ def main() -> int:
     c.add_argument("--data", required=True)
     c.add_argument("--llm", default="gemma3-270m")
     c.add_argument("--runtime", default="llama.cpp")
+    c.add_argument("--path", choices=("serve", "torch"), default="serve",
+                   help="llama.cpp: the LLM as `serve` runs it (GgufPredictor: numpy heads, no torch), or torch heads "
+                        "on llama.cpp's states (SideTasks)")
     c.add_argument("--guard", type=Path, required=True, help="the in-pass guard head's run (on --llm), or 'shaped': "
                    "an untrained head of configs/cola.yaml's shape on --llm (torch runtime)")
     c.add_argument("--separate", type=Path, required=True, help="the separate guard's run (e.g. on minilm-l6)")
