@@ -3,7 +3,6 @@ launch environment torchrun sets (adalayers.engine.distributed joins its process
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 
 import numpy as np

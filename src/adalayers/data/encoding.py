@@ -11,7 +11,6 @@ import copy
 import json
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
