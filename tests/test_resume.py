@@ -53,7 +53,16 @@ def train(cfg, out, env, *extra):
     return proc
 
 
-def test_sigkill_then_resume_equals_uninterrupted_run(setup):
+def in_process(cfg, out, env, monkeypatch, *extra) -> int:
+    """`adalayers train` in this process (cli.main, no new interpreter): for runs that are refused or short."""
+    from adalayers.cli import main
+
+    monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
+    return main(["train", str(cfg), "--out", str(out), *extra])
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(setup, monkeypatch, capsys):
+    """The uninterrupted and the killed run in processes of their own; the resumed one in this process."""
     tmp, cfg, env = setup
     full = train(cfg, tmp / "full", env)  # the uninterrupted run, beside the one killed (one thread each)
     victim = train(cfg, tmp / "killed", env)
@@ -68,11 +77,12 @@ def test_sigkill_then_resume_equals_uninterrupted_run(setup):
     victim.wait()
     assert not (tmp / "killed" / "metrics.json").exists(), "the run finished before it could be killed"
 
-    resumed = train(cfg, tmp / "killed", env)  # no flag: an unfinished run folder resumes by itself
+    capsys.readouterr()
+    resumed = in_process(cfg, tmp / "killed", env, monkeypatch)  # no flag: an unfinished run folder resumes by itself
+    err = capsys.readouterr().err
+    assert resumed == 0, err
     assert full.wait(timeout=600) == 0, full.output()
-    assert resumed.wait(timeout=600) == 0, resumed.output()
-    out = resumed.output()
-    assert "resuming" in out
+    assert "resuming" in err
 
     a, b = load_file(tmp / "full" / "head.safetensors"), load_file(tmp / "killed" / "head.safetensors")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
@@ -83,11 +93,10 @@ def test_sigkill_then_resume_equals_uninterrupted_run(setup):
     assert strip(la) == strip(lb)
 
 
-def test_resume_flag_without_unfinished_run_is_an_error(setup):
+def test_resume_flag_without_unfinished_run_is_an_error(setup, monkeypatch, capsys):
     tmp, cfg, env = setup
-    p = train(cfg, tmp / "nothing", env, "--resume")
-    assert p.wait(timeout=120) == 2
-    assert "holds no unfinished run" in p.output()
+    assert in_process(cfg, tmp / "nothing", env, monkeypatch, "--resume") == 2
+    assert "holds no unfinished run" in capsys.readouterr().err
 
 
 def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
@@ -119,8 +128,9 @@ def test_nan_loss_stops_and_keeps_the_best_checkpoint(setup, monkeypatch):
     assert all(torch.isfinite(p).all() for p in task.parameters())
 
 
-def test_resume_may_change_only_when_to_stop(setup):
-    """An interrupted run can be finished with fewer epochs or extended; other changes are refused."""
+def test_resume_may_change_only_when_to_stop(setup, monkeypatch, capsys):
+    """An interrupted run can be finished with fewer epochs or extended; other changes are refused. The run is
+    killed in a process of its own; the refused and the finishing command run in this one (cli.main)."""
     tmp, cfg, env = setup
     victim = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200")
     log = tmp / "run" / "log.jsonl"
@@ -130,10 +140,12 @@ def test_resume_may_change_only_when_to_stop(setup):
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not (tmp / "run" / "metrics.json").exists()
-    other = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200", "--set", "train.lr=0.01")
-    assert other.wait(timeout=300) == 2
-    assert "different settings" in other.output()
+    capsys.readouterr()
+    assert in_process(cfg, tmp / "run", env, monkeypatch, "--set", "task.max_train_examples=200",
+                      "--set", "train.lr=0.01") == 2
+    assert "different settings" in capsys.readouterr().err
     done = len(log.read_text().splitlines())
-    finish = train(cfg, tmp / "run", env, "--set", "task.max_train_examples=200", "--set", f"train.max_epochs={done}")
-    assert finish.wait(timeout=300) == 0, finish.output()
+    assert in_process(cfg, tmp / "run", env, monkeypatch, "--set", "task.max_train_examples=200",
+                      "--set", f"train.max_epochs={done}") == 0, capsys.readouterr().err
+    assert "resuming" in capsys.readouterr().err
     assert json.loads((tmp / "run" / "metrics.json").read_text())["epochs"] == done

@@ -35,20 +35,49 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(runs):
-    """Default limits (--max-texts 64, --max-chars 10000: a 15.4 MB body limit), no API key."""
-    s = ServeProcess(runs["base"], [runs["acc"], runs["ner"]], runs["root"], "--max-tokens", "1000000",
-                     "--max-batch-tokens", "100000").wait_started()
-    yield s
-    s.stop()
+def llm_folder(tmp_path_factory):
+    """A tiny random Llama saved as a model folder, a sequence head on it and a chat template."""
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    root = tmp_path_factory.mktemp("bounds-llm")
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    base = Backbone.load(str(root / "tiny-llama"))
+    head = make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3)
+    template = root / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    return {"root": root, "head": head, "template": template}
 
 
 @pytest.fixture(scope="module")
-def keyed(runs):
+def started(runs, llm_folder):
+    """The module's three servers, started side by side (server, keyed and llm each wait for their own):
+    server: default limits (--max-texts 64, --max-chars 10000: a 15.4 MB body limit), no API key;
+    keyed: an API key; llm: the tiny Llama (/v1/chat/completions, /v1/completions) with --max-chars 2000."""
     (runs["root"] / "key").write_text(KEY + "\n")
-    s = ServeProcess(runs["base"], [runs["acc"]], runs["root"], "--api-key-file", str(runs["root"] / "key"))
-    yield s.wait_started()
-    s.stop()
+    root = llm_folder["root"]
+    servers = {"server": ServeProcess(runs["base"], [runs["acc"], runs["ner"]], runs["root"], "--max-tokens", "1000000",
+                                      "--max-batch-tokens", "100000"),
+               "keyed": ServeProcess(runs["base"], [runs["acc"]], runs["root"], "--api-key-file",
+                                     str(runs["root"] / "key")),
+               "llm": ServeProcess(root / "tiny-llama", [llm_folder["head"]], root, "--chat-template",
+                                   str(llm_folder["template"]), "--max-chars", "2000")}
+    try:
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(started):
+    return started["server"].wait_started()
+
+
+@pytest.fixture(scope="module")
+def keyed(started):
+    return started["keyed"].wait_started()
 
 
 def _post(url: str, body: bytes, headers=None) -> tuple[httpx.Response, float]:
@@ -156,21 +185,8 @@ def test_held_back_tail_is_the_longest_possible_stop_start():
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    """`adalayers serve` on a tiny random Llama saved as a model folder (/v1/chat/completions, /v1/completions)."""
-    from tinydecoders import decoder_model, decoder_tokenizer
-
-    root = tmp_path_factory.mktemp("bounds-llm")
-    tok = decoder_tokenizer(bos=True)
-    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
-    tok.save_pretrained(root / "tiny-llama")
-    base = Backbone.load(str(root / "tiny-llama"))
-    head = make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3)
-    template = root / "chat.jinja"
-    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
-    s = ServeProcess(root / "tiny-llama", [head], root, "--chat-template", str(template), "--max-chars", "2000")
-    yield s.wait_started()
-    s.stop()
+def llm(started):
+    return started["llm"].wait_started()
 
 
 def test_a_huge_conversation_is_refused_before_templating(llm):

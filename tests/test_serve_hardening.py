@@ -45,12 +45,29 @@ class Server(ServeProcess):
 
 
 @pytest.fixture(scope="module")
-def servers(runs):
-    """Two servers, started side by side:
+def llm_runs(tmp_path_factory):
+    """A tiny random Llama saved as a model folder, with a sequence and a token head."""
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    root = tmp_path_factory.mktemp("serve-llm")
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    base = Backbone.load(str(root / "tiny-llama"))
+    return {"base": root / "tiny-llama", "root": root,
+            "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
+            "ner": make_run(root / "ner", base, "token", NER, seed=4)}
+
+
+@pytest.fixture(scope="module")
+def servers(runs, llm_runs):
+    """Three servers, started side by side (main and busy waited for here, llm by llm_server):
     main: small limits, an API key, short read and keep-alive timeouts;
     busy: no key, big requests allowed and run whole (no slices), a queue of 2 and a 0.3 s deadline (heavy
-          requests keep it busy)."""
+          requests keep it busy);
+    llm: the tiny Llama (/generate works), a 2 s deadline and a queue of 2."""
     (runs["root"] / "key").write_text(KEY + "\n")
+    llm = Server(llm_runs, "--request-timeout", "2", "--max-queue", "2")
     main = Server(runs, "--max-texts", "8", "--max-chars", "4000", "--max-tokens", "3000",
                   "--max-batch-tokens", "1200", "--max-batch", "16", "--max-wait-ms", "50", "--read-timeout", "2",
                   "--keep-alive", "1", "--api-key-file", str(runs["root"] / "key"))
@@ -58,10 +75,11 @@ def servers(runs):
                   "--max-batch-tokens", "1000000", "--max-batch", "64", "--max-wait-ms", "0", "--max-queue", "2",
                   "--request-timeout", "0.3", "--slice-ms", "1000000")
     try:
-        yield {"main": main.wait_started(), "busy": busy.wait_started()}
+        yield {"main": main.wait_started(), "busy": busy.wait_started(), "llm": llm}
     finally:
         main.stop()
         busy.stop()
+        llm.stop()
 
 
 @pytest.fixture(scope="module")
@@ -398,30 +416,16 @@ def test_bad_keys_and_head_names_are_refused_at_start(runs, monkeypatch, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def llm_server(tmp_path_factory):
-    """`adalayers serve` on a tiny random Llama saved as a model folder, with a sequence head: /generate works;
-    a 2 s deadline and a queue of 2."""
-    from tinydecoders import decoder_model, decoder_tokenizer
-
-    root = tmp_path_factory.mktemp("serve-llm")
-    tok = decoder_tokenizer(bos=True)
-    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
-    tok.save_pretrained(root / "tiny-llama")
-    base = Backbone.load(str(root / "tiny-llama"))
-    runs = {"base": root / "tiny-llama", "root": root,
-            "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
-            "ner": make_run(root / "ner", base, "token", NER, seed=4)}
-    server = Server(runs, "--request-timeout", "2", "--max-queue", "2").wait_started()
+def llm_server(servers):
+    """The servers' llm, once it answers (see servers)."""
+    server = servers["llm"].wait_started()
     # warm up: the first /generate pays one-time work (the decoder's first step) that a loaded machine can push past
     # the 2 s deadline; the tests measure what follows, so a bounded number of tries until one answers
     for _ in range(5):
         warm = httpx.post(f"{server.url}/generate", json={"prompts": ["warm up"], "max_new_tokens": 1}, timeout=60)
         if warm.status_code == 200:
             break
-    try:
-        yield server
-    finally:
-        server.stop()
+    return server
 
 
 def test_generate_seed_outside_64_bits_is_422(llm_server):

@@ -1,5 +1,5 @@
 """benchmarks/stage_weights.py: a model packed into small parts comes back as the fp16-rounded model."""
-import subprocess
+import runpy
 import sys
 
 import torch
@@ -10,12 +10,18 @@ from conftest import ROOT
 from tinymodels import tiny_bert
 
 
-def test_pack_then_unpack_gives_the_fp16_rounded_weights(tmp_path):
-    model = tiny_bert(tmp_path / "model")
+def run_script(monkeypatch, *argv: str) -> None:
+    """The script's command line run in this process (runpy, as `python script ...` runs it; no new interpreter)."""
     script = str(ROOT / "benchmarks" / "stage_weights.py")
-    subprocess.run([sys.executable, script, "pack", str(model), str(tmp_path / "parts"), "--chunk-mb", "0.1"], check=True)
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    runpy.run_path(script, run_name="__main__")
+
+
+def test_pack_then_unpack_gives_the_fp16_rounded_weights(tmp_path, monkeypatch):
+    model = tiny_bert(tmp_path / "model")
+    run_script(monkeypatch, "pack", str(model), str(tmp_path / "parts"), "--chunk-mb", "0.1")
     assert len(list((tmp_path / "parts").glob("chunk.*"))) > 1
-    subprocess.run([sys.executable, script, "unpack", str(tmp_path / "parts"), str(tmp_path / "rebuilt")], check=True)
+    run_script(monkeypatch, "unpack", str(tmp_path / "parts"), str(tmp_path / "rebuilt"))
     before, after = load_file(str(model / "model.safetensors")), load_file(str(tmp_path / "rebuilt" / "model.safetensors"))
     assert before.keys() == after.keys()
     for name, t in before.items():

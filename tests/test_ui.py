@@ -112,10 +112,24 @@ def _chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def loading(runs):
+    """`adalayers serve` on the tiny Llama with its four heads, an API key and a 200-character limit, started
+    (where chromium and playwright are there) but not waited for: the browser launches while it loads."""
+    _chromium()
+    pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[browser]')")
+    (runs["root"] / "key").write_text(KEY + "\n")
+    started = Server(runs, "--api-key-file", str(runs["root"] / "key"), "--max-chars", "200", heads=HEADS)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(loading):
     executable = _chromium()
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright not installed (pip install -e '.[browser]')")
+    from playwright import sync_api
+
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=executable, headless=True)
         try:
@@ -125,14 +139,9 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(runs, browser):
-    """`adalayers serve` on the tiny Llama with its four heads, an API key and a 200-character limit."""
-    (runs["root"] / "key").write_text(KEY + "\n")
-    started = Server(runs, "--api-key-file", str(runs["root"] / "key"), "--max-chars", "200", heads=HEADS)
-    try:
-        yield started.wait_started()
-    finally:
-        started.stop()
+def server(loading, browser):
+    """The server of `loading`, once it answers."""
+    return loading.wait_started()
 
 
 class Page:
