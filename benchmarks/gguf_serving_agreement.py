@@ -35,6 +35,7 @@ def test_texts(run: Path, n: int) -> list[str]:
     from adalayers.store import run as runlib
 
     cfg = runlib.run_config(run)
+    cfg.task.max_eval_examples = None  # the whole test split, whatever the head was evaluated on
     split = load_task(cfg).splits["test"]
     split = split[:n] if n else split
     return [" ".join(e.words) if e.words is not None else e.text for e in split]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -120,7 +121,8 @@ class LlamaCpp:
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        cpu = sorted((Path(lib.__file__).parent / "lib").glob("libggml-cpu.*"))  # AMX weight buffers crash
+        libs = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lib.__file__).parent / "lib"  # the ggml llama.cpp loaded
+        cpu = sorted(Path(libs).glob("libggml-cpu.*"))  # AMX weight buffers crash
         if cpu and getattr(ctypes.CDLL(str(cpu[0])), "ggml_cpu_has_amx_int8", lambda: 0)():  # llama_decode on K-quants
             mparams.use_extra_bufts = False  # (llama.cpp issue 20824): none, as llama-server's --no-repack
         self.model = lib.llama_model_load_from_file(str(path).encode(), mparams)
