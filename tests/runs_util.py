@@ -46,6 +46,18 @@ def make_run(run_dir: Path, backbone, kind: str, labels: list[str], seed: int, p
     return run_dir
 
 
+def tiny_llama(root: Path):
+    """A tiny random Llama saved as a model folder ROOT/tiny-llama (a BOS-prepending tokenizer); -> (folder, its
+    loaded Backbone)."""
+    from adalayers.model.backbone import Backbone
+    from tinydecoders import decoder_model, decoder_tokenizer
+
+    tok = decoder_tokenizer(bos=True)
+    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
+    tok.save_pretrained(root / "tiny-llama")
+    return root / "tiny-llama", Backbone.load(str(root / "tiny-llama"))
+
+
 @contextmanager
 def serve_in_thread(app, log_level: str = "warning"):
     """The app under a real uvicorn server on a free loopback port, in a thread; yields its base URL."""

@@ -37,13 +37,10 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llm_folder(tmp_path_factory):
     """A tiny random Llama saved as a model folder, a sequence head on it and a chat template."""
-    from tinydecoders import decoder_model, decoder_tokenizer
+    from runs_util import tiny_llama
 
     root = tmp_path_factory.mktemp("bounds-llm")
-    tok = decoder_tokenizer(bos=True)
-    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
-    tok.save_pretrained(root / "tiny-llama")
-    base = Backbone.load(str(root / "tiny-llama"))
+    _, base = tiny_llama(root)
     head = make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3)
     template = root / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")

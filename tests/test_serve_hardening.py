@@ -47,14 +47,11 @@ class Server(ServeProcess):
 @pytest.fixture(scope="module")
 def llm_runs(tmp_path_factory):
     """A tiny random Llama saved as a model folder, with a sequence and a token head."""
-    from tinydecoders import decoder_model, decoder_tokenizer
+    from runs_util import tiny_llama
 
     root = tmp_path_factory.mktemp("serve-llm")
-    tok = decoder_tokenizer(bos=True)
-    decoder_model("llama", len(tok)).save_pretrained(root / "tiny-llama")
-    tok.save_pretrained(root / "tiny-llama")
-    base = Backbone.load(str(root / "tiny-llama"))
-    return {"base": root / "tiny-llama", "root": root,
+    folder, base = tiny_llama(root)
+    return {"base": folder, "root": root,
             "acc": make_run(root / "acc", base, "sequence", ["bad", "good"], seed=3),
             "ner": make_run(root / "ner", base, "token", NER, seed=4)}
 
