@@ -35,6 +35,7 @@ import numpy as np
 from adalayers.errors import Cancelled
 from adalayers.infer.answers import answer, answer_text, cut
 from adalayers.infer.guarding import guard_trip, prompt_trips
+from adalayers.infer.heads import used_layers
 from adalayers.infer.outputs import head_output
 from adalayers.infer.params import GenerationParams
 from adalayers.infer.request import Job, Row, Stream, job_events
@@ -127,7 +128,7 @@ class Generation:
         self.side, self.tok = side, side.backbone.tokenizer
         self.heads = list(side.heads.values()) if heads is None else heads
         self.passes: Passes = side.generation_passes(self.heads)
-        self.deepest = max(max(h.task.used_layers()) for h in self.heads) if self.heads else None
+        self.deepest = used_layers(self.heads)[-1] if self.heads else None
 
     def prefill(self, jobs: list[Job]):
         """The jobs' prompts as one batch, one pass with the heads tapping it; each job gets its "prompt" event

@@ -28,27 +28,22 @@ from pathlib import Path
 
 import numpy as np
 
-from adalayers.data.tasks import takes_pairs
-from adalayers.data.templates import Template
 from adalayers.data.windows import consecutive
-from adalayers.errors import DataError, ModelError
-from adalayers.infer.heads import Head
-from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, end_of_generation, gguf_path
-from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows
+from adalayers.errors import ModelError
+from adalayers.infer.heads import Head, load_heads, used_layers
+from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, gguf_path
+from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows, read_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
-from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
+from adalayers.infer.numpy_heads import LayerMix
 from adalayers.infer.numpy_runs import load_task
 from adalayers.infer.predictor_base import PredictorBase
-from adalayers.kinds import TaskKind
-from adalayers.store.head_spec import HeadSpec, parse_heads
+from adalayers.store.head_spec import parse_heads
 from adalayers.store.trust import trusting
-from adalayers.textcheck import check_texts
 
 log = logging.getLogger(__name__)
 # tokens of one llama_decode at most (n_batch = n_ubatch: the eval callback needs a batch in one graph); llama.cpp
 # sizes its compute buffers for it, and passes and prefills are cut into decodes of at most this many
 N_BATCH = 512
-POOLINGS = ("mean", "last")  # embed's (llama-server's --pooling mean / last)
 
 
 class GgufRuntime(ContextShare):
@@ -71,18 +66,18 @@ class GgufRuntime(ContextShare):
 
     @classmethod
     def load(cls, name: str, n_ctx: int = 4096, n_seq: int = 24, threads: int | None = None,
-             fingerprint: bool = True) -> "GgufRuntime":
-        """`fingerprint`: heads will be read (their base's fingerprint is needed, and llama.cpp's states)."""
+             heads: bool = True) -> "GgufRuntime":
+        """`heads`: heads will be read (their base's fingerprint is needed, and llama.cpp's states)."""
         from adalayers.model import model_packages
         from adalayers.model.chat_templates import gguf_chat_template
 
         path = gguf_path(name)
         engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, N_BATCH), threads=threads,
-                          read_states=fingerprint)  # no heads: no eval callback at all (nor numba's compiler)
+                          read_states=heads)  # no heads: no eval callback at all (nor numba's compiler)
         tokenizer = GgufTokenizer(engine)
         tokenizer.chat_template = gguf_chat_template(str(path))
         known = model_packages.SPLIT_GGUF.get(name)
-        return cls(engine, tokenizer, name, path, base_fingerprint(path, known.sha256 if known else None, fingerprint))
+        return cls(engine, tokenizer, name, path, base_fingerprint(path, known.sha256 if known else None, heads))
 
     @property
     def base(self) -> "GgufRuntime":
@@ -106,12 +101,9 @@ class GgufRuntime(ContextShare):
         return "next_token", None
 
     def decoder(self) -> "GgufRuntime":
-        """What a generation request is checked against (infer/request.check_request): eos_ids."""
+        """What a generation request is checked against (infer/request.check_request): eos_ids (ContextShare)."""
         return self
 
-    def eos_ids(self) -> set[int]:
-        eos = self.tokenizer.eos_token_id
-        return ({eos} if eos is not None else set()) | end_of_generation(self.engine)
 
 
 def base_fingerprint(path: Path, sha256: str | None, needed: bool) -> str:
@@ -121,11 +113,12 @@ def base_fingerprint(path: Path, sha256: str | None, needed: bool) -> str:
     from adalayers.files import sha256 as file_sha256
     from adalayers.model import gguf_models
 
-    kept = gguf_models.converted(path, sha256) / "fingerprint"
-    if kept.is_file():
-        return kept.read_text(encoding="utf-8").strip()
+    digest = sha256 or file_sha256(path)
+    kept = gguf_models.kept_fingerprint(path, digest)  # never converts here: that would import torch
+    if kept is not None:
+        return kept
     if not needed:
-        return "gguf-" + (sha256 or file_sha256(path))[:16]
+        return "gguf-" + digest[:16]
     log.info("%s: computing its base fingerprint once, in a separate process (torch reads its conversion)", path)
     code = "import sys; from adalayers.model.backbone import gguf_fingerprint; print(gguf_fingerprint(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
@@ -136,15 +129,10 @@ def base_fingerprint(path: Path, sha256: str | None, needed: bool) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def load_heads(base: GgufRuntime, specs: list[HeadSpec]) -> list[Head]:
-    """The run folders as numpy heads on `base` (each checked against its fingerprint and number of states)."""
-    heads = []
-    for spec in specs:
-        task, cfg, _ = load_task(spec.path, base)
-        if len(task.weights) != base.num_layers:
-            raise ModelError(f"{spec.path}: head expects {len(task.weights)} layers, base has {base.num_layers}")
-        heads.append(Head(spec.name, task, spec.path, cfg.model.max_length, takes_pairs(cfg), Template.of(cfg)))
-    return heads
+def numpy_task(path: Path, base: GgufRuntime):
+    """A run folder as a numpy task on `base` (infer/heads.load_heads' reader on the torch-free path)."""
+    task, cfg, _ = load_task(path, base)
+    return task, cfg
 
 
 class GgufPredictor(PredictorBase):
@@ -162,9 +150,9 @@ class GgufPredictor(PredictorBase):
         threadpool_limits(1, "blas")  # the heads' small products on one thread: OpenBLAS' spinning threads
         specs = list(parse_heads(heads))  # would compete with llama.cpp's own
         with trusting(trust_unverified):
-            runtime = GgufRuntime.load(base, threads=threads, fingerprint=bool(specs),
+            runtime = GgufRuntime.load(base, threads=threads, heads=bool(specs),
                                        **GgufRuntime.sizes(ctx_size, parallel))
-            return cls(runtime, load_heads(runtime, specs), primary, **kw)
+            return cls(runtime, load_heads(runtime, specs, numpy_task), primary, **kw)
 
     def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
         super().__init__(runtime, heads, primary, **kw)
@@ -186,7 +174,7 @@ class GgufPredictor(PredictorBase):
         engine = self.runtime.engine
         names = tuple(h.name for h in heads)
         mix = self._mixes.setdefault(names, LayerMix([h.task for h in heads])) if heads else None
-        layers = sorted(set().union(*(h.task.used_layers() for h in heads))) if heads else []
+        layers = used_layers(heads)
         stop = None if self.primary or not heads else max(layers)
         base_rows, head_rows = [None] * len(rows), {n: [None] * len(rows) for n in names}
         for idx in self._plan(rows, abandoned):
@@ -206,29 +194,18 @@ class GgufPredictor(PredictorBase):
 
     def _read(self, heads: list[Head], part: list[int], lengths: list[int], accs: list[np.ndarray],
               head_rows: dict) -> None:
-        """Every head on the rows of one pass (their F laid out (B, T, k), right-padded)."""
+        """Every head on the rows of one pass (gguf_steps.read_rows over each row's F)."""
         if not heads:
             return
-        T = max(lengths)
-        mask = np.arange(T)[None, :] < np.array(lengths)[:, None]
-        padded = []
-        for acc in accs:
-            out = np.zeros((len(part), T, acc.shape[-1]), np.float32)
-            out[mask] = acc
-            padded.append(out)
-        for h, y in zip(heads, read_all([h.task for h in heads], padded, mask)):
-            values = probabilities(h.task, y)
-            if not np.isfinite(values).all():  # never answered as NaN: a server-side fault
-                raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
+        at = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+        F = [[acc[at[j]:at[j + 1]] for j in range(len(part))] for acc in accs]
+        for h, values in zip(heads, read_rows([h.name for h in heads], [h.task for h in heads], F, [0] * len(part))):
             for j, i in enumerate(part):
-                head_rows[h.name][i] = values[j, :lengths[j]] if h.kind == TaskKind.TOKENS else values[j]
+                head_rows[h.name][i] = values[j]
 
     def embed(self, texts: list[str], pooling: str = "mean") -> list[list[float]]:
         """As SideTasks.embed: the final norm's output over each text's tokens, pooled, L2-normalized."""
-        if pooling not in POOLINGS:
-            raise DataError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-        check_texts(texts)
-        ids = self._tokenize(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self._embedding_ids(texts, pooling)
         engine, last, out = self.runtime.engine, self.runtime.num_layers - 1, []
         for a, b in consecutive([len(i) for i in ids], self.runtime.pass_tokens(), self.batch_size):
             seqs = engine.acquire(b - a)

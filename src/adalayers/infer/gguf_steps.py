@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adalayers.errors import ModelError
+from adalayers.infer.heads import used_layers
 from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
 from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
 from adalayers.infer.numpy_incremental import IncrementalReads
@@ -72,6 +73,29 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
                 parts[h][b].append(acc[at:at + len(p.tokens)])
             at += len(p.tokens)
     return logits, [np.concatenate([c for row in head for c in row]) for head in parts]
+
+
+def read_rows(names: list[str], tasks: list, F: list[list[np.ndarray]], starts: list[int],
+              skip_bos: bool | None = None) -> list[list[np.ndarray]]:
+    """The full read (numpy_heads.read_all) of tasks[j] (head names[j]) over each row's F (F[j][b]: (T_b, k)) from position
+    starts[b] on, the rows right-padded into one batch: per task, per row, its probabilities or value (a token
+    task: per position, T_b of them). A non-finite value is a ModelError (never answered as NaN)."""
+    lengths = [len(f) for f in F[0]]
+    T = max(lengths)
+    mask = (np.arange(T)[None, :] < np.array(lengths)[:, None]) & (np.arange(T)[None, :] >= np.array(starts)[:, None])
+    padded = []
+    for rows in F:
+        acc = np.zeros((len(rows), T, rows[0].shape[-1]), np.float32)
+        for b, f in enumerate(rows):
+            acc[b, :len(f)] = f
+        padded.append(acc)
+    out = []
+    for name, t, y in zip(names, tasks, read_all(tasks, padded, mask, skip_bos)):
+        values = probabilities(t, y)
+        if not np.isfinite(values).all():
+            raise ModelError(f"head {name!r} produced non-finite values (NaN or infinity)")
+        out.append([values[b, :lengths[b]] if values.ndim == 3 else values[b] for b in range(len(lengths))])
+    return out
 
 
 class Grown:
@@ -127,7 +151,7 @@ class SequencePasses:
         self.engine = side.runtime.engine
         self.tasks = {h.name: h.task for h in heads}
         self.mix = LayerMix([h.task for h in heads]) if heads else None
-        self.layers = sorted(set().union(*(h.task.used_layers() for h in heads))) if heads else []
+        self.layers = used_layers(heads)
         self.reads: dict[tuple[str, ...], IncrementalReads] = {}
         self.fed: dict[tuple[tuple, int], int] = {}       # (heads read together, row key) -> positions fed
         self.last: dict[tuple[tuple, int], list] = {}     # ... -> their values then
@@ -193,7 +217,7 @@ class SequencePasses:
         full = [n for n in names if n not in step]
         if full:
             out.update(self._full(batch, full, rows, answer_alone))
-        for n in names:
+        for n in step:  # the full read checks its own (read_rows)
             if not all(np.isfinite(v).all() for v in out[n]):  # never answered as NaN: a server-side fault
                 raise ModelError(f"head {n!r} produced non-finite values (NaN or infinity)")
         return out
@@ -217,15 +241,7 @@ class SequencePasses:
 
     def _full(self, batch: SequenceBatch, names: list[str], rows: list[int], answer_alone: bool) -> dict:
         """The full read over each row's F so far (answer_alone: its generated tokens only, BOS not skipped)."""
-        T = max(batch.F[r][names[0]].n for r in rows)
-        mask = np.zeros((len(rows), T), bool)
-        for b, r in enumerate(rows):
-            mask[b, (batch.rows[r].answer_from if answer_alone else 0):batch.F[r][names[0]].n] = True
-        accs = []
-        for n in names:
-            acc = np.zeros((len(rows), T, self.mix_k(n)), np.float32)
-            for b, r in enumerate(rows):
-                acc[b, :batch.F[r][n].n] = batch.F[r][n].view()
-            accs.append(acc)
-        outs = read_all([self.tasks[n] for n in names], accs, mask, False if answer_alone else None)
-        return {n: [probabilities(self.tasks[n], y[b]) for b in range(len(rows))] for n, y in zip(names, outs)}
+        starts = [batch.rows[r].answer_from if answer_alone else 0 for r in rows]
+        outs = read_rows(names, [self.tasks[n] for n in names], [[batch.F[r][n].view() for r in rows] for n in names], starts,
+                         False if answer_alone else None)
+        return dict(zip(names, outs))

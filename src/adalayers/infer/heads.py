@@ -35,6 +35,12 @@ class Head:
                 "max_length": self.max_length}  # never the run folder's path: clients need not know it
 
 
+def used_layers(heads: list[Head]) -> list[int]:
+    """The states any of the heads reads, in order (the last one: where a pass without the base's own output may
+    stop)."""
+    return sorted(set().union(*(h.task.used_layers() for h in heads)))
+
+
 def heads_base(heads: list[HeadSpec]) -> str:
     """The base the heads were trained on (their config.json's base name), when they all name the same one;
     otherwise a ModelError that lists them and names --base."""
@@ -48,17 +54,22 @@ def heads_base(heads: list[HeadSpec]) -> str:
     return bases[0]
 
 
-def load_heads(base, specs: list[HeadSpec]) -> list[Head]:
-    """The heads named by `specs` on `base` (its device), each checked against the base's fingerprint and
-    number of layers."""
+def load_heads(base, specs: list[HeadSpec], read=None) -> list[Head]:
+    """The heads named by `specs` on `base`, each checked against the base's fingerprint and number of layers.
+    `read(run_dir, base) -> (task, Config)`: how a run folder becomes a task (default: the torch SideTask on the
+    base's device; the torch-free path reads numpy tasks, adalayers.infer.numpy_runs)."""
     heads = []
     for name, path in ((s.name, s.path) for s in specs):
-        task, cfg, _ = runlib.load_head(path, base)  # refuses a head trained on another base
-        if task.mixer.num_layers != base.num_layers:
-            raise ModelError(f"{path}: head expects {task.mixer.num_layers} layers, base has {base.num_layers}")
-        heads.append(Head(name, task.to(base.device).eval(), path, cfg.model.max_length, takes_pairs(cfg),
-                          Template.of(cfg)))
+        task, cfg = (read or _torch_task)(path, base)  # refuses a head trained on another base
+        if len(task.layer_weights()) != base.num_layers:
+            raise ModelError(f"{path}: head expects {len(task.layer_weights())} layers, base has {base.num_layers}")
+        heads.append(Head(name, task, path, cfg.model.max_length, takes_pairs(cfg), Template.of(cfg)))
     return heads
+
+
+def _torch_task(path: Path, base):
+    task, cfg, _ = runlib.load_head(path, base)
+    return task.to(base.device).eval(), cfg
 
 
 def heads_states(heads: list[HeadSpec]) -> str:

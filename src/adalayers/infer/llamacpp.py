@@ -64,6 +64,7 @@ class ContextShare:
           a row counted at its most: its prompt's tokens + its max_new_tokens (reserved while it runs).
     """
     engine: "LlamaCpp"
+    tokenizer: object  # its eos_token_id
 
     def pass_share(self) -> tuple[int, int]:
         """(P_rows sequences, pass tokens) of the context kept for passes: half of each."""
@@ -87,6 +88,11 @@ class ContextShare:
     def prefill_tokens(self) -> int:
         """Prompt tokens one prefill takes (serve's scheduler prefills in groups): one pass's tokens."""
         return self.pass_tokens()
+
+    def eos_ids(self) -> set[int]:
+        """The tokens that end a generation: the tokenizer's end of text (self.tokenizer), and llama.cpp's."""
+        eos = self.tokenizer.eos_token_id
+        return ({eos} if eos is not None else set()) | end_of_generation(self.engine)
 
     def usage(self) -> dict:
         return {"llamacpp_sequences": self.engine.n_seq, "llamacpp_sequences_free": self.engine.free_sequences,

@@ -155,9 +155,7 @@ class LlamaCppDecoder:
         self.base = base
 
     def eos_ids(self) -> set[int]:
-        from adalayers.infer.llamacpp import end_of_generation
-
-        return {t for t in [self.base.tokenizer.eos_token_id] if t is not None} | end_of_generation(self.base.engine)
+        return self.base.eos_ids()
 
     def prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, tap) -> tuple[torch.Tensor, "Sequences"]:
         """The prompts' real tokens, each row a new sequence from position 0."""

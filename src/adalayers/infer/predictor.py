@@ -28,7 +28,7 @@ import torch
 from adalayers.data.encoding import collate
 from adalayers.engine.predict import predict
 from adalayers.errors import ModelError
-from adalayers.infer.heads import Head
+from adalayers.infer.heads import Head, used_layers
 from adalayers.infer.predictor_base import PredictorBase, _real
 from adalayers.infer.runtime import Runtime
 from adalayers.infer.shared_tokenizer import shared
@@ -75,7 +75,7 @@ class Predictor(PredictorBase):
         """One pass of the runtime over a collated batch, every head tapping it: (the base's own output, each
         head's logits). Without the base's own output (primary=False) the base stops after the deepest layer
         a head uses (early exit)."""
-        stop = None if self.primary or not heads else max(max(h.task.used_layers()) for h in heads)
+        stop = None if self.primary or not heads else used_layers(heads)[-1]
         return self.runtime.forward(batch, heads, stop)
 
     @torch.inference_mode()

@@ -32,6 +32,9 @@ from adalayers.kinds import TaskKind
 from adalayers.textcheck import check_texts
 
 
+POOLINGS = ("mean", "last")  # embed's (llama-server's --pooling mean / last)
+
+
 def chunks(n: int, size: int) -> list[list[int]]:
     """Rows 0..n-1 in order, `size` at a time (a pass's micro-batches)."""
     return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
@@ -224,6 +227,14 @@ class PredictorBase:
     def _run(self, rows: list[dict], heads: list[Head], abandoned: Callable[[], set[int]] | None = None) -> dict:
         """One base pass per micro-batch of rows (_plan), every head reading it (see the module doc)."""
         raise NotImplementedError
+
+    def _embedding_ids(self, texts: list[str], pooling: str) -> list[list[int]]:
+        """embed's input checked (`pooling` one of POOLINGS, the text rules): each text's ids, truncated to
+        max_length, BOS included (what a decoder base's embedding is read over)."""
+        if pooling not in POOLINGS:
+            raise DataError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+        check_texts(texts)
+        return self._tokenize(texts, truncation=True, max_length=self.max_length)["input_ids"]
 
     def _plan(self, rows: list[dict], abandoned: Callable[[], set[int]] | None):
         """The micro-batches of row indices, in order; before each, the rows of texts nobody waits for are

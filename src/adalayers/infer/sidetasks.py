@@ -19,7 +19,6 @@ import torch
 
 from adalayers.data.encoding import collate
 from adalayers.engine.predict import in_order
-from adalayers.errors import DataError
 from adalayers import runtimes
 from adalayers.infer.heads import Head, heads_base, load_heads
 from adalayers.infer.llamacpp import context_size
@@ -28,11 +27,9 @@ from adalayers.infer.predictor import Predictor
 from adalayers.infer.runtime import Runtime
 from adalayers.store.head_spec import HeadSpec, parse_heads
 from adalayers.store.trust import trusting
-from adalayers.textcheck import check_texts
 
 __all__ = ["SideTasks", "Head", "HeadSpec", "heads_base", "parse_heads"]
 
-POOLINGS = ("mean", "last")  # SideTasks.embed's (llama-server's --pooling mean / last)
 
 
 class SideTasks(Predictor):
@@ -92,10 +89,7 @@ class SideTasks(Predictor):
         (the final norm's output) over the text's tokens (BOS included, truncated to max_length), pooled by
         `pooling` ("mean" of every token, or the "last" token's), L2-normalized. One pass per batch of rows,
         the LM head skipped."""
-        if pooling not in POOLINGS:
-            raise DataError(f"pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-        check_texts(texts)
-        ids = self._tokenize(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self._embedding_ids(texts, pooling)
         left, last = self.backbone.is_causal, self.backbone.num_layers - 1
         pad = self.backbone.tokenizer.pad_token_id or 0
         out: list[list[float]] = []

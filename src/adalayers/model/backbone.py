@@ -301,10 +301,10 @@ class Backbone(nn.Module):
 def gguf_fingerprint(path: Path) -> str:
     """The default runtime's base fingerprint (Backbone.fingerprint) of a GGUF file: computed once from its
     conversion and kept beside it, so a runtime that runs the file as it is (llama.cpp) loads the same heads."""
+    kept = gguf_models.kept_fingerprint(Path(path))
+    if kept is not None:
+        return kept
     folder = gguf_models.converted(Path(path))
-    kept = folder / "fingerprint"
-    if kept.is_file():
-        return kept.read_text(encoding="utf-8").strip()
     value = Backbone.load(str(folder), "decoder").fingerprint()
-    atomic_write(kept, value + "\n")
+    atomic_write(folder / "fingerprint", value + "\n")
     return value

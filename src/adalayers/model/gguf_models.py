@@ -45,6 +45,18 @@ def check_header(path: Path) -> None:
         raise ModelError(f"{path}: GGUF version {version} is not supported (2 or 3)")
 
 
+def conversion_folder(path: Path, sha256: str | None = None) -> Path:
+    """Where `path`'s conversion is (or will be) kept, $ADALAYERS_CACHE/models/gguf-<sha256[:16]>: nothing made."""
+    return cache_root() / "models" / f"gguf-{(sha256 or file_sha256(Path(path).expanduser()))[:16]}"
+
+
+def kept_fingerprint(path: Path, sha256: str | None = None) -> str | None:
+    """The base fingerprint kept beside `path`'s conversion (model.backbone.gguf_fingerprint), or None: never
+    computed. Reads one small file (no conversion, no torch: the torch-free serving path asks it)."""
+    kept = conversion_folder(path, sha256) / "fingerprint"
+    return kept.read_text(encoding="utf-8").strip() if kept.is_file() else None
+
+
 def converted(path: Path, sha256: str | None = None) -> Path:
     """The Hugging Face folder holding `path`'s weights (fp32 safetensors) and tokenizer; made once."""
     path = Path(path).expanduser().resolve()
@@ -52,7 +64,7 @@ def converted(path: Path, sha256: str | None = None) -> Path:
         raise ModelError(f"GGUF file not found: {path}")
     check_header(path)
     digest = sha256 or file_sha256(path)
-    target = cache_root() / "models" / f"gguf-{digest[:16]}"
+    target = conversion_folder(path, digest)
     if (target / ".complete").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
