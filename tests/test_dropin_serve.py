@@ -52,7 +52,9 @@ def _watch_loading(server: ServeProcess) -> list[tuple[int, str]]:
 @pytest.fixture(scope="module")
 def started(files, tmp_path_factory):
     """No heads: the chat file on llama.cpp (llama-server's flag names) and on torch; the base file on torch.
-    The llama.cpp server's /health is watched from its start (test_health_is_503_while_loading_then_200)."""
+    The torch server's /health is watched from its start (test_health_is_503_while_loading_then_200): it converts
+    the GGUF file first, so its loading lasts long enough to be seen; the torch-free llama.cpp server of this tiny
+    file may answer 200 at its first /health."""
     with pytest.MonkeyPatch.context() as mp:  # the torch runtime's conversion of the GGUF file goes here
         mp.setenv("ADALAYERS_CACHE", str(tmp_path_factory.mktemp("cache")))
         started = {"llama": ServeProcess(files["chat"], [], files["root"], "--runtime", "llama.cpp", "-c", "1024",
@@ -60,7 +62,7 @@ def started(files, tmp_path_factory):
                    "torch": ServeProcess(files["chat"], [], files["root"], "--ctx-size", "1024"),
                    "base": ServeProcess(files["base"], [], files["root"], "--runtime", "llama.cpp")}
     try:
-        loading = _watch_loading(started["llama"])
+        loading = _watch_loading(started["torch"])
         yield {"servers": {k: s.wait_started() for k, s in started.items()}, "loading": loading}
     finally:
         for s in started.values():
@@ -169,7 +171,8 @@ def test_metrics_parse_and_move(servers):
 
 def test_health_is_503_while_loading_then_200(started):
     """As llama-server: the server binds first, /health answers 503 {"status": "loading"} until the base is
-    loaded, then 200; other routes answer 503 meanwhile (_watch_loading, from the llama.cpp server's start)."""
+    loaded, then 200; other routes answer 503 meanwhile (_watch_loading, from the torch server's start; both
+    runtimes load behind the same serve.app.Loading)."""
     seen = started["loading"]
     assert seen[0] == (503, "loading") and seen[-1] == (200, "ok"), seen
     assert {s for s, _ in seen} == {503, 200}
