@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from adalayers import cli
+from adalayers import cli, config
 from adalayers.recipes import service
 from adalayers.lab import report, sweep
 from adalayers.errors import RunError
@@ -36,7 +36,7 @@ def _is_png(path: Path) -> bool:
 def test_report_on_a_classification_run(world, tmp_path):
     model, data = world
     run = tmp_path / "imdb"
-    metrics = service.train(tiny_config(model, data, "imdb", model={"max_length": 12}), run)
+    metrics = service.train(tiny_config(model, data, "imdb", model={"max_length": 12}, train={"keep": "head"}), run)
     assert cli.main(["report", str(run), "--top", "3"]) == 0
     md = (run / "report.md").read_text(encoding="utf-8")
     rep = json.loads((run / "report.json").read_text(encoding="utf-8"))
@@ -117,8 +117,11 @@ def test_sweep_pins_each_layer_and_resumes(world, tmp_path, monkeypatch):
 def test_sweep_reuses_a_given_adalayers_run(world, tmp_path):
     model, data = world
     cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
-    ada = tmp_path / "ada"
-    service.train(cfg, ada)
+    ada, probe_kept = tmp_path / "ada", tmp_path / "probe_kept"
+    service.train(config.from_dict(cfg.to_dict(), ["train.keep=probe"]), probe_kept)
+    with pytest.raises(RunError, match="kept its linear probe"):  # the sweep compares heads
+        sweep.run_sweep(cfg, tmp_path / "s0", layers="1", adalayers_run=probe_kept)
+    service.train(config.from_dict(cfg.to_dict(), ["train.keep=head"]), ada)
     r = sweep.run_sweep(cfg, tmp_path / "sweep", layers="1", adalayers_run=ada)
     assert r["adalayers"]["run"] == str(ada) and not (tmp_path / "sweep" / "adalayers").exists()
     assert r["adalayers"]["differences"] == []
@@ -136,7 +139,7 @@ def test_sweep_takes_a_folder_of_seeds_as_its_adalayers_run(world, tmp_path):
     from adalayers.lab import seeds
 
     model, data = world
-    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1})
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 1, "keep": "head"})
     summary = seeds.train_seeds(cfg, tmp_path / "ada", 2)
     r = sweep.run_sweep(cfg, tmp_path / "sweep", layers="1", adalayers_run=tmp_path / "ada", seeds=2)
     assert r["adalayers"]["differences"] == [] and r["adalayers"]["test_main"] == summary["test"]["accuracy"]

@@ -66,10 +66,13 @@ def test_seeds_differ_and_are_summarised_as_median_and_range(world, tmp_path, ca
     s = summary["spread"]["test"]["accuracy"]
     assert f"| test | accuracy | {s['median']:.4f} | {s['min']:.4f} – {s['max']:.4f} |" in md
     assert all((d / "report.md").is_file() for d in [*dirs, out / "ensemble"])
-    # a second call reuses every finished seed
+    # the same call again reuses every finished seed; without --ensemble (each seed keeping the better of head
+    # and probe) the seeds kept with train.keep=head are not taken for it
     capsys.readouterr()
-    assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3"]) == 0
+    assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3", "--ensemble"]) == 0
     assert capsys.readouterr().out.count("is finished, reusing it") == 3
+    assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3"]) == 2
+    assert "train.keep=head and this call asks train.keep=best" in capsys.readouterr().err
 
 
 def test_ensemble_needs_seeds(world, tmp_path, capsys):

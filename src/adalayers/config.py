@@ -249,7 +249,7 @@ class TrainConfig(OptimSettings):
                                               "training (judged by the longest epoch so far; None = no limit).",
                                         gt=0)
     keep: Literal["head", "probe", "best"] = setting(
-        "head", "What the run folder keeps: head (the trained head), probe (the best linear probe, fitted after the "
+        "best", "What the run folder keeps: head (the trained head), probe (the best linear probe, fitted after the "
                 "head on the same states) or best (the better of the two on validation; selection.md says which "
                 "and why). Every run fits the probes and reports them in metrics.json.")
     time_budget: float | None = setting(None, "Minutes the whole run may take, cache build included: max_epochs (and "

@@ -10,7 +10,10 @@ from adalayers.errors import RunError
 from adalayers.store import run as runlib
 
 # settings that do not change what a run learns: a finished run is reused even if they differ
-IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size"}, "mixer": {"pin_layer"}}
+# train.keep: what a run keeps, not what its head learns (the lab trains and compares heads: train.keep=head;
+# a given run that kept its probe is refused where its head is wanted)
+IGNORED = {"cache": None, "tune": None, "train": {"device", "num_threads", "eval_batch_size", "keep"},
+           "mixer": {"pin_layer"}}
 
 
 def read_metrics(run_dir: Path) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from adalayers import config as config_mod
 from adalayers.store import run as runlib
-from adalayers.errors import ConfigError
+from adalayers.errors import ConfigError, RunError
 from adalayers.lab.runs import finished
 
 SUMMED = ("train_seconds",)  # reported as the total over the seeds, besides the spread
@@ -74,11 +74,18 @@ def train_seeds(cfg, out: Path, n: int, ensemble: bool = False) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prepared = service.prepare(cfg)  # one base and one encoding for every seed (sets head.kind)
+    if ensemble:  # an ensemble averages its members' heads: every seed keeps its head
+        cfg = config_mod.from_dict(cfg.to_dict(), ["train.keep=head"])
     seeds = [cfg.train.seed + i for i in range(n)]
     dirs, metrics = [], []
     for s in seeds:
         cfg_s, run_dir = seed_config(cfg, s), out / f"seed_{s}"
         done = finished(run_dir, cfg_s)
+        kept_by = done and done["meta"]["config"]["train"].get("keep", "head")
+        if done is not None and kept_by != cfg_s.train.keep:
+            raise RunError(f"{run_dir} was kept with train.keep={kept_by} and this call asks train.keep="
+                           f"{cfg_s.train.keep} (--ensemble trains with train.keep=head): give a new --out, or the "
+                           f"same --keep and --ensemble as before")
         if done is not None:
             print(f"[seeds] seed {s}: {run_dir} is finished, reusing it")
             m = done["metrics"]

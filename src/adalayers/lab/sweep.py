@@ -80,6 +80,11 @@ def _given_adalayers(ada_dir: Path, ada_cfg) -> dict:
     # a folder of `train --seeds N` holds the seeds' summary; their settings are in its first seed's folder
     seeds_of = ada_metrics.get("runs") if not (ada_dir / "config.json").is_file() else None
     meta = runlib.read_config(ada_dir / seeds_of[0] if seeds_of else ada_dir)
+    for d in [ada_dir / r for r in seeds_of] if seeds_of else [ada_dir]:
+        if read_metrics(d).get("kept", "head") != "head":
+            raise RunError(f"--adalayers {ada_dir}: {d} kept its linear probe (train.keep, selection.md), not the "
+                           f"head the sweep compares; its head is in {d / 'candidates' / 'head'}, or train it "
+                           f"with --keep head")
     diffs = differences(meta["config"], ada_cfg.to_dict())
     data_diffs = [d for d in diffs if d.startswith(("task.", "model."))]
     if data_diffs:  # another dataset, subset, base or max_length: nothing to compare
@@ -102,6 +107,7 @@ def run_sweep(cfg, out: Path, layers: str | None = None, adalayers_run: Path | N
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    cfg = config_mod.from_dict(cfg.to_dict(), ["train.keep=head"])  # a sweep compares heads (probes: reported)
     backbone = service.load_base(cfg, pick_device(cfg.train.device))  # on the runtime of model.runtime
     data = load_task(cfg)
     num_layers, main = backbone.num_layers, data.main_metric

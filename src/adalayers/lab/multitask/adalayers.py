@@ -46,6 +46,7 @@ def head_config(mcfg, task: str, max_epochs: int, patience: int, lr: float = HEA
     cfg.train.lr, cfg.train.device = lr, mcfg.device
     cfg.train.early_stopping = max(1, min(patience, max_epochs))
     cfg.train.lr_patience = max(1, cfg.train.early_stopping - 1)
+    cfg.train.keep = "head"  # the multi-task rows compare heads (and progressive ones read them)
     return cfg
 
 
