@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from adalayers.files import atomic_write
+
 HERE = Path(__file__).resolve().parent
 RESULT = HERE / "results" / "kept_table.json"
 DATA = "$ADALAYERS_DATA"   # written into the commands as is: the data folder's place is the user's
@@ -53,7 +55,7 @@ CELLS: dict[str, tuple[str, list[str], bool]] = {
     "gemma-cola": ("gemma3-270m", ["configs/cola.yaml"], True),
     "gemma-conll": ("gemma3-270m", ["configs/conll.yaml", *GEMMA_SUBSETS["conll"]], True),
     "gemma-imdb": ("gemma3-270m", ["configs/imdb.yaml", *GEMMA_SUBSETS["imdb"]], True),
-    # 17 classes: which publication a CoLA sentence is from; test: dev's rows from those 17 (written by --prepare)
+    # 17 classes: which publication a CoLA sentence is from; test: dev's rows from those 17 (cola17_test, at start)
     "minilm-17": ("minilm-l6", ["--data", f"{DATA}/glue/CoLA/train.tsv", "--text", "3", "--label", "0",
                                 "--test", "OUT/cola17_test.tsv"], True),
     "minilm-banking77": ("minilm-l6", files("banking77"), False),
@@ -68,9 +70,7 @@ def cola17_test(data: Path, out: Path) -> None:
     seen = {line.split("\t", 1)[0] for line in (data / "glue/CoLA/train.tsv").read_text(encoding="utf-8").splitlines()}
     rows = [line for line in (data / "glue/CoLA/dev.tsv").read_text(encoding="utf-8").splitlines()
             if line.split("\t", 1)[0] in seen]
-    tmp = out / "cola17_test.tsv.part"
-    tmp.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(out / "cola17_test.tsv")
+    atomic_write(out / "cola17_test.tsv", "".join(r + "\n" for r in rows))
 
 
 def expand(args: list[str], env: dict[str, str], out: Path) -> list[str]:
@@ -78,9 +78,10 @@ def expand(args: list[str], env: dict[str, str], out: Path) -> list[str]:
             .replace("OUT/", f"{out}/") for a in args]
 
 
-def train(name: str, run: Path, seeds: int, threads: int, env: dict, out: Path, extra: list[str]) -> list[str]:
+def train(name: str, run: Path, seeds: int, threads: int, env: dict, out: Path, extra: list[str],
+          keep: str = "best") -> list[str]:
     base, args, _ = CELLS[name]
-    shown = ["adalayers", "train", *args, "--seeds", str(seeds), "--keep", "best", "--out", f"OUT/{run.name}",
+    shown = ["adalayers", "train", *args, "--seeds", str(seeds), "--keep", keep, "--out", f"OUT/{run.name}",
              "--set", f"model.base={base}", "--set", f"train.num_threads={threads}", "--set", "cache.enabled=true",
              *extra]
     cmd = [sys.executable, "-m", "adalayers", *expand(shown[1:], env, out)]
@@ -116,11 +117,11 @@ def single_layer(name: str, out: Path, seeds: int, threads: int, env: dict) -> d
     first = {}
     for layer in range(num_layers):
         run = out / f"{name}_layer{layer}"
-        train(name, run, 1, threads, env, out, ["--set", f"mixer.pin_layer={layer}", "--keep", "head"])
+        train(name, run, 1, threads, env, out, ["--set", f"mixer.pin_layer={layer}"], keep="head")
         first[layer] = seed_rows(run, 1)[0]["head"]
     best = max(first, key=lambda i: first[i]["validation"])
     run = out / f"{name}_layer{best}_seeds"
-    train(name, run, seeds, threads, env, out, ["--set", f"mixer.pin_layer={best}", "--keep", "head"])
+    train(name, run, seeds, threads, env, out, ["--set", f"mixer.pin_layer={best}"], keep="head")
     tests = [r["head"]["test"] for r in seed_rows(run, seeds)]
     return {"layer": best, "seed0_by_layer": first, "test": tests, "median": statistics.median(tests), "min": min(tests)}
 
@@ -180,10 +181,7 @@ def main() -> int:
         result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
         result["settings"] = {"seeds": args.seeds, "threads": args.threads, "keep": "best",
                               "data": "$ADALAYERS_DATA; new tasks: benchmarks/probe_tasks_data.py (docs/data.md)"}
-        RESULT.parent.mkdir(parents=True, exist_ok=True)
-        tmp = RESULT.with_suffix(".json.part")
-        tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(RESULT)
+        atomic_write(RESULT, json.dumps(result, indent=1) + "\n")
         print(f"[kept_table] {name}: {json.dumps(cell['summary'])}", flush=True)
     print(markdown(result["cells"]))
     return 0

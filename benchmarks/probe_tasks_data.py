@@ -26,6 +26,8 @@ import re
 import tarfile
 from pathlib import Path
 
+from adalayers.files import atomic_write
+
 
 def clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
@@ -84,14 +86,12 @@ def write(out: Path, parts: dict[str, list[tuple]], sources: list[Path]) -> None
     for name, rows in parts.items():
         header = "text\ttext_pair\tlabel\n" if len(rows[0]) == 3 else "text\tlabel\n"
         path = out / f"{name}.tsv"
-        tmp = path.with_suffix(".tsv.part")
-        tmp.write_text(header + "".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write(path, header + "".join("\t".join(r) + "\n" for r in rows))
         sums.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}")
         words = sorted(sum(len(t.split()) for t in r[:-1]) for r in rows)
         print(f"{name}: {len(rows):,} rows, {len({r[-1] for r in rows})} labels, words per row median "
               f"{words[len(words) // 2]}, max {words[-1]}")
-    (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    atomic_write(out / "SHA256SUMS", "\n".join(sums) + "\n")
     print("\n".join(sums))
 
 
