@@ -257,6 +257,12 @@ def test_many_classes_get_epochs_enough_for_early_stopping_to_end_training(tmp_p
                                    f"rows, {classes} classes), max_epochs {epochs}, early_stopping 10")
                    for line in lines), lines
         assert any("12 classes: train.max_epochs 100 (not 40)" in line for line in lines) == (classes == 12)
-    # --set chooses: nothing raised
-    assert shortcut.shortcut_config(None, {"train": str(tmp_path / "c12.csv")},
-                                    ["train.max_epochs=30"]).train.max_epochs == 30
+    # --set chooses: nothing raised, and the line says what training will use (--set's values, not the file's)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="adalayers.data.tasks.shortcut"):
+        cfg = shortcut.shortcut_config(None, {"train": str(tmp_path / "c12.csv")},
+                                       ["train.max_epochs=30", "train.lr=1e-3", "task.max_train_examples=500"])
+    assert (cfg.train.max_epochs, cfg.train.lr, cfg.task.max_train_examples) == (30, 1e-3, 500)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["training settings: lr 0.001, batch 32 (16 steps an epoch over 500 training rows, 12 classes), "
+                     "max_epochs 30, early_stopping 10"], lines

@@ -65,8 +65,12 @@ def shortcut_config(config_path: str | None, task: dict, overrides: list[str]):
         base["head"]["kind"] = None  # follows the data
         base["model"]["max_length"] = None  # chosen from the data (the closest config's was for its own task)
         classes = count_classes(probe.task.files, tables["train"]) if kind == TaskKind.CLASSIFICATION else None
-        _fit_to_data(base, len(tables["train"].rows or []), classes, "validation" in tables, overrides,
-                     tokens_per_row(tables["train"], task))
+        limit = config_mod.from_dict(base, overrides).task.max_train_examples  # the file's or --set's
+        n_train = _fit_to_data(base, len(tables["train"].rows or []), classes, "validation" in tables, overrides,
+                               tokens_per_row(tables["train"], task), limit)
+        cfg = config_mod.from_dict(base, overrides)
+        _say_settings(cfg.train, n_train, classes)
+        return cfg
     return config_mod.from_dict(base, overrides)
 
 
@@ -82,24 +86,36 @@ def tokens_per_row(table, task: dict) -> float | None:
 
 
 def _fit_to_data(base: dict, rows: int, classes: int | None, own_validation: bool, overrides: list[str],
-                 row_tokens: float | None = None) -> None:
+                 row_tokens: float | None = None, max_rows: int | None = None) -> int:
     """The closest config's lr and epochs are made for thousands of rows and two classes: a small file gets
     its own (few_step_defaults), a task of many classes more epochs (many_class_defaults), each said in the
-    log; not when --set chooses any of them. The settings taken are always said."""
+    log; not when --set chooses any of them. Returns the training rows: the file's, less the validation share
+    when the data has no validation file of its own, at most max_rows (task.max_train_examples)."""
     import logging
 
     log = logging.getLogger(__name__)
     chosen = {o.partition("=")[0].strip() for o in overrides or []}
     n_train = rows if own_validation else rows - round(rows * base["task"]["validation_fraction"])
+    if max_rows is not None:
+        n_train = min(n_train, max_rows)
     train = base["train"]
     if not chosen & {"train.lr", "train.max_epochs", "train.early_stopping", "train.batch_size"} and n_train >= 1:
         for note in (few_step_defaults(train, n_train, row_tokens), many_class_defaults(train, classes)):
             if note:
                 log.info("%s", note)
-    per_epoch = max(1, math.ceil(max(n_train, 1) / train["batch_size"]))
-    log.info("training settings: lr %g, batch %d (%d steps an epoch over %s training rows%s), max_epochs %d, "
-             "early_stopping %s", train["lr"], train["batch_size"], per_epoch, f"{n_train:,}",
-             f", {classes} classes" if classes else "", train["max_epochs"], train["early_stopping"])
+    return n_train
+
+
+def _say_settings(t, n_train: int, classes: int | None) -> None:
+    """The training settings taken (`t`: the final config's train section, --set overrides included), in one
+    log line."""
+    import logging
+
+    per_epoch = max(1, math.ceil(max(n_train, 1) / t.batch_size))
+    logging.getLogger(__name__).info(
+        "training settings: lr %g, batch %d (%d steps an epoch over %s training rows%s), max_epochs %d, "
+        "early_stopping %s", t.lr, t.batch_size, per_epoch, f"{n_train:,}", f", {classes} classes" if classes else "",
+        t.max_epochs, t.early_stopping)
 
 
 def many_class_defaults(train: dict, classes: int | None) -> str | None:
