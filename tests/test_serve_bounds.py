@@ -127,20 +127,24 @@ def test_the_deepest_and_widest_valid_requests_still_pass(server):
     assert r.status_code in (200, 422) and "values" not in r.text  # the tiny heads take no pairs: 422 later
 
 
+HANG_UPS = 10
+
+
 def test_a_body_whose_client_left_is_dropped_unvalidated(server):
     """The client sends a whole (invalid) body and hangs up: before, it was parsed and validated (a 422 nobody
-    read); now it is dropped unread, counted under clients_gone."""
+    read); now it is dropped unread, counted under clients_gone. Ten of them: the hang-up that comes with the
+    body is seen every time, also on a loaded machine (budget.LOOP_TURNS; one turn missed some)."""
     gone = server.health()["clients_gone"]
     body = b'{"texts":' + _wide(2000) + b"}"
-    for _ in range(3):
+    for _ in range(HANG_UPS):
         with socket.create_connection(("127.0.0.1", server.port)) as s:
             s.sendall(b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
                       + str(len(body)).encode() + b"\r\n\r\n" + body)
             s.shutdown(socket.SHUT_WR)
     deadline = time.time() + 10
-    while server.health()["clients_gone"] < gone + 3 and time.time() < deadline:
+    while server.health()["clients_gone"] < gone + HANG_UPS and time.time() < deadline:
         time.sleep(0.1)
-    assert server.health()["clients_gone"] >= gone + 3
+    assert server.health()["clients_gone"] - gone == HANG_UPS
 
 
 def test_concurrent_long_texts_never_500(server):
