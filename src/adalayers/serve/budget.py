@@ -28,9 +28,6 @@ from adalayers.serve.limits import MAX_DEPTH
 from adalayers.serve.shapes import error_body_for
 
 INLINE_SCAN_BYTES = 64 * 1024  # a larger body is scanned in a worker thread, off the event loop
-# turns of the event loop before a read body is looked at: the hang-up that came with its last bytes is read
-# from the socket on the next turn (after this task's), and the server's protocol hands it on a turn later
-LOOP_TURNS = 3
 # a JSON string (quotes included, written as one "unrolled" loop: no backtracking, C speed), or structure
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.DOTALL)  # a string, or structure
 _OPEN, _CLOSE, _COMMA = b"[{", b"]}", ord(",")
@@ -128,8 +125,7 @@ class JsonBudget:
 
 async def _gone(receive) -> bool:
     """Has the client disconnected? Looks at the next message without waiting (Starlette's is_disconnected)."""
-    for _ in range(LOOP_TURNS):  # a hang-up that came with the body's last bytes is read and handed on
-        await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: a hang-up that arrived with the body's last bytes is seen
     message = {}
     with anyio.CancelScope() as scope:
         scope.cancel()
