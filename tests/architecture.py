@@ -3,7 +3,8 @@ and long functions and modules. tests/test_architecture.py holds the limits; `py
 prints the report.
 
 Floors, from the bottom (a module may import its own floor and the floors below it):
-    0  the foundation: adalayers.{errors, kinds, config, core, jsoncheck, textcheck, progress, metrics, raylocal}
+    0  the foundation: adalayers.{errors, kinds, config, core, jsoncheck, textcheck, progress, entities, metrics,
+       raylocal}
     1  engine (the one fit loop and predict loop: knows nothing of data, models or run folders)
     2  data      3  model      4  store      5  recipes, infer, export      6  serve, bulk      7  cli
 The lab (adalayers.lab) sits above them all: it imports the product, the product never imports it.

@@ -2,7 +2,8 @@
 
 Two servers (uvicorn subprocesses on 127.0.0.1) serve one tiny F32 GGUF written by the test, with the same two
 heads (a sequence and a token head): one on the default runtime (transformers, after the one conversion), one
-on llama.cpp, its process unable to import torch or transformers (the torch-free path: infer/gguf_serving.py).
+on llama.cpp, its process unable to import torch, transformers, scikit-learn, SciPy or seqeval (the torch-free
+path: infer/gguf_serving.py).
 /predict, /generate, /generate/stream and /v1/chat/completions must agree (labels, tags, generated text, and
 values to the precision of llama.cpp's f16 KV cache). Concurrent generations on llama.cpp share decode steps within
 the generations' share of its context and answer as each alone.
@@ -20,6 +21,9 @@ from runs_util import assert_json_close, tiny_gguf_runs  # noqa: E402
 from test_serve_hardening import Server  # noqa: E402
 
 PROMPTS = ["the cat sat on the", "a man in the other room"]
+# what the torch-free server's process cannot import: the training stack (scikit-learn and SciPy: about 160 MB
+# that seqeval's get_entities imported for the token head's entities; adalayers.entities serves them)
+NOT_SERVING = ("torch", "transformers", "sklearn", "scipy", "seqeval")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,7 @@ def servers(tmp_path_factory):
         template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                             "{% if add_generation_prompt %}assistant:{% endif %}")
         chat = ("--chat-template", str(template))
-        started = [Server(runs, *chat), Server(runs, "--runtime", "llama.cpp", *chat, without=("torch", "transformers"))]
+        started = [Server(runs, *chat), Server(runs, "--runtime", "llama.cpp", *chat, without=NOT_SERVING)]
         try:
             yield [s.wait_started() for s in started]
         finally:

@@ -1,8 +1,10 @@
-"""Task metrics: thin wrappers over scikit-learn, scipy and seqeval."""
+"""Task metrics: thin wrappers over scikit-learn and scipy; entity scores counted over adalayers.entities' spans
+(checked against seqeval's scores in tests/test_entity_metrics.py)."""
 from __future__ import annotations
 
 import numpy as np
 
+from adalayers.entities import entity_spans
 from adalayers.kinds import TaskKind
 
 # Per task kind: the metrics that can select the best epoch (higher is better); the first is the default.
@@ -47,22 +49,26 @@ def regression(y_true: list[float], y_pred: list[float]) -> dict:
 def entities(tags_true: list[list[str]], tags_pred: list[list[str]]) -> dict:
     """Entity-level precision/recall/F1 (micro over entities, and per class), as seqeval scores them.
 
-    Entities are seqeval's (get_entities, its default mode, which follows the CoNLL shared task's
-    conlleval script, the numbers papers report: a predicted I-X after O still opens an entity; the
-    strict IOB2 mode would drop such entities and score a little lower than the literature). They are
+    Entities are conlleval's, as seqeval's default mode finds them (adalayers.entities, the rule the served
+    token heads' entities follow: a predicted I-X after O still opens an entity; the strict IOB2 mode would
+    drop such entities and score a little lower than the literature), each sentence's apart. They are
     extracted once per side and counted here: seqeval's classification_report plus its three micro
     scores extract them 16 times, which made scoring CoNLL's validation set cost more than running
     the head over it. tests/test_entity_metrics.py checks every number against seqeval's own.
     """
-    from seqeval.metrics.sequence_labeling import get_entities
-
-    true, pred = _entity_sets(get_entities(tags_true)), _entity_sets(get_entities(tags_pred))
+    true, pred = _entity_sets(_sentences_spans(tags_true)), _entity_sets(_sentences_spans(tags_pred))
     counts = {name: (len(true.get(name, set()) & pred.get(name, set())), len(pred.get(name, ())), len(true.get(name, ())))
               for name in sorted(true.keys() | pred.keys())}  # (true positives, predicted, true) per class
     per_class = {name: _prf(*c) for name, c in counts.items()}
     micro = _prf(*(sum(c[i] for c in counts.values()) for i in range(3)))
     return {"f1": micro["f1"], "precision": micro["precision"], "recall": micro["recall"],
             "per_class": per_class, "n": len(tags_true), "words": sum(len(t) for t in tags_true)}
+
+
+def _sentences_spans(sentences: list[list[str]]) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
+    """(type, (sentence, first), (sentence, last)) of every entity of every sentence, as one list."""
+    return [(kind, (n, first), (n, last)) for n, tags in enumerate(sentences)
+            for kind, first, last in entity_spans(tags)]
 
 
 def _entity_sets(spans) -> dict[str, set]:

@@ -14,6 +14,7 @@ import bisect
 import re
 
 from adalayers.data.windows import first_subtokens
+from adalayers.entities import entity_spans
 from adalayers.kinds import TaskKind
 
 IOB = re.compile(r"^(O|[BIES]-.+)$")
@@ -62,10 +63,8 @@ def tag_words(labels: list[str], text: str, spans, rows) -> dict:
             tags[w], scores[w] = labels[best], float(probs[pos, best])
     out = {"words": [text[a:b] for a, b in spans], "tags": tags, "scores": scores}
     if all(IOB.match(t) for t in labels):
-        from seqeval.metrics.sequence_labeling import get_entities
-
         out["entities"] = [{"type": kind, "text": text[spans[a][0]:spans[b][1]], "start": spans[a][0],
-                            "end": spans[b][1], "words": [a, b + 1]} for kind, a, b in get_entities(tags)]
+                            "end": spans[b][1], "words": [a, b + 1]} for kind, a, b in entity_spans(tags)]
     return out
 
 

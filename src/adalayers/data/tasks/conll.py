@@ -2,7 +2,7 @@
 
 Each line is `token POS chunk NER`; blank lines end sentences and `-DOCSTART-` lines (document
 breaks) are dropped. The files use IOB1 (a chunk starts with I- unless it directly follows a chunk
-of the same type); tags are converted to IOB2 (every chunk starts with B-), which seqeval scores.
+of the same type); tags are converted to IOB2 (every chunk starts with B-), scored as seqeval scores them.
 Splits: eng.train = train, eng.testa = validation, eng.testb = test.
 """
 from __future__ import annotations
@@ -67,6 +67,6 @@ def conll2003(cfg) -> TaskData:
                     notes=["train = eng.train, validation = eng.testa, test = eng.testb; "
                            "-DOCSTART- lines dropped; IOB1 tags converted to IOB2",
                            counts,
-                           "scored at entity level (seqeval, CoNLL-eval rules) on every word; the first "
+                           "scored at entity level (CoNLL-eval rules, as seqeval) on every word; the first "
                            "sub-token of a word carries its tag; sentences longer than max_length are "
                            "split into windows"])
