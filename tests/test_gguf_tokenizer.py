@@ -9,6 +9,7 @@ pytest.importorskip("gguf", reason="the gguf package writes the tiny GGUF files"
 
 from adalayers.files import cache_root  # noqa: E402
 from adalayers.model import gguf_models  # noqa: E402
+from adalayers.store.cache.source import tokenizer_hash  # noqa: E402
 
 from tinygguf import write_tiny_llama  # noqa: E402
 
@@ -36,6 +37,25 @@ def test_the_tokenizer_is_built_once_and_reads_back_the_same(tmp_path, monkeypat
     assert a["input_ids"] == b["input_ids"] and a["offset_mapping"] == b["offset_mapping"]
     msgs = [{"role": "user", "content": "hi"}]
     assert kept.apply_chat_template(msgs, tokenize=False) == built.apply_chat_template(msgs, tokenize=False)
+
+
+def test_the_first_load_keys_the_cache_as_every_later_load(tmp_path, monkeypatch):
+    """A real base's vocabulary is built into its model's tokenizer class (Qwen2's for qwen2.5-0.5b), which the
+    folder does not read back into; the class name is part of the hidden-states cache's key, so a first run that
+    kept the built object wrote a cache (12.6 GB, an hour) that no later run found. Here the built tokenizer is
+    given a class of its own, as a model's is."""
+    from transformers import AutoTokenizer
+
+    build = AutoTokenizer.from_pretrained
+
+    def of_a_model_class(*a, **kw):
+        tok = build(*a, **kw)
+        tok.__class__ = type("ModelTokenizerFast", (type(tok),), {})
+        return tok
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", of_a_model_class)
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    first, later = gguf_models.tokenizer(path, "12" * 32), gguf_models.tokenizer(path, "12" * 32)
+    assert type(first) is type(later) and tokenizer_hash(first) == tokenizer_hash(later)
 
 
 def test_a_folder_that_reads_back_otherwise_is_not_kept(tmp_path, monkeypatch):

@@ -89,7 +89,9 @@ def tokenizer(path: Path, sha256: str | None = None):
     written the first time (save_pretrained, renamed into place). The folder is read back as its tokenizer.json
     holds it (PreTrainedTokenizerFast), not through the model's tokenizer class, which would add its own defaults
     (Qwen2's class adds an NFC normalizer the GGUF's vocabulary does not have, and llama.cpp does not apply); a
-    folder that would not read back the same pipeline, special tokens and chat template is not kept."""
+    folder that would not read back the same pipeline, special tokens and chat template is not kept. The first
+    load returns the folder's tokenizer too, as every later load does: the built one is of the model's tokenizer
+    class (e.g. Qwen2TokenizerFast), whose name is part of the hidden-states cache's key."""
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ModelError(f"GGUF file not found: {path}")
@@ -115,7 +117,7 @@ def tokenizer(path: Path, sha256: str | None = None):
                         path.name)
             return built
         _put_in_place(out, folder, path, digest)
-    return built
+    return _read_tokenizer(folder, path)  # what every later load returns: the same class, so the same cache keys
 
 
 def same_tokenizer(a, b) -> bool:
