@@ -10,7 +10,8 @@
     python benchmarks/guard_bench.py cost --llm gemma3-270m --runtime llama.cpp \\
         --guard runs/guard/gemma3-270m_llama.cpp_s0 --separate runs/guard/minilm-l6_s0 --new 32 --repeats 5
 
-quality writes benchmarks/results/guard_<base>[_<runtime>].json; cost writes benchmarks/results/guard_cost_<llm>.json.
+quality writes benchmarks/results/guard_<base>[_<runtime>].json; cost writes the --llm's entry of
+benchmarks/results/guard_cost.json (one entry per LLM; a rerun replaces its own).
 Runs go under --runs (default runs/guard, not committed); a run folder that has metrics.json is reused.
 
 cost, per repeat (configurations in a rotating order, medians of the per-repeat ratios to `gen`):
@@ -39,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from adalayers.files import atomic_write
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -145,7 +148,7 @@ def quality(args) -> int:
         result[f"head_median_{key}"] = statistics.median(r[key] for r in result["head"].values())
     result["probes"] = probes(runs[args.seeds[0]])
     out = HERE / "results" / f"guard_{tag}.json"
-    out.write_text(json.dumps(result, indent=2))
+    atomic_write(out, json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "settings"}, indent=2))
     print(f"-> {out}")
     return 0
@@ -210,8 +213,9 @@ def cost(args) -> int:
               "median_wall_s_per_request": {n: statistics.median(wall[n]) / len(prompts) for n in names},
               "share_of_gen_wall": share, "share_of_gen_cpu": cpu_share,
               "in_pass_extra_share": share["in-pass"] - 1.0, "prompt_stop_vs_prefill": stop_vs_prefill}
-    out = HERE / "results" / f"guard_cost_{args.llm}.json"
-    out.write_text(json.dumps(result, indent=2))
+    out = HERE / "results" / "guard_cost.json"  # one file, an entry per LLM (this run's replaces its own)
+    runs = json.loads(out.read_text()) if out.is_file() else {}
+    atomic_write(out, json.dumps({**runs, args.llm: result}, indent=2, sort_keys=True) + "\n")
     print(json.dumps(result, indent=2))
     print(f"-> {out}")
     return 0
