@@ -21,7 +21,7 @@ from runs_util import assert_json_close, tiny_gguf_runs  # noqa: E402
 from test_serve_hardening import Server  # noqa: E402
 
 PROMPTS = ["the cat sat on the", "a man in the other room"]
-# what the torch-free server's process cannot import: the training stack (scikit-learn and SciPy: about 160 MB
+# what the torch-free server's process cannot import: the training stack (scikit-learn and SciPy: over 100 MB
 # that seqeval's get_entities imported for the token head's entities; adalayers.entities serves them)
 NOT_SERVING = ("torch", "transformers", "sklearn", "scipy", "seqeval")
 

@@ -9,7 +9,7 @@ A tag is `O` or `P-TYPE` with P one of B, I, E, S (IOB1, IOB2 and IOBES alike). 
 so a predicted I-X after O still opens an entity, as conlleval and seqeval's default mode count it (the strict
 IOB2 mode would drop it). These are exactly seqeval's `get_entities` (tests/test_entity_metrics.py checks
 them against it on random sequences of every prefix); written here because that function's module imports
-scikit-learn and SciPy, about 160 MB of memory in the torch-free serving process, which needs only this.
+scikit-learn and SciPy, over 100 MB of memory in the torch-free serving process, which needs only this.
 """
 from __future__ import annotations
 
