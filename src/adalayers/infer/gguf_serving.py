@@ -73,7 +73,8 @@ class GgufRuntime(ContextShare):
 
         path = gguf_path(name)
         engine = LlamaCpp(path, n_ctx=n_ctx, n_seq=n_seq, n_batch=min(n_ctx, N_BATCH), threads=threads,
-                          read_states=heads)  # no heads: no eval callback at all (nor numba's compiler)
+                          read_states=heads,  # no heads: no eval callback at all (nor numba's compiler)
+                          max_outputs=max(OUTPUTS_AT_ONCE, n_seq))  # a step's rows, or a pass's cut (gguf_steps)
         tokenizer = GgufTokenizer(engine)
         tokenizer.chat_template = gguf_chat_template(str(path))
         known = model_packages.SPLIT_GGUF.get(name)

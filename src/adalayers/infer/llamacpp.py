@@ -112,8 +112,12 @@ class LlamaCpp:
     """
 
     def __init__(self, path: Path, n_ctx: int = 4096, n_seq: int = 8, n_batch: int = 2048, threads: int | None = None,
-                 read_states: bool = True):
-        """read_states=False: no eval callback at all (llama.cpp alone, for comparisons); taps then get nothing."""
+                 read_states: bool = True, max_outputs: int | None = None, swa_full: bool = False):
+        """read_states=False: no eval callback at all (llama.cpp alone, for comparisons); taps then get nothing.
+        max_outputs: positions one decode may ask outputs for (None: n_batch); llama.cpp sizes its compute buffer
+        for that many logits (Gemma 3: 1 MB each). swa_full=False: the sliding-window layers' KV cache holds
+        each sequence's window, not n_ctx cells (llama-server's default; --swa-full there): no caller reads a
+        position again once it has left the window."""
         lib = _lib()
         if read_states:
             _filter()  # numba, before anything is loaded
@@ -142,6 +146,9 @@ class LlamaCpp:
         cparams = lib.llama_context_default_params()
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         cparams.kv_unified = True
+        cparams.swa_full = swa_full  # Gemma 3 270M at n_ctx 18432, 24 sequences: 187.5 MB, full-size 270 MB
+        if max_outputs is not None:
+            cparams.n_outputs_max = max_outputs
         cparams.no_perf = True
         if threads:
             cparams.n_threads = cparams.n_threads_batch = threads
