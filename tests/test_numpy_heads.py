@@ -175,3 +175,20 @@ def test_run_folder_loads_without_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), reference(task, states, mask), atol=TOL, rtol=0)
     assert load_task(tmp_path)[0].skip_bos
+
+
+def test_attention_in_chunks_of_rows_equals_all_rows_at_once(monkeypatch):
+    """attention() takes the rows in chunks when their scores would pass SCORE_BYTES: the same numbers, to the
+    last bit (each row's attention is its own), for stacked heads, a ragged mask and a row without keys."""
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((3, 7, 11, 3 * 8)).astype(np.float32)
+    keys = rng.random((7, 11)) < 0.7
+    keys[2] = False
+    whole = nh.attention(qkv, keys, 2)
+    monkeypatch.setattr(nh, "SCORE_BYTES", 3 * 2 * 11 * 11 * 4 * 2)  # two rows a chunk: chunks of 2, 2, 2, 1
+    calls = []
+    real = np.concatenate
+    monkeypatch.setattr(nh.np, "concatenate", lambda parts, **kw: calls.append(len(parts)) or real(parts, **kw))
+    chunked = nh.attention(qkv, keys, 2)
+    assert calls == [4]
+    assert np.array_equal(whole, chunked)

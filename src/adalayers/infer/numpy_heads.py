@@ -78,10 +78,21 @@ def position_table(pos: np.ndarray, dim: int) -> np.ndarray:
     return np.stack([np.sin(angles), np.cos(angles)], -1).reshape(*pos.shape, -1)[..., :dim]
 
 
+# bytes of attention scores one product holds at most: the rows (B) go through in chunks below it (each row's
+# attention is its own, so the result is the same). Unchunked, H stacked heads of n attention heads over B rows of
+# T tokens hold H*B*n*T*T floats of scores, and copies of them (mask, softmax): 400 MB for 3 heads of 4 over a
+# /predict micro-batch of 32 texts of 512 tokens.
+SCORE_BYTES = 16 << 20
+
+
 def attention(qkv: np.ndarray, keys: np.ndarray, num_heads: int) -> np.ndarray:
     """softmax(q k^T / sqrt(d)) v per attention head, keys (B, T) False masked: qkv (..., B, T, 3k) ->
     (..., B, T, k). A masked key gets the float32 minimum (a row without keys stays finite)."""
     *lead, b, t, three_k = qkv.shape
+    rows = max(1, SCORE_BYTES // (4 * int(np.prod(lead, dtype=np.int64)) * num_heads * t * t))
+    if b > rows:
+        return np.concatenate([attention(qkv[..., i:i + rows, :, :], keys[i:i + rows], num_heads)
+                               for i in range(0, b, rows)], axis=-3)
     k = three_k // 3
     split = qkv.reshape(*lead, b, t, 3, num_heads, k // num_heads)
     q, kk, v = (np.moveaxis(split[..., j, :, :], -2, -3) for j in range(3))  # (..., B, heads, T, d)
