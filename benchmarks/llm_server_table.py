@@ -37,7 +37,8 @@ def table(path: Path) -> str:
     for goal, g in r["goals"].items():
         v = g["value"]
         shown = ", ".join(f"{c}: {_f(x, '.2f')}" for c, x in v.items()) if isinstance(v, dict) else _f(v, ".2f")
-        lines.append(f"| {goal} | {shown} | {'met' if g['met'] else 'missed'} |")
+        unmeasured = v is None or (isinstance(v, dict) and all(x is None for x in v.values()))
+        lines.append(f"| {goal} | {shown} | {'not run' if unmeasured else 'met' if g['met'] else 'missed'} |")
     return "\n".join(lines)
 
 
