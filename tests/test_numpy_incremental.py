@@ -1,7 +1,7 @@
 """The incremental per-step sequence-head reads (adalayers.infer.numpy_incremental) against the full read
 (numpy_heads.read_all on the whole text so far, a left-padded batch), the slow obvious reference: random heads,
 random F, several steps, sequences of unequal lengths joining and leaving, skip_bos, the mixer's options, an
-ensemble, two head shapes."""
+ensemble, two head shapes, probes of each pooling."""
 import numpy as np
 import pytest
 
@@ -22,12 +22,24 @@ def seq_task(rng, k: int, pooling: str, kind: str = "sequence", num_heads: int =
                    {0: r(k, D)}, head, **opts)
 
 
+def probe_task(rng, k: int, pooling: str, kind: str = "sequence", **opts) -> nh.Task:
+    c = 1 if kind == "regression" else 3
+    head = nh.ProbeHead(rng.standard_normal((c, k)).astype(np.float32), rng.standard_normal(c).astype(np.float32),
+                        pooling, (2.5, 1.5) if kind == "regression" else None)
+    return nh.Task(kind, [] if kind == "regression" else ["a", "b", "c"], np.ones(1, np.float32),
+                   {0: np.eye(k, D, dtype=np.float32)}, head, positional=False, **opts)
+
+
 def tasks(rng) -> list[nh.Task]:
     out = [seq_task(rng, 16, p) for p in ("mean", "max", "first", "last")]
     out += [seq_task(rng, 16, "mean", "regression"), seq_task(rng, 16, "max", skip_bos=True),
             seq_task(rng, 16, "last", skip_bos=True), seq_task(rng, 8, "mean", num_heads=4, gelu_after_sum=True),
             seq_task(rng, 8, "first", num_heads=4, positional=False)]
     out.append(ensemble([seq_task(rng, 16, "mean"), seq_task(rng, 16, "max")]))
+    out += [probe_task(rng, D, p) for p in ("mean", "max", "first", "last")]
+    out += [probe_task(rng, D, "mean", "regression"), probe_task(rng, D, "last", skip_bos=True),
+            probe_task(rng, D, "mean", skip_bos=True), probe_task(rng, 8, "max", gelu_after_sum=True)]
+    out.append(ensemble([probe_task(rng, D, "mean"), probe_task(rng, D, "mean")]))
     return out
 
 
@@ -81,9 +93,9 @@ def test_steps_equal_the_full_read(skip_bos):
 def test_long_text_one_row_at_a_time():
     """Many steps on one sequence (the online softmax's rescaling over a long text), against the full read."""
     rng = np.random.default_rng(1)
-    ts = [seq_task(rng, 16, "mean"), seq_task(rng, 16, "max", skip_bos=True)]
+    ts = [seq_task(rng, 16, "mean"), seq_task(rng, 16, "max", skip_bos=True), probe_task(rng, 16, "mean")]
     reads = IncrementalReads(ts)
-    rows = {"x": [np.zeros((0, 16), np.float32)] * 2}
+    rows = {"x": [np.zeros((0, 16), np.float32)] * 3}
     for step in range(60):
         new = [rng.standard_normal((1, 16)).astype(np.float32) * (1 + step / 10) for _ in ts]
         rows["x"] = [np.concatenate([a, b]) for a, b in zip(rows["x"], new)]
@@ -96,6 +108,7 @@ def test_no_seen_token_yet_is_the_full_read_of_its_rows():
     """With skip_bos a sequence that so far holds only its BOS is read by the full read; then incrementally."""
     rng = np.random.default_rng(2)
     ts = [seq_task(rng, 16, p, skip_bos=True) for p in ("mean", "first", "last")] + [seq_task(rng, 16, "last")]
+    ts += [probe_task(rng, 16, p, skip_bos=True) for p in ("mean", "first", "last")]
     reads = IncrementalReads(ts)
     rows = {"x": [rng.standard_normal((1, 16)).astype(np.float32) for _ in ts]}
     for step in range(3):
@@ -111,7 +124,7 @@ def test_token_heads_and_bad_steps_refused():
     token = nh.Task("token", ["a"], np.ones(1, np.float32), {0: np.zeros((8, D), np.float32)},
                     nh.TokenHead([], np.zeros((1, 8), np.float32), np.zeros(1, np.float32)))
     assert not IncrementalReads.applies(token)
-    with pytest.raises(ValueError, match="no sequence head"):
+    with pytest.raises(ValueError, match="no sequence head or probe"):
         IncrementalReads([token])
     reads = IncrementalReads([seq_task(rng, 8, "mean")])
     with pytest.raises(ValueError, match="each sequence once"):

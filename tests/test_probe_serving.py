@@ -77,3 +77,27 @@ def test_generation_reads_a_probe_from_its_own_pass(runs):
         assert g["prompt_tasks"]["probe"]["probabilities"] == pytest.approx(p["tasks"]["probe"]["probabilities"],
                                                                              abs=1e-4)
         assert set(g["tasks"]["probe"]["probabilities"]) == {"bad", "good"}
+
+
+def test_a_probes_per_step_values_and_guard_without_torch_equal_the_torch_path(runs):
+    """The torch-free path (GgufPredictor) reads a probe at every step from its pooled row kept per sequence
+    (numpy_incremental); the torch path reads it over the whole text each step: the same values, and a guard
+    on it stops the same rows at the same token."""
+    from adalayers.infer.gguf_serving import GgufPredictor
+
+    mean = probe_run(runs["root"] / "probe_mean", runs["backbone"], "sequence", ["bad", "good"], 1, "mean")
+    heads = [f"probe={runs['probe']}", f"mean={mean}"]
+    torch_side = SideTasks.load(str(runs["base"]), heads, runtime="llama.cpp")
+    numpy_side = GgufPredictor.load(str(runs["base"]), heads)
+    kw = dict(max_new_tokens=6, steps=True, ignore_eos=True)
+    a, b = torch_side.generate(TEXTS, **kw), numpy_side.generate(TEXTS, **kw)
+    assert [r["token_ids"] for r in a] == [r["token_ids"] for r in b]
+    assert all(len(r["steps"]["mean"]) == 6 for r in b)
+    assert_json_close(a, b, 1e-4)
+    values = [p for r in b for p in r["steps"]["mean"]]
+    cut = sorted(v["good"] if isinstance(v, dict) else v[1] for v in values)[len(values) // 2]
+    guard = dict(max_new_tokens=6, ignore_eos=True, guard={"mean": ("good", cut)})
+    a, b = torch_side.generate(TEXTS, **guard), numpy_side.generate(TEXTS, **guard)
+    assert [(r["finish"], r.get("guard", {}).get("token")) for r in a] == \
+        [(r["finish"], r.get("guard", {}).get("token")) for r in b]
+    assert any(r["finish"] == "guard" for r in b)

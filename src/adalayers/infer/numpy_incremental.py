@@ -19,10 +19,15 @@ over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a
 nh 8, three heads).
 The values are the full read's (SequenceHead, Task.read) up to float32 rounding (tests/test_numpy_incremental.py).
 
+Probes (head.type probe: pool(F) -> linear) keep their pooled row per sequence instead: the running sum and count
+(mean, summed in float64), the running max, the first or the last seen row; a step costs O(k) a new position and
+one (C, k) product. Read fully they cost a copy of every row's whole F (d wide) each step.
+
 The positions kept are the ones the head sees: a sequence's real tokens (the rows LayerMix hands), less its first
 with skip_bos, with the sinusoidal positions counted over them; padding is a batch's layout, not a sequence's,
 so it never enters a cache. Where this does not apply, read with the full read (numpy_heads.read_all):
-    - token heads (an answer per token, their encoder layers over every position): applies() is False;
+    - token heads and token probes (an answer per token, their encoder layers over every position): applies()
+      is False;
     - a text that changes other than by appending (an edit, a truncation, a regenerated turn): drop() the
       sequence and give its rows again;
     - a sequence that has no token the head sees yet (only its BOS, with skip_bos): read by the full read of its
@@ -35,7 +40,8 @@ from typing import Hashable
 
 import numpy as np
 
-from adalayers.infer.numpy_heads import SequenceHead, Task, ensemble_answer, gelu, position_table, read_all
+from adalayers.infer.numpy_heads import (ProbeHead, SequenceHead, Task, ensemble_answer, gelu, linear_output,
+                                        position_table, read_all)
 
 
 @dataclass
@@ -83,6 +89,16 @@ class _Group:
         self.w_o = np.stack([h.out_proj_w.T for h in self.heads]).astype(np.float32)          # (H, k, k)
         self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, None]  # (H, 1, k)
 
+    def empty(self) -> _Cache:
+        return _Cache.empty(len(self.heads), self.nh, self.dh, self.k)
+
+    def add(self, caches: list[tuple[_Cache, np.ndarray]], f: np.ndarray) -> None:
+        """New seen positions' features f (H, N, k) of several sequences: (cache, its columns of f) each. One
+        stacked product projects them all, then each sequence's cache is extended."""
+        q, kk, u = self.project(f)
+        for c, sel in caches:
+            self.extend(c, q[:, :, sel], kk[:, :, sel], u[:, :, sel])
+
     def project(self, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """New positions' F (H, n, k) -> q (scaled), k, v, each (H, nh, n, dh): one stacked product."""
         n = f.shape[1]
@@ -121,6 +137,44 @@ class _Group:
         return [head.output(pools.get(head.pooling, lambda y: y.mean(0))(x[j])) for j, head in enumerate(self.heads)]
 
 
+@dataclass
+class _Pooled:
+    """One sequence's pooled row for one group of H probes: the running sum (mean), max, first or last row."""
+    value: np.ndarray  # (H, k)
+    n: int = 0         # positions seen
+
+
+class _ProbeGroup:
+    """Probes of one pooling, width and reading of F: the pooled row kept per sequence (numpy_heads.pool's
+    pooling over the seen positions, updated by the new ones), then each probe's linear output."""
+
+    def __init__(self, leaves: list[int], heads: list[ProbeHead], skip_bos: bool, positional: bool,
+                 gelu_after_sum: bool):
+        self.leaves, self.heads = leaves, heads
+        self.skip_bos, self.positional, self.gelu_after_sum = skip_bos, positional, gelu_after_sum
+        self.pooling, self.k = heads[0].pooling, heads[0].out_w.shape[1]
+
+    def empty(self) -> _Pooled:
+        return _Pooled(np.zeros((len(self.heads), self.k), np.float64 if self.pooling == "mean" else np.float32))
+
+    def add(self, caches: list[tuple[_Pooled, np.ndarray]], f: np.ndarray) -> None:
+        for c, sel in caches:
+            new = f[:, sel]                                                            # (H, n, k)
+            if self.pooling == "max":
+                c.value = new.max(1) if c.n == 0 else np.maximum(c.value, new.max(1))
+            elif self.pooling == "first":
+                c.value = new[:, 0] if c.n == 0 else c.value
+            elif self.pooling == "last":
+                c.value = new[:, -1]
+            else:
+                c.value += new.sum(1, dtype=np.float64)
+            c.n += new.shape[1]
+
+    def read(self, c: _Pooled) -> list[np.ndarray]:
+        pooled = (c.value / c.n).astype(np.float32) if self.pooling == "mean" else c.value
+        return [linear_output(pooled[j], h.out_w, h.out_b, h.scale) for j, h in enumerate(self.heads)]
+
+
 class IncrementalReads:
     """Sequence-head reads kept per sequence while it decodes (continuous batching: sequences join and leave).
 
@@ -135,23 +189,25 @@ class IncrementalReads:
     def __init__(self, tasks: list[Task], skip_bos: bool | None = None):
         for t in tasks:
             if not self.applies(t):
-                raise ValueError(f"incremental reads: task {t.kind!r} has no sequence head (use read_all)")
+                raise ValueError(f"incremental reads: task {t.kind!r} is no sequence head or probe (use read_all)")
         self.tasks, self.skip_bos = tasks, skip_bos
         self.leaves = [m for t in tasks for m in (t.members or [t])]
         groups: dict[tuple, list[int]] = {}
         for j, leaf in enumerate(self.leaves):
             sb = leaf.skip_bos if skip_bos is None else skip_bos
-            groups.setdefault((leaf.head.shape_key(), sb, leaf.positional, leaf.gelu_after_sum), []).append(j)
-        self.groups = [_Group(js, [self.leaves[j].head for j in js], key[1], key[2], key[3])
-                       for key, js in groups.items()]
-        self._caches: dict[Hashable, list[_Cache]] = {}
+            shape = (("probe", leaf.head.pooling, leaf.head.out_w.shape[1]) if isinstance(leaf.head, ProbeHead)
+                     else leaf.head.shape_key())
+            groups.setdefault((shape, sb, leaf.positional, leaf.gelu_after_sum), []).append(j)
+        self.groups = [(_ProbeGroup if key[0][0] == "probe" else _Group)(
+            js, [self.leaves[j].head for j in js], key[1], key[2], key[3]) for key, js in groups.items()]
+        self._caches: dict[Hashable, list[_Cache | _Pooled]] = {}
         self._rows: dict[Hashable, int] = {}                  # real rows given so far, per sequence
         self._unseen: dict[Hashable, list[np.ndarray]] = {}   # a sequence's rows while it has no seen token
 
     @staticmethod
     def applies(task: Task) -> bool:
-        """Sequence and regression heads, and seed ensembles of them."""
-        return all(isinstance(m.head, SequenceHead) for m in (task.members or [task]))
+        """Sequence and regression heads, sequence probes, and seed ensembles of them."""
+        return all(isinstance(m.head, (SequenceHead, ProbeHead)) for m in (task.members or [task]))
 
     @property
     def sequences(self) -> list[Hashable]:
@@ -181,7 +237,7 @@ class IncrementalReads:
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         for seq, n in zip(seqs, counts):
             if seq not in self._caches:
-                self._caches[seq] = [_Cache.empty(len(g.heads), g.nh, g.dh, g.k) for g in self.groups]
+                self._caches[seq] = [g.empty() for g in self.groups]
                 self._rows[seq] = 0
         for gi, g in enumerate(self.groups):
             self._extend_group(gi, g, seqs, counts, starts, leaf_rows)
@@ -203,9 +259,9 @@ class IncrementalReads:
                     leaf_out[j][b] = y
         return self._answers([np.stack(o) for o in leaf_out])
 
-    def _extend_group(self, gi: int, g: _Group, seqs: list, counts: list[int], starts: np.ndarray,
+    def _extend_group(self, gi: int, g: _Group | _ProbeGroup, seqs: list, counts: list[int], starts: np.ndarray,
                       leaf_rows: list[np.ndarray]) -> None:
-        """The group's new seen rows of every sequence through one product, then each sequence's cache."""
+        """The group's new seen rows of every sequence, their features, then each sequence's cache (g.add)."""
         acc = np.stack([leaf_rows[j] for j in g.leaves])                          # (H, N, k)
         keep = np.ones(acc.shape[1], bool)
         if g.skip_bos:
@@ -219,11 +275,9 @@ class IncrementalReads:
         f = gelu(acc) if g.gelu_after_sum else acc
         if g.positional:
             f = f + position_table(np.maximum(pos, 0), g.k)
-        q, kk, u = g.project(f.astype(np.float32, copy=False))
-        for b, seq in enumerate(seqs):
-            sel = np.flatnonzero(keep[starts[b]:starts[b + 1]]) + starts[b]
-            if len(sel):
-                g.extend(self._caches[seq][gi], q[:, :, sel], kk[:, :, sel], u[:, :, sel])
+        caches = [(self._caches[seq][gi], np.flatnonzero(keep[starts[b]:starts[b + 1]]) + starts[b])
+                  for b, seq in enumerate(seqs)]
+        g.add([(c, sel) for c, sel in caches if len(sel)], f.astype(np.float32, copy=False))
 
     def _full_read(self, seq: Hashable) -> list[np.ndarray]:
         """A sequence without a seen token: the full read of its own rows (numpy_heads.read_all, batch of one)."""
