@@ -8,9 +8,10 @@ serving path (adalayers.infer.gguf_serving):
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
               once (LayerMix.add_layers: one batched product per head group)
-    read      sequence heads incrementally (numpy_incremental.IncrementalReads: a row's positions are fed once,
-              when first read, and each read costs the new positions only); token heads, probes and heads
-              that read the answer alone by the full read (numpy_heads.read_all) over the row's F so far
+    read      sequence heads and sequence probes incrementally (numpy_incremental.IncrementalReads: a row's
+              positions are fed once, when first read, and each read costs the new positions only); token heads,
+              token probes and heads that read the answer alone by the full read (numpy_heads.read_all) over the
+              row's F so far
 
 A row's sequence positions are its own (no padding, no columns): a row's prompt starts at position 0 and its
 answer right after it. A batch's sequences are given back when rows leave (keep) or the batch is dropped.
