@@ -417,9 +417,8 @@ def test_a_prompt_longer_than_gemmas_window_decodes_as_with_the_full_size_cache(
                           read_states=False, swa_full=full)
         lib = llamacpp._lib()
         text = " ".join(f"The {i}th visitor of the museum wrote a note about the painting." for i in range(200))
-        buf = (lib.llama_token * 4096)()
-        n = lib.llama_tokenize(lib.llama_model_get_vocab(engine.model), text.encode(), len(text), buf, 4096, True,
-                               False)
+        raw, buf = text.encode(), (lib.llama_token * 4096)()
+        n = lib.llama_tokenize(lib.llama_model_get_vocab(engine.model), raw, len(raw), buf, 4096, True, False)
         tokens = list(buf[:n])[:900]
         assert len(tokens) == 900
         whole = engine.decode([Row(tokens, 0)])[0]
