@@ -314,8 +314,16 @@ def test_streamed_generation_with_live_values_and_a_guard(server, browser):
                 window.__seen.push([box.dataset.steps, document.getElementById('gen-answer').textContent]);
             }).observe(box, {subtree: true, childList: true, attributes: true, attributeOldValue: true});
         }""")
+        # the stream delivered at 8 KB/s (Chromium's own throttling, as in its developer tools): on a fast machine
+        # the tiny decoder's whole answer would otherwise come in one read, and the page would draw it in one task
+        cdp = p.context.new_cdp_session(p.page)
+        cdp.send("Network.enable")
+        cdp.send("Network.emulateNetworkConditions",
+                 {"offline": False, "latency": 0, "downloadThroughput": 8192, "uploadThroughput": -1})
         p.page.click("#generate-button")
         p.wait("document.getElementById('generation').dataset.state === 'done'")
+        cdp.send("Network.emulateNetworkConditions",
+                 {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
         want = _api(server, "/generate", {"prompts": [prompt], "max_new_tokens": n, "steps": True})["results"][0]
         assert p.text("#gen-answer") == want["text"] and p.text("#gen-prompt") == prompt
         assert f"finish: {want['finish']}" in p.text("#gen-finish")
