@@ -136,14 +136,22 @@ def test_ensemble_equals_torch(tmp_path):
 
 
 def test_gelu_is_the_exact_one():
-    """x Phi(x) to float32 precision (math.erfc in float64 as the truth); torch's float32 GELU is itself off by
-    up to 1e-6 in the negative tail, so against it the bound is absolute."""
+    """x Phi(x) to float32 precision (math.erfc in float64 as the truth), the compiled kernel's edges (signed
+    zeros, subnormals, the flushed tail, inf, NaN) and any shape; torch's float32 GELU is itself off by up to 1e-6
+    in the negative tail, so against it the bound is absolute."""
     import math
 
-    x = np.linspace(-8, 8, 10001, dtype=np.float32)
+    x = np.linspace(-14, 14, 100001, dtype=np.float32)  # past -13: Phi below float32's normal range, flushed to 0
     exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
     np.testing.assert_allclose(nh.gelu(x), exact, rtol=1e-5, atol=1e-30)
     np.testing.assert_allclose(nh.gelu(x), torch.nn.functional.gelu(torch.from_numpy(x)).numpy(), atol=2e-6, rtol=0)
+    special = np.array([0.0, -0.0, 1e-40, -1e-40, 100.0, -100.0, np.inf, np.nan], np.float32)
+    got = nh.gelu(special)
+    assert np.array_equal(got[:6], np.float32([0.0, 0.0, 5e-41, -5e-41, 100.0, 0.0])) and got[6] == np.inf and np.isnan(got[7])
+    z = np.random.default_rng(0).standard_normal((19, 3, 64))  # float64, not contiguous: float32 out, same shape
+    assert nh.gelu(z[:, ::2]).dtype == np.float32 and nh.gelu(z[:, ::2]).shape == (19, 2, 64)
+    np.testing.assert_allclose(nh.gelu(z[:, ::2]), torch.nn.functional.gelu(torch.from_numpy(z[:, ::2])).numpy(),
+                               atol=1e-6, rtol=0)
 
 
 def test_run_folder_loads_without_torch(tmp_path):

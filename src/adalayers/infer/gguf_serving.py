@@ -34,7 +34,7 @@ from adalayers.infer.heads import Head, load_heads, used_layers
 from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, gguf_path
 from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows, read_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
-from adalayers.infer.numpy_heads import LayerMix
+from adalayers.infer.numpy_heads import LayerMix, gelu
 from adalayers.infer.numpy_runs import load_task
 from adalayers.infer.predictor_base import PredictorBase
 from adalayers.store.head_spec import parse_heads
@@ -150,6 +150,8 @@ class GgufPredictor(PredictorBase):
 
         threadpool_limits(1, "blas")  # the heads' small products on one thread: OpenBLAS' spinning threads
         specs = list(parse_heads(heads))  # would compete with llama.cpp's own
+        if specs:
+            gelu(np.zeros(1, np.float32))  # the compiled GELU loaded (or compiled) now, not in the first request
         with trusting(trust_unverified):
             runtime = GgufRuntime.load(base, threads=threads, heads=bool(specs),
                                        **GgufRuntime.sizes(ctx_size, parallel))

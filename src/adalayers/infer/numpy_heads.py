@@ -1,4 +1,5 @@
-"""The heads' inference arithmetic in numpy: no torch in the process (the torch-free llama.cpp serving path).
+"""The heads' inference arithmetic in numpy: no torch in the process (the torch-free llama.cpp serving path);
+the GELU compiled by numba (infer/gelu_kernel.py), every other step numpy's.
 
 The same formulas as the torch modules they mirror (tests/test_numpy_heads.py holds them to 1e-4 on random
 weights), for a trained head in eval mode (dropout is the identity):
@@ -23,27 +24,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from adalayers.errors import ModelError
+
 EPS = 1e-5  # torch's LayerNorm default, the mixer's and the token head's
-
-# Numerical Recipes' erfcc (a Chebyshev fit, relative error < 1.2e-7 everywhere): erfc without scipy or torch
-_C = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
-      -0.82215223, 0.17087277)
-
-
-def erfc_abs(a: np.ndarray) -> np.ndarray:
-    """erfc(a) for a >= 0."""
-    t = 1.0 / (1.0 + 0.5 * a)
-    poly = _C[-1]
-    for c in _C[-2::-1]:
-        poly = c + t * poly
-    return t * np.exp(-a * a + poly)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (torch's default, not the tanh approximation);
-    1 + erf(y) taken as erfc(|y|) for y < 0, so the small values of the negative side keep their precision."""
-    q = erfc_abs(np.abs(x) * np.float32(1.0 / math.sqrt(2.0)))
-    return (0.5 * x * np.where(x >= 0, 2.0 - q, q)).astype(np.float32, copy=False)
+    """The exact GELU, x Phi(x) (torch's default, not the tanh approximation), as float32: compiled
+    (infer/gelu_kernel.py, numba, imported at the first call: the torch path imports this module too)."""
+    try:
+        from adalayers.infer.gelu_kernel import gelu as compiled
+    except ImportError:
+        raise ModelError("the torch-free heads need numba for their GELU: pip install 'adalayers[llamacpp]'") from None
+    return compiled(x)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
