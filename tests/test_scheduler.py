@@ -144,9 +144,13 @@ def test_a_request_whose_own_step_work_fails_fails_alone(where, tmp_path, monkey
                             (_ for _ in ()).throw(broken) if text.startswith("mary") and answer
                             else real_output(head, values, offsets, text, answer))
     else:
-        real_text = gen.answer_text
-        monkeypatch.setattr(gen, "answer_text", lambda tok, p, g: (_ for _ in ()).throw(broken)
-                            if "mary" in tok.decode(p) else real_text(tok, p, g))
+        class Failing(gen.AnswerText):  # the answer's text, which the stop strings are looked for in
+            def add(self, token):
+                if "mary" in self.tok.decode(self.prompt_ids):
+                    raise broken
+                return super().add(token)
+
+        monkeypatch.setattr(gen, "AnswerText", Failing)
     scheduler = Scheduler(side)
     go, step = threading.Event(), scheduler._step
     scheduler._step = lambda batch: (go.wait(timeout=60), step(batch))[1]  # all three prefilled before step 1

@@ -23,7 +23,8 @@ MAX_LENGTH = 100_000  # model_max_length when the GGUF gives no training context
 
 
 class GgufTokenizer:
-    """The vocabulary of a model llama.cpp loaded (LlamaCpp.model); thread-safe (llama.cpp's vocab is read-only)."""
+    """The vocabulary of a model llama.cpp loaded (LlamaCpp.model); thread-safe (llama.cpp's vocab is read-only).
+    decode is piece() joined (infer/answers.PieceTokenizer: a streamed answer decodes each token's bytes once)."""
 
     def __init__(self, engine):
         from adalayers.infer.llamacpp import _lib
@@ -37,6 +38,7 @@ class GgufTokenizer:
         self.bos_token_id = _id(lib.llama_vocab_bos(self.vocab))
         self.eos_token_id = _id(lib.llama_vocab_eos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        self._special: dict[int, bool] = {}
         self.model_max_length = int(lib.llama_model_n_ctx_train(engine.model)) or MAX_LENGTH
         self.chat_template: str | None = None  # set by whoever reads the GGUF's metadata (gguf_serving)
         self.is_fast = True      # character offsets: offsets()
@@ -116,7 +118,11 @@ class GgufTokenizer:
 
     def is_special(self, token: int) -> bool:
         """A control token (BOS, EOS, a chat template's markers): not text."""
-        return bool(self._lib.llama_vocab_is_control(self.vocab, token))
+        if token not in self._special:
+            if not 0 <= token < self.n_vocab:
+                raise DataError(f"token id {token} is not in the vocabulary (0..{self.n_vocab - 1})")
+            self._special[token] = bool(self._lib.llama_vocab_is_control(self.vocab, token))
+        return self._special[token]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """The text of the ids (bytes joined first, so a character split over byte tokens comes out whole)."""

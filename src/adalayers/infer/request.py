@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from adalayers.errors import Cancelled, DataError
+from adalayers.infer.answers import AnswerText
 from adalayers.infer.guarding import guard_rules
 from adalayers.infer.params import GenerationParams
 from adalayers.infer.sampling import generator
@@ -50,6 +51,7 @@ class Row:
     finish: str | None = None
     steps: dict = field(default_factory=dict)  # head -> per-token values (steps or guard)
     guard: dict | None = None     # the guard that ended it: {head, label, value, token} (token 0: the prompt)
+    answer: AnswerText | None = None  # the generated tokens' text and spans, kept as they come (from the first)
 
 
 class Job:

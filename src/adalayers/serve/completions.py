@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from adalayers.infer.answers import answer_text
+from adalayers.infer.answers import AnswerText
 from adalayers.serve.generation import frame
 from adalayers.serve.shapes import error_body
 
@@ -84,7 +84,7 @@ class Completion:
     def sse(self, first: dict, events: Iterator[dict]) -> Iterator[str]:
         """Server-sent events from the prompt event (already read) and the rest of the generation."""
         prompt_ids = first["token_ids"]
-        generated = [[] for _ in prompt_ids]
+        generated = [AnswerText(self.tokenizer, ids) for ids in prompt_ids]
         sent = [""] * len(prompt_ids)
         try:
             for i, tasks in enumerate(first["results"]):
@@ -107,8 +107,7 @@ class Completion:
         for i, tid in enumerate(event["ids"]):
             if tid is None:
                 continue  # ended (end-of-text, stop string, guard) or padding
-            generated[i].append(tid)
-            text = answer_text(self.tokenizer, prompt_ids[i], generated[i])
+            text = generated[i].add(tid)
             visible = text[: len(text) - held_back(text, self.stops)]  # a stop string's start is never sent
             visible = visible.rstrip("\ufffd")  # an incomplete UTF-8 character waits too
             delta = visible[len(sent[i]):] if visible.startswith(sent[i]) else ""
