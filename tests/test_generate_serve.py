@@ -129,7 +129,10 @@ def test_streams_count_against_the_queue_of_predictions_while_they_stream(tmp_pa
         with c.stream("POST", "/generate/stream", json=body) as one, c.stream("POST", "/generate/stream",
                                                                                json=body) as two:
             assert one.status_code == two.status_code == 200
-            next(one.iter_lines()), next(two.iter_lines())  # both running
+            # both running (each line iterator kept: dropped, it closes its connection, and the server, which
+            # sees a hang-up at once, gives the slot back)
+            lines = [one.iter_lines(), two.iter_lines()]
+            next(lines[0]), next(lines[1])
             assert c.get("/health").json()["pending"] == 2
             refused = [c.post("/predict", json={"texts": ["the dog runs"]}), c.post("/generate/stream", json=body),
                        c.post("/v1/completions", json={"model": model, "prompt": "the dog", "max_tokens": 2})]

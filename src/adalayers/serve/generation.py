@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -53,6 +54,27 @@ class Started:
     def close(self) -> None:
         self.events.close()
         self.release()
+
+
+_END = object()
+
+
+def _produce(started: Started, frames, loop: asyncio.AbstractEventLoop, made: asyncio.Queue) -> None:
+    """A stream's thread: every frame (then an error, if frames raised one, then _END) into `made`, on the loop;
+    the generation closed and its slot given back by this thread, which consumed its events."""
+    def hand(item) -> None:
+        try:
+            loop.call_soon_threadsafe(made.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server has stopped
+            pass
+    try:
+        for chunk in frames(started.first, started.events):
+            hand(chunk)
+    except BaseException as e:  # noqa: BLE001  (raised in the response's task, as an iterator's error would be)
+        hand(e)
+    finally:
+        started.close()
+        hand(_END)
 
 
 class GenerationService:
@@ -110,11 +132,22 @@ class GenerationService:
             raise (failed or (lambda error: BadRequest(str(error))))(e) from None
 
     def sse(self, started: Started, frames: Callable[[dict, Iterator[dict]], Iterator[str]]) -> StreamingResponse:
-        def body():  # iterated in a worker thread by Starlette; closing it ends the generation
+        """frames(first, events) runs in a thread of its own for the whole stream and hands each frame to the
+        event loop as it is made. (Starlette iterates a plain iterator with a worker-thread round trip per item:
+        three thread switches a token, each taking the interpreter from or beside llama.cpp's threads.)"""
+        async def body():
+            loop, made = asyncio.get_running_loop(), asyncio.Queue()
+            worker = threading.Thread(target=_produce, args=(started, frames, loop, made), daemon=True,
+                                      name="adalayers-stream")
+            worker.start()
             try:
-                yield from frames(started.first, started.events)
+                while (item := await made.get()) is not _END:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
             finally:
-                started.close()
+                if worker.is_alive():  # the client left (or the server stops): its rows leave at the next step
+                    started.events.cancel("the client of this stream left")
 
         stream = body()
         weakref.finalize(stream, started.release)  # a stream never started still gives its slot back
