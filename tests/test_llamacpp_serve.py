@@ -121,7 +121,11 @@ def _health_until(server, ok, seconds=30):
 def test_concurrent_completions_share_decode_steps_on_llama_cpp(servers):
     """Continuous batching on llama.cpp (serve/scheduler.py within LlamaCppBackbone.generation_room): four
     concurrent greedy /v1/completions answer as each alone, while sharing decode steps; a /predict sent
-    meanwhile is answered as alone; every llama.cpp sequence is given back afterwards."""
+    meanwhile is answered as alone; every llama.cpp sequence is given back afterwards.
+
+    A long streamed completion is decoding when the four are sent, and its client leaves once they are answered:
+    their steps are shared with its row whatever the machine's speed (four 40-token answers of the tiny model
+    could each end before the next request arrived, and then no step was shared)."""
     import threading
 
     llama = servers[1]
@@ -136,26 +140,32 @@ def test_concurrent_completions_share_decode_steps_on_llama_cpp(servers):
     predicted = _post(llama, "/predict", predict)
     before = llama.health()
     got, answered = [None] * len(COMPLETIONS), []
-    start = threading.Barrier(len(COMPLETIONS) + 1)
 
     def client(i):
-        start.wait()
         got[i] = complete(COMPLETIONS[i])
 
     def predictor():
-        start.wait()
         answered.append(_post(llama, "/predict", predict))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(COMPLETIONS))]
     threads.append(threading.Thread(target=predictor))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    long = {"model": model, "prompt": "the cat", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", llama.url + "/v1/completions", json=long, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        while not next(lines).startswith("data:"):  # it decodes
+            pass
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        during = llama.health()
     after = _health_until(llama, lambda h: h["llamacpp_sequences_free"] == h["llamacpp_sequences"])
     assert got == alone
     assert len(answered) == 1
     _close(answered[0], predicted)
+    assert during["decode_steps"] - before["decode_steps"] < 1500  # the long one was still decoding
     steps, rows = after["decode_steps"] - before["decode_steps"], after["rows_decoded"] - before["rows_decoded"]
     assert rows > steps > 0  # some steps decoded rows of several requests together
     assert after["largest_step_rows"] >= 2
