@@ -74,3 +74,63 @@ def test_passes_cut_into_small_decodes_give_the_same_numbers(sides, monkeypatch)
     assert_json_close(list(whole), list(cut), 5e-3)  # labels, tags and tokens equal; llama.cpp's numbers move a
     # little more with the cut (attention over the f16 KV cache of earlier decodes): 2.4e-3 here at most
     assert numpy_side.runtime.engine.free_sequences == numpy_side.runtime.engine.n_seq  # every sequence back
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, monkeypatch):
+    """serve's scheduler on the torch-free path: a prompt longer than a chunk (Scheduler.prefill_chunk, here 8
+    tokens: llama_decodes of 8) is prefilled in pieces with a decode step of the rows already generating after
+    each chunk, and both requests answer as each alone."""
+    import threading
+    import time
+
+    from adalayers.serve.scheduler import Scheduler
+
+    _, side = sides
+    monkeypatch.setattr(side.runtime.engine, "n_batch", 8)  # the prefill's llama_decodes: 8 tokens each
+    scheduler = Scheduler(side, max_rows=4)
+    assert scheduler.prefill_chunk == 8
+    inside, during = [False], []
+    prefill, step = scheduler.loop.prefill, scheduler._step
+
+    def watched(jobs, between=None):
+        inside[0] = True
+        try:
+            return prefill(jobs, between)
+        finally:
+            inside[0] = False
+
+    queued = threading.Event()  # the long request is queued: the first one's third step waits for it
+
+    def stepping(batch):
+        if len(during) == 2:
+            queued.wait(30)
+        during.append(inside[0])
+        return step(batch)
+
+    scheduler.loop.prefill, scheduler._step = watched, stepping
+    long = " ".join(TEXTS * 3)
+    assert len(side.backbone.tokenizer([long])["input_ids"][0]) > 4 * 8
+    requests = [(["the cat"], dict(max_new_tokens=40, ignore_eos=True)), ([long], dict(max_new_tokens=4))]
+    got = [None, None]
+
+    def client(i):
+        events = scheduler.stream(requests[i][0], **requests[i][1])
+        if i == 1:
+            queued.set()
+        got[i] = list(events)
+
+    first = threading.Thread(target=client, args=(0,))
+    first.start()
+    deadline = time.time() + 30
+    while len(during) < 2 and time.time() < deadline:  # the first request decodes
+        time.sleep(0.001)
+    second = threading.Thread(target=client, args=(1,))
+    second.start()
+    for t in (first, second):
+        t.join(timeout=60)
+    assert sum(during) >= 3  # the running row stepped between the long prompt's chunks
+    for (prompts, kw), events in zip(requests, got):
+        alone = side.generate(prompts, **kw)
+        assert events[-1]["results"][0]["token_ids"] == alone[0]["token_ids"]
+        assert_json_close(events[-1]["results"], alone, 5e-3)
+    assert side.runtime.engine.free_sequences == side.runtime.engine.n_seq  # every sequence back

@@ -183,7 +183,7 @@ def test_a_prefill_nobody_waits_for_stops_between_layers(tmp_path):
     last = layers[-1].register_forward_hook(lambda *_: reached.append(True))
     try:
         go, prefilled = threading.Event(), scheduler._prefilled
-        scheduler._prefilled = lambda jobs: (go.wait(timeout=60), prefilled(jobs))[1]  # after `leaving` is set
+        scheduler._prefilled = lambda *a: (go.wait(timeout=60), prefilled(*a))[1]  # after `leaving` is set
         stream = scheduler.stream(["the dog runs quickly and the cat sees it"], max_new_tokens=4)
         leaving.append(stream)  # the first layer of its prefill finds it cancelled
         go.set()

@@ -106,7 +106,8 @@ class TorchPasses:
         self.side, self.heads = side, heads
         self.decoder = side.runtime.decoder()
 
-    def prefill(self, wrapped: list[str], cancelled) -> tuple[Batch, list[tuple]]:
+    def prefill(self, wrapped: list[str], cancelled, between=None) -> tuple[Batch, list[tuple]]:
+        # one forward: nothing runs between its parts (`between` is never called)
         side, tok = self.side, self.side.backbone.tokenizer
         enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
                   return_offsets_mapping=tok.is_fast)

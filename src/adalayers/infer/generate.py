@@ -28,7 +28,7 @@ probability (a streaming guard, e.g. a policy head), on the prompt after the pre
 """
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -50,10 +50,13 @@ class Passes(Protocol):
     left-padded torch Batch; infer/gguf_steps.SequencePasses: llama.cpp sequences and numpy heads, no torch).
     A batch has `rows` (Row), `logits` (numpy (B, V), or None inside a step), keep(idx) and merge(other)."""
 
-    def prefill(self, wrapped: list[str], cancelled) -> tuple[object, list[tuple]]:
+    def prefill(self, wrapped: list[str], cancelled, between: Callable[[int], None] | None = None
+                ) -> tuple[object, list[tuple]]:
         """The texts as one batch, one pass with every head tapping it (its rows still empty), and per text
         (prompt ids, character offsets per column, first prefill column, first answer column). cancelled():
-        True once nobody waits for the pass (a runtime that can stop between layers stops)."""
+        True once nobody waits for the pass (a runtime that can stop between layers stops). between(n): a
+        runtime whose prefill runs in pieces calls it after each piece but the last (n: its prompt tokens),
+        when other batches may step; one that runs it whole never does."""
 
     def decode(self, batch, nxt: np.ndarray, go_on: list[int], deepest: int | None) -> np.ndarray | None:
         """Feed every row its token nxt[b] (the heads tap it); the LM head on go_on's rows only (-> their logits;
@@ -130,11 +133,12 @@ class Generation:
         self.passes: Passes = side.generation_passes(self.heads)
         self.deepest = used_layers(self.heads)[-1] if self.heads else None
 
-    def prefill(self, jobs: list[Job]):
+    def prefill(self, jobs: list[Job], between: Callable[[int], None] | None = None):
         """The jobs' prompts as one batch, one pass with the heads tapping it; each job gets its "prompt" event
-        once the whole prefill has succeeded; rows whose prompt trips a guard end (None: all did)."""
+        once the whole prefill has succeeded; rows whose prompt trips a guard end (None: all did). between: see
+        Passes.prefill (serve's scheduler steps the running rows there)."""
         wrapped = [w for job in jobs for w in job.wrapped]
-        batch, columns = self.passes.prefill(wrapped, lambda: all(j.cancelled.is_set() for j in jobs))
+        batch, columns = self.passes.prefill(wrapped, lambda: all(j.cancelled.is_set() for j in jobs), between)
         start, events = 0, []
         for job in jobs:
             mine = list(range(start, start + len(job.prompts)))

@@ -4,7 +4,8 @@ infer/generate.Generation runs one loop for every runtime; this module is what a
 serving path (adalayers.infer.gguf_serving):
 
     prefill   the prompts' tokens as llama.cpp sequences from position 0 (rows in groups of one llama_decode),
-              the heads' accumulators F fed by the eval callback (numpy_heads.LayerMix)
+              the heads' accumulators F fed by the eval callback (numpy_heads.LayerMix); the rows already
+              generating may step between two of its llama_decodes (`between`: serve's scheduler)
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
               once (LayerMix.add_layers: one batched product per head group)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -36,13 +38,14 @@ from adalayers.infer.request import Row
 OUTPUTS_AT_ONCE = 64
 
 
-def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | None
-                ) -> tuple[np.ndarray | None, list[np.ndarray]]:
+def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | None,
+                between: Callable[[int], None] | None = None) -> tuple[np.ndarray | None, list[np.ndarray]]:
     """The rows (each a llama.cpp sequence from its start) in as many llama_decodes as their tokens need: at most
     n_batch tokens each, OUTPUTS_AT_ONCE when the final state is read; a longer row is cut into pieces at its
     successive positions. `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
-    decode. -> each row's next-token logits (None when the pass stops early), each head's F over the rows'
-    tokens in order, as one pass would give them."""
+    decode. between(n): called after each decode but the last with its n tokens, the engine and `mix` free (serve's
+    scheduler steps the rows already generating there). -> each row's next-token logits (None when the pass stops
+    early), each head's F over the rows' tokens in order, as one pass would give them."""
     last = engine.num_states - 1
     reads_last = mix is not None and last in layers and (stop is None or stop >= last)
     budget = min(engine.n_batch, OUTPUTS_AT_ONCE) if reads_last else engine.n_batch
@@ -60,7 +63,9 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         decodes.append(current)
     logits = None if stop is not None else np.zeros((len(rows), engine.n_vocab), np.float32)
     parts: list[list] = [[[] for _ in rows] for _ in range(len(mix.tasks) if mix is not None else 0)]
-    for pieces in decodes:
+    for d, pieces in enumerate(decodes):
+        if d and between is not None:
+            between(sum(len(p.tokens) for _, p, _ in decodes[d - 1]))
         if mix is not None:
             mix.begin(sum(len(p.tokens) for _, p, _ in pieces))
         out = engine.run([p for _, p, _ in pieces], [mix.add] if mix is not None else [], stop,
@@ -158,14 +163,15 @@ class SequencePasses:
         self.last: dict[tuple[tuple, int], list] = {}     # ... -> their values then
         self._keys = itertools.count()
 
-    def prefill(self, wrapped: list[str], cancelled) -> tuple[SequenceBatch, list[tuple]]:
+    def prefill(self, wrapped: list[str], cancelled, between: Callable[[int], None] | None = None
+                ) -> tuple[SequenceBatch, list[tuple]]:
         tok = self.side.backbone.tokenizer
         enc = tok(wrapped, truncation=True, max_length=self.side.max_length, return_offsets_mapping=True)
         ids = enc["input_ids"]
         seqs = Sequences(self.engine, len(ids))
         F = [{h.name: Grown(self.mix_k(h.name)) for h in self.heads} for _ in ids]
         rows = [SeqRow(ids[j], seqs.ids[j], 0) for j in range(len(ids))]
-        logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, None)
+        logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, None, between)
         self._append(F, [len(i) for i in ids], accs)
         batch = SequenceBatch([], seqs, [next(self._keys) for _ in ids], [len(i) for i in ids], F, logits)
         return batch, [(ids[j], list(enc["offset_mapping"][j]), 0, len(ids[j])) for j in range(len(ids))]

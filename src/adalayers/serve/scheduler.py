@@ -22,16 +22,20 @@ and it fit, each row counted at its most (its prompt's tokens + max_new_tokens),
 free. A request that does not fit now waits at the head of the queue (requests behind it wait too: first
 come, first served) until rows leave; one that can never fit is refused before it is queued (DataError).
 
-Prefill in groups. A runtime whose prefill takes a bounded number of prompt tokens (llama.cpp: one llama_decode
-of n_batch tokens, runtime.prefill_tokens()) gets the waiting requests in groups of at most that many prompt
-tokens, one group between two decode steps: a burst of long prompts neither overflows the batch nor holds the
-running rows for all its prompts at once. A request whose own prompts exceed it is refused before it is queued.
+Prefill in chunks. A runtime whose prefill takes a bounded number of prompt tokens (llama.cpp: runtime.prefill_tokens())
+refuses a request whose own prompts exceed it before it is queued. Between two decode steps the scheduler prefills
+at most runtime.prefill_chunk() prompt tokens (llama.cpp: one llama_decode's n_batch): the waiting requests in
+groups up to it (a request larger than it alone), so a burst of prompts neither overflows the batch nor holds the
+running rows for all its prompts at once, and the first requests of a burst get their first token while the later
+ones still wait. A prefill that runs in pieces (the torch-free llama.cpp path cuts it into llama_decodes) steps the
+running rows once a chunk of it is done: a long prompt does not stall the generations already decoding.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from typing import Callable
 
 from adalayers.errors import Cancelled, DataError
 from adalayers.infer.generate import Generation
@@ -56,6 +60,8 @@ class Scheduler:
         if self.room is not None:
             self.max_rows = min(max_rows, self.room[0])
         self.prefill_limit = side.runtime.prefill_tokens()  # prompt tokens of one prefill at most, or None
+        # prompt tokens prefilled between two decode steps of the running rows (None: as many as one prefill takes)
+        self.prefill_chunk = side.runtime.prefill_chunk() or self.prefill_limit
         self.loop = Generation(side)
         self.waiting: queue.Queue = queue.Queue()
         self._next: tuple[Job, int] | None = None  # taken from the queue, waiting for room
@@ -106,13 +112,17 @@ class Scheduler:
             batch = self._admit(batch)
             if batch is None:
                 continue
-            try:
-                batch = self._step(batch)
-            except Exception as e:  # noqa: BLE001  (a failing step fails the requests it held, not the server)
-                log.error("a decode step failed: %s", e, exc_info=e)
-                for job in {id(r.owner): r.owner for r in batch.rows}.values():
-                    job.events.put(e)
-                batch = None
+            batch = self._safe_step(batch)
+
+    def _safe_step(self, batch):
+        """One decode step of the running rows; a failing step fails the requests it held, not the server."""
+        try:
+            return self._step(batch)
+        except Exception as e:  # noqa: BLE001
+            log.error("a decode step failed: %s", e, exc_info=e)
+            for job in {id(r.owner): r.owner for r in batch.rows}.values():
+                job.events.put(e)
+            return None
 
     def _step(self, batch):
         self.steps, self.rows_stepped = self.steps + 1, self.rows_stepped + len(batch.rows)
@@ -120,11 +130,9 @@ class Scheduler:
         return self.loop.step(batch)
 
     def _admit(self, batch):
-        """Waiting requests that fit (in order) prefilled together (one forward) and merged in, blocking while
-        nothing runs; rows of requests whose consumer left are dropped."""
-        if batch is not None and any(r.owner.cancelled.is_set() for r in batch.rows):
-            batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.owner.cancelled.is_set()])
-            batch = batch if batch.rows else None
+        """Waiting requests that fit (in order, up to a chunk of prompt tokens) prefilled together and merged in,
+        blocking while nothing runs; rows of requests whose consumer left are dropped."""
+        batch = _live(batch)
         jobs, rows = [], batch.rows if batch is not None else []
         held, tokens, prompts = len(rows), sum(_held(r) for r in rows), 0
         while True:
@@ -137,27 +145,51 @@ class Scheduler:
             if not job.cancelled.is_set():
                 if (batch is not None or jobs) and not self._fits(held + len(job.prompts), tokens + need):
                     break  # waits (at the head of the queue) until rows leave
-                if jobs and self.prefill_limit is not None and prompts + prompt > self.prefill_limit:
+                if jobs and self.prefill_chunk is not None and prompts + prompt > self.prefill_chunk:
                     break  # the next group's: prefilled after the next decode step
                 jobs.append(job)
                 held, tokens, prompts = held + len(job.prompts), tokens + need, prompts + prompt
             self._next = None
-        for new in self._prefilled(jobs):
-            batch = new if batch is None else batch.merge(new)
-        return batch
+        running = Running(batch, self._safe_step, self.prefill_chunk)
+        for new in self._prefilled(jobs, running.between):
+            running.batch = new if running.batch is None else running.batch.merge(new)
+        return running.batch
 
-    def _prefilled(self, jobs: list[Job]) -> list:
+    def _prefilled(self, jobs: list[Job], between) -> list:
         """The jobs' prompts in one prefill; when that fails, each job alone, so only a faulty one fails."""
         if not jobs:
             return []
         try:
-            return [b for b in [self.loop.prefill(jobs)] if b is not None]  # None: every prompt tripped a guard
+            # None: every prompt tripped a guard
+            return [b for b in [self.loop.prefill(jobs, between)] if b is not None]
         except Exception as e:  # noqa: BLE001
             if len(jobs) == 1:
                 # a prefill nobody waits for: its traceback would hold the pass's tensors as long as the job lives
                 jobs[0].events.put(e.with_traceback(None) if isinstance(e, Cancelled) else e)
                 return []
-        return [b for job in jobs for b in self._prefilled([job])]
+        return [b for job in jobs for b in self._prefilled([job], between)]
+
+
+class Running:
+    """The rows generating while a prefill runs: between two of its pieces (Generation.prefill's `between`) they
+    take one decode step (`step`) once `chunk` prompt tokens have been prefilled since their last."""
+
+    def __init__(self, batch, step: Callable, chunk: int | None):
+        self.batch, self.step, self.chunk, self.prefilled = batch, step, chunk, 0
+
+    def between(self, tokens: int) -> None:
+        self.prefilled += tokens
+        if self.batch is not None and self.chunk is not None and self.prefilled >= self.chunk:
+            self.batch = _live(self.batch)
+            self.batch, self.prefilled = self.step(self.batch) if self.batch is not None else None, 0
+
+
+def _live(batch):
+    """The batch without the rows of requests whose consumer left (None: no row is left)."""
+    if batch is None or not any(r.owner.cancelled.is_set() for r in batch.rows):
+        return batch
+    batch = batch.keep([i for i, r in enumerate(batch.rows) if not r.owner.cancelled.is_set()])
+    return batch if batch.rows else None
 
 
 def _held(row: Row) -> int:
