@@ -94,7 +94,8 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
     t, ctx, gguf = str(args.threads_now), str(args.ctx_size), str(gguf_path(args.base))
     if name == "llama-server":
         return [str(llama_server_bin()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", t, "-tb", t,
-                "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else [])]
+                "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else []),
+                *(["-b", str(args.batch_size)] if args.batch_size else [])]
     if name == "llama-cpp-python":
         return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port",
                 str(port), "--n_threads", t, "--n_threads_batch", t, "--n_ctx", ctx]
@@ -106,6 +107,8 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
         cmd += ["--ctx-size", ctx]
     if "--parallel" in help_text:
         cmd += ["--parallel", str(max(args.clients))]
+    if args.batch_size:
+        cmd += ["--batch-size", str(args.batch_size)]
     if name == "adalayers+4heads":
         cmd += ["--heads", *map(str, heads)]
     return cmd
@@ -277,7 +280,8 @@ def run(args) -> None:
         rat = ratios(med, args.clients)
         out = args.out.parent / f"{args.base}_t{threads}.json" if args.out.suffix != ".json" else args.out
         result = {"settings": {"base": args.base, "gguf": str(gguf_path(args.base)), "threads": threads,
-                               "ctx_size": args.ctx_size, "clients": args.clients, "new_tokens": args.new,
+                               "ctx_size": args.ctx_size, "batch_size": args.batch_size or "each server's default",
+                               "clients": args.clients, "new_tokens": args.new,
                                "prompt_lengths": {str(c): args.lengths[:c] for c in args.clients},
                                "repeats": args.repeats, "servers": servers, "heads": [str(h) for h in heads],
                                "temperature": 0, "command": " ".join(sys.argv),
@@ -316,6 +320,8 @@ def main() -> None:
                    help="prompt tokens of client i (the first C for C clients)")
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--ctx-size", type=int, default=16384)
+    p.add_argument("--batch-size", type=int, default=None, help="prompt tokens prefilled between two decode steps, "
+                   "llama-server's and adalayers' --batch-size (default: each one's own, 2048)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--servers", type=lambda s: s.split(","), default=list(SERVERS))
     p.add_argument("--heads-dir", type=Path, default=ROOT / "runs" / "llm_server")

@@ -77,9 +77,9 @@ def test_passes_cut_into_small_decodes_give_the_same_numbers(sides, monkeypatch)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, monkeypatch):
-    """serve's scheduler on the torch-free path: a prompt longer than a chunk (Scheduler.prefill_chunk, here 8
-    tokens: llama_decodes of 8) is prefilled in pieces with a decode step of the rows already generating after
-    each chunk, and both requests answer as each alone."""
+    """serve's scheduler on the torch-free path: a prompt longer than a chunk (prefill_chunk, serve's --batch-size:
+    here 8 tokens, in llama_decodes of 8) is prefilled in pieces with a decode step of the rows already generating
+    after each chunk, and both requests answer as each alone."""
     import threading
     import time
 
@@ -87,8 +87,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, mon
 
     _, side = sides
     monkeypatch.setattr(side.runtime.engine, "n_batch", 8)  # the prefill's llama_decodes: 8 tokens each
-    scheduler = Scheduler(side, max_rows=4)
-    assert scheduler.prefill_chunk == 8
+    scheduler = Scheduler(side, max_rows=4, prefill_chunk=8)  # serve's --batch-size 8
     inside, during = [False], []
     prefill, step = scheduler.loop.prefill, scheduler._step
 

@@ -89,11 +89,6 @@ class ContextShare:
         """Prompt tokens one prefill takes (serve's scheduler prefills in groups): one pass's tokens."""
         return self.pass_tokens()
 
-    def prefill_chunk(self) -> int:
-        """Prompt tokens prefilled between two decode steps of running rows: one llama_decode's (llama-server's
-        n_ubatch plays this part: its running slots' tokens go with each n_batch of prompt)."""
-        return self.engine.n_batch
-
     def eos_ids(self) -> set[int]:
         """The tokens that end a generation: the tokenizer's end of text (self.tokenizer), and llama.cpp's."""
         eos = self.tokenizer.eos_token_id

@@ -9,8 +9,6 @@
                                              or None (no fixed room: transformers' cache grows in memory)
     runtime.prefill_tokens()              -> prompt tokens one prefill may hold at most (llama.cpp: its n_batch),
                                              or None (no limit)
-    runtime.prefill_chunk()               -> prompt tokens prefilled between two decode steps of running rows
-                                             (llama.cpp: one llama_decode's n_batch), or None (a prefill whole)
     runtime.usage()                       -> what a fixed-size runtime holds now, for /health ({} by default)
     runtime.base                          -> what the doors read of the base: name, tokenizer, fingerprint(),
                                              num_layers, hidden_size, device, is_causal
@@ -127,12 +125,6 @@ class Runtime(ABC):
 
     def prefill_tokens(self) -> int | None:
         """Prompt tokens (all rows together) that one prefill may hold at most; None: no limit."""
-        return None
-
-    def prefill_chunk(self) -> int | None:
-        """Prompt tokens prefilled between two decode steps of the rows already generating (serve's scheduler
-        groups waiting prompts up to it, and a runtime whose prefill runs in pieces lets those rows step between
-        its pieces); None: a prefill runs whole."""
         return None
 
     def usage(self) -> dict:

@@ -74,6 +74,12 @@ class ServeConfig(BaseModel):
                                                          "--parallel slots); more wait in the queue (None: "
                                                          "--max-batch, and 16 on --runtime llama.cpp).",
                                  json_schema_extra={"aliases": ["-np"], "metavar": "N"})
+    batch_size: int = Field(2048, ge=1, description="Prompt tokens prefilled between two decode steps of the running "
+                                                    "generations at most (llama-server's --batch-size): waiting "
+                                                    "prompts are prefilled in groups up to it and a longer prompt in "
+                                                    "chunks of it; smaller: shorter stalls of the running streams, "
+                                                    "earlier first tokens in a burst.",
+                            json_schema_extra={"aliases": ["-b"], "metavar": "TOKENS"})
     pooling: Literal["mean", "last"] = Field("mean", description="/v1/embeddings of a decoder base (llama-server's "
                                                                  "--pooling): the mean of the last layer's states "
                                                                  "over the text's tokens, or the last token's state; "

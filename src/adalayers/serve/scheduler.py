@@ -24,11 +24,12 @@ come, first served) until rows leave; one that can never fit is refused before i
 
 Prefill in chunks. A runtime whose prefill takes a bounded number of prompt tokens (llama.cpp: runtime.prefill_tokens())
 refuses a request whose own prompts exceed it before it is queued. Between two decode steps the scheduler prefills
-at most runtime.prefill_chunk() prompt tokens (llama.cpp: one llama_decode's n_batch): the waiting requests in
-groups up to it (a request larger than it alone), so a burst of prompts neither overflows the batch nor holds the
-running rows for all its prompts at once, and the first requests of a burst get their first token while the later
-ones still wait. A prefill that runs in pieces (the torch-free llama.cpp path cuts it into llama_decodes) steps the
-running rows once a chunk of it is done: a long prompt does not stall the generations already decoding.
+at most `prefill_chunk` prompt tokens (serve's --batch-size, llama-server's logical batch; 2048): the waiting
+requests in groups up to it (a request larger than it alone), so a burst of prompts neither overflows the batch nor
+holds the running rows for all its prompts at once. A prefill that runs in pieces (the torch-free llama.cpp path
+cuts it into llama_decodes of n_batch tokens) steps the running rows once a chunk of it is done: a long prompt stalls
+the generations already decoding for one chunk at a time, not for its whole prefill. A smaller chunk: shorter
+stalls of the running rows and earlier first tokens in a burst, more steps taken in between.
 """
 from __future__ import annotations
 
@@ -54,14 +55,14 @@ class Scheduler:
         llama.cpp's sequences); other runtimes generate per request through infer/generate.stream."""
         return bool(side.backbone.is_causal) and side.runtime.continuous_batching
 
-    def __init__(self, side, max_rows: int = 64):
+    def __init__(self, side, max_rows: int = 64, prefill_chunk: int | None = None):
         self.side, self.max_rows = side, max_rows
         self.room = side.runtime.generation_room(side.max_length)  # (rows, KV tokens) or None
         if self.room is not None:
             self.max_rows = min(max_rows, self.room[0])
         self.prefill_limit = side.runtime.prefill_tokens()  # prompt tokens of one prefill at most, or None
         # prompt tokens prefilled between two decode steps of the running rows (None: as many as one prefill takes)
-        self.prefill_chunk = side.runtime.prefill_chunk() or self.prefill_limit
+        self.prefill_chunk = min([n for n in (prefill_chunk, self.prefill_limit) if n is not None], default=None)
         self.loop = Generation(side)
         self.waiting: queue.Queue = queue.Queue()
         self._next: tuple[Job, int] | None = None  # taken from the queue, waiting for room

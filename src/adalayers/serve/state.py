@@ -47,7 +47,7 @@ def scheduler(side, cfg) -> Scheduler | None:
     cfg.continuous_batching off (or a runtime that cannot merge caches), infer/generate.stream per request
     (each alone, taking turns between steps)."""
     rows = cfg.parallel or cfg.max_batch  # rows decoding together at most
-    return Scheduler(side, rows) if cfg.continuous_batching and Scheduler.supports(side) else None
+    return Scheduler(side, rows, cfg.batch_size) if cfg.continuous_batching and Scheduler.supports(side) else None
 
 
 @dataclass
