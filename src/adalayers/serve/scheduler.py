@@ -156,7 +156,7 @@ class Scheduler:
             running.batch = new if running.batch is None else running.batch.merge(new)
         return running.batch
 
-    def _prefilled(self, jobs: list[Job], between) -> list:
+    def _prefilled(self, jobs: list[Job], between: Callable[[int], None]) -> list:
         """The jobs' prompts in one prefill; when that fails, each job alone, so only a faulty one fails."""
         if not jobs:
             return []
@@ -175,7 +175,7 @@ class Running:
     """The rows generating while a prefill runs: between two of its pieces (Generation.prefill's `between`) they
     take one decode step (`step`) once `chunk` prompt tokens have been prefilled since their last."""
 
-    def __init__(self, batch, step: Callable, chunk: int | None):
+    def __init__(self, batch, step: Callable[[object], object], chunk: int | None):
         self.batch, self.step, self.chunk, self.prefilled = batch, step, chunk, 0
 
     def between(self, tokens: int) -> None:
