@@ -195,3 +195,34 @@ def test_a_prefill_nobody_waits_for_stops_between_layers(tmp_path):
         last.remove()
     events = list(scheduler.stream(["a book"], max_new_tokens=2))
     assert events[-1]["event"] == "done" and events[-1]["results"][0]["tokens"] <= 2
+
+
+def test_a_fault_while_admitting_fails_the_requests_held_and_the_scheduler_goes_on(tmp_path):
+    """A fault of the scheduler's own while it admits requests (outside a prefill or a step, which fail their own
+    requests) is the answer of the requests it held, and the scheduler thread lives on: it died before, and every
+    later generation waited for it forever."""
+    base = decoder_backbone("llama")
+    side = SideTasks.from_backbone(base, [make_run(tmp_path / "acc", base, "sequence", ["bad", "good"], seed=3)])
+    scheduler = Scheduler(side)
+    prefilled = scheduler._prefilled
+
+    def faulty(*a):
+        scheduler._prefilled = prefilled  # once
+        raise RuntimeError("a fault of the scheduler's own")
+
+    scheduler._prefilled = faulty
+    answers = []
+
+    def consume(prompts):
+        try:
+            answers.append(list(scheduler.stream(prompts, max_new_tokens=2)))
+        except RuntimeError as e:
+            answers.append(e)
+
+    for prompts in (["the dog runs"], ["a book"]):
+        t = threading.Thread(target=consume, args=(prompts,))
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive(), "the request waits for a scheduler that is gone"
+    assert isinstance(answers[0], RuntimeError) and "of the scheduler's own" in str(answers[0])
+    assert answers[1][-1]["event"] == "done" and answers[1][-1]["results"][0]["tokens"] <= 2

@@ -66,6 +66,7 @@ class Scheduler:
         self.loop = Generation(side)
         self.waiting: queue.Queue = queue.Queue()
         self._next: tuple[Job, int] | None = None  # taken from the queue, waiting for room
+        self._admitting: list[Job] = []  # taken from the queue, being prefilled
         self._thread, self._start = None, threading.Lock()
         self.steps = self.rows_stepped = self.largest_step = 0
 
@@ -110,10 +111,17 @@ class Scheduler:
     def _loop(self) -> None:
         batch = None
         while True:
-            batch = self._admit(batch)
-            if batch is None:
-                continue
-            batch = self._safe_step(batch)
+            try:
+                batch = self._admit(batch)
+            except Exception as e:  # noqa: BLE001  (the scheduler's own fault: the requests it held get it)
+                log.error("admitting generations failed: %s", e, exc_info=e)
+                held = [r.owner for r in batch.rows] if batch is not None else []
+                for job in {id(j): j for j in held + self._admitting}.values():
+                    job.events.put(e)
+                batch, self._admitting = None, []
+                continue  # the thread goes on: later requests are served
+            if batch is not None:
+                batch = self._safe_step(batch)
 
     def _safe_step(self, batch):
         """One decode step of the running rows; a failing step fails the requests it held, not the server."""
@@ -151,9 +159,10 @@ class Scheduler:
                 jobs.append(job)
                 held, tokens, prompts = held + len(job.prompts), tokens + need, prompts + prompt
             self._next = None
-        running = Running(batch, self._safe_step, self.prefill_chunk)
+        running, self._admitting = Running(batch, self._safe_step, self.prefill_chunk), jobs
         for new in self._prefilled(jobs, running.between):
             running.batch = new if running.batch is None else running.batch.merge(new)
+        self._admitting = []
         return running.batch
 
     def _prefilled(self, jobs: list[Job], between: Callable[[int], None]) -> list:
