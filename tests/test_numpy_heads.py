@@ -122,6 +122,38 @@ def test_many_heads_batched_equal_each_alone():
             np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 
 
+def probe(kind: str, layer: int, pooling: str, seed: int) -> SideTask:
+    """A probe head (head.type probe: identity W on one pinned layer) of random linear weights."""
+    from types import SimpleNamespace
+
+    from adalayers.recipes.probes import probe_task
+
+    cfg = Config()
+    cfg.head.kind = kind
+    torch.manual_seed(seed)
+    labels = ["a", "b", "c"]
+    base = SimpleNamespace(hidden_size=D, num_layers=L, adds_bos=False, device="cpu")
+    return probe_task(cfg, base, labels, layer, pooling, torch.randn(3, D), torch.randn(3))
+
+
+def test_probes_beside_mixer_heads_equal_torch():
+    """Probes (their own group in the LayerMix: no d x d identity product) read beside mixer heads, two probes on
+    one layer, fed layer by layer and all layers at once."""
+    tasks = [probe("sequence", 2, "last", 1), make("sequence", 16, "mean", 2), probe("sequence", 2, "mean", 3),
+             probe("token", 4, "mean", 4), make("token", 16, seed=5)]
+    states, mask = batch(4)
+    mine = [to_numpy(t) for t in tasks]
+    for all_at_once in (False, True):
+        assert nh.LayerMix(mine).groups == {(D, True): [0, 2, 3], (16, False): [1, 4]}  # the probes' own group
+        outs = nh.read_all(mine, numpy_accs(mine, states, mask, all_at_once), mask.numpy())
+        for t, got in zip(tasks, outs):
+            want = reference(t, states, mask)
+            if t.kind == "token":
+                seen = mask.numpy()
+                got, want = got[seen], want[seen]
+            np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
 def test_ensemble_equals_torch(tmp_path):
     from adalayers.model.ensemble import EnsembleTask
 
