@@ -6,7 +6,10 @@
              step, a sequence head as a per-step guard, a token head read at the end; the per-step reads
              incremental, adalayers.infer.numpy_incremental, or with --full-reads the full read over the whole
              text each step, as before it): each step's time with
-             heads over its partner's; median, and the sum over the 128 steps (whole generation, interleaved)
+             heads over its partner's; median, and the sum over the 128 steps (whole generation, interleaved);
+             and the median of each part of a step with heads: part_ms_decode (llama_decode with the gather),
+             _states (the gathered states stacked), _mix (LayerMix.add_layers), _reads (the per-step reads and
+             the guard's check), and part_ms_decode_alone (its partner's llama_decode)
     whole    whole generations (prefill + --new tokens + the heads' final reads), the two configurations in
              rotating order, medians over --repeats; time with heads / alone
     memory   peak RSS (ru_maxrss) of a process that loads the base and generates --new tokens at batch 1:
@@ -101,6 +104,7 @@ class Gen:
         self.guard = []
         self.seq_idx = [j for j, t in enumerate(heads or []) if t.kind != "token"]
         self.reads = None if full_reads or not heads else IncrementalReads([heads[j] for j in self.seq_idx])
+        self.parts: dict[str, list[float]] = {}  # per step: seconds of each part (step)
 
     def prefill(self):
         from adalayers.infer.llamacpp import Row
@@ -141,13 +145,20 @@ class Gen:
         rows = [Row([int(t)], s, p) for t, s, p in zip(self.next, self.seqs, self.pos)]
         self.pos = [p + 1 for p in self.pos]
         if not self.heads:
+            t0 = time.perf_counter()
             self.next = eng.decode(rows, outputs="last").argmax(-1)
+            self.parts.setdefault("decode", []).append(time.perf_counter() - t0)
             return
+        t0 = time.perf_counter()
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
+        t1 = time.perf_counter()
         states = eng.states()
+        z = np.stack([states[i] for i in self.layers])
+        t2 = time.perf_counter()
         self.mix.begin(len(rows))
-        self.mix.add_layers(self.layers, np.stack([states[i] for i in self.layers]))
+        self.mix.add_layers(self.layers, z)
         accs = self.mix.take()
+        t3 = time.perf_counter()
         self._place(accs, [1] * len(rows))
         seq = [self.heads[j] for j in self.seq_idx]
         if self.reads:
@@ -156,6 +167,9 @@ class Gen:
             outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j in self.seq_idx], self.mask[:, :self.col])
         self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
         self.next = logits.argmax(-1)
+        t4 = time.perf_counter()
+        for part, took in (("decode", t1 - t0), ("states", t2 - t1), ("mix", t3 - t2), ("reads", t4 - t3)):
+            self.parts.setdefault(part, []).append(took)
 
     def finish(self):
         if self.heads:
@@ -181,7 +195,9 @@ def paired(engine, tok, heads, batch: int, new: int, full_reads: bool) -> dict:
 
     def med(x):
         return round(statistics.median(x) * 1e3, 2)
-    return {"step_ms_alone": med(ta), "step_ms_heads": med(tb),
+    parts = {f"part_ms_{p}": med(x) for p, x in mine.parts.items()}
+    parts["part_ms_decode_alone"] = med(plain.parts["decode"])
+    return {**parts, "step_ms_alone": med(ta), "step_ms_heads": med(tb),
             "step_ratio_median": round(statistics.median([b / a for a, b in zip(ta, tb)]), 4),
             "sum_ratio": round(sum(tb) / sum(ta), 4), "step_cpu_ms_alone": med(ca), "step_cpu_ms_heads": med(cb),
             "step_cpu_ratio_median": round(statistics.median([b / a for a, b in zip(ca, cb)]), 4),
@@ -298,6 +314,8 @@ def main() -> None:
         engine = LlamaCpp(gguf_path(args.base), n_ctx=4096, n_seq=16, n_batch=512, threads=threads)
         tok = GgufTokenizer(engine)
         heads = four_heads(engine, tok.adds_bos)
+        results["settings"]["head_weight_bytes_a_step"] = sum(w.nbytes for t in heads for w in t.proj.values())
+        results["settings"]["gguf_bytes"] = gguf_path(args.base).stat().st_size
         for batch in [int(b) for b in args.batch.split(",")]:
             row = {"threads": threads, "batch": batch, "new": args.new}
             if "steps" not in skip:

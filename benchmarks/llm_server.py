@@ -9,6 +9,9 @@ Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the sam
     adalayers+4heads    the same with four heads (two sequence heads, a token head, and a sequence head read
                         at every step as a guard whose threshold is never reached), every head asked per request
                         (--head-names: other run folders)
+    torch+4heads        adalayers serve --runtime torch with the same four heads: transformers' pass of the same
+                        GGUF (converted to float32), torch heads; the memory bound of issue 53 (not in the default
+                        --servers: about 10x slower than the others)
 
 Loads: C concurrent streaming clients (the real `openai` AsyncOpenAI client, one completion each, temperature
 0, --new tokens, `ignore_eos` where the server accepts it; the real counts are recorded), prompts of mixed
@@ -109,7 +112,9 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
         cmd += ["--parallel", str(max(args.clients))]
     if args.batch_size:
         cmd += ["--batch-size", str(args.batch_size)]
-    if name == "adalayers+4heads":
+    if name == "torch+4heads":
+        cmd[cmd.index("--runtime") + 1] = "torch"
+    if name in ("adalayers+4heads", "torch+4heads"):
         cmd += ["--heads", *map(str, heads)]
     return cmd
 
@@ -164,7 +169,7 @@ def extra_body(name: str, url: str, model: str, heads: list[Path], new: int) -> 
     min_tokens = new, its own way to the same count, a logits processor in Python); the side tasks for
     adalayers+4heads: every head, and the guard on the last head's first label at probability 1.0 (never reached)."""
     extra = {}
-    if name == "adalayers+4heads":
+    if name in ("adalayers+4heads", "torch+4heads"):
         labels = json.loads((heads[-1] / "config.json").read_text())["labels"]
         extra["adalayers"] = {"tasks": [h.name for h in heads],
                               "guard": {heads[-1].name: {"label": labels[0], "threshold": 1.0}}}
@@ -219,7 +224,7 @@ def medians(repeats: list[dict], servers: list[str], loads: list[int]) -> dict:
 def ratios(med: dict, loads: list[int]) -> dict:
     """Side-by-side ratios against llama-server (and llama-cpp-python), per load, from the medians."""
     out = {}
-    for name in ("adalayers", "adalayers+4heads", "llama-cpp-python"):
+    for name in ("adalayers", "adalayers+4heads", "torch+4heads", "llama-cpp-python"):
         if name not in med or "llama-server" not in med:
             continue
         a, ref = med[name]["cells"], med["llama-server"]["cells"]
@@ -233,8 +238,9 @@ def ratios(med: dict, loads: list[int]) -> dict:
     return out
 
 
-def goals(r: dict) -> dict:
-    """The issue's goals for adalayers without heads, each met or missed with its measured value."""
+def goals(r: dict, med: dict | None = None, loads: list[int] = ()) -> dict:
+    """Issue 52's goals for adalayers without heads and (with `med`, where the servers ran) issue 53's for the four
+    heads, each met or missed with its measured value."""
     a = r.get("adalayers", {})
     checks = {}
     for c, need in (("1", 0.95), ("8", 0.9), ("16", 0.9)):
@@ -245,6 +251,24 @@ def goals(r: dict) -> dict:
     vs = {c: x.get("tokens_per_s_vs_llama_cpp_python") for c, x in a.items()}
     checks["tokens_per_s > llama-cpp-python in every cell"] = {
         "value": vs, "met": bool(vs) and all(x is not None and x > 1 for x in vs.values())}
+    return {**checks, **head_goals(med or {}, loads)}
+
+
+def head_goals(med: dict, loads: list[int]) -> dict:
+    """Issue 53: four heads at most +5% a token (tokens/s >= 1/1.05 of the same server without heads) at every
+    load, and a peak RSS at most 1.25x llama-server's and at most a third of the torch runtime's with the heads."""
+    heads, checks = med.get("adalayers+4heads"), {}
+    if heads is None:
+        return checks
+    if "adalayers" in med:
+        for c in loads:
+            v = _div(heads["cells"][str(c)]["tokens_per_s"], med["adalayers"]["cells"][str(c)]["tokens_per_s"])
+            checks[f"4 heads: tokens_per_s_{c}_clients >= 0.952x adalayers without heads"] = {
+                "value": v, "met": v is not None and v >= 1 / 1.05}
+    for other, bound, shown in (("llama-server", 1.25, "<= 1.25x llama-server"), ("torch+4heads", 1 / 3, "<= 1/3 of torch+4heads")):
+        if other in med:
+            v = _div(heads["peak_rss_mb"], med[other]["peak_rss_mb"])
+            checks[f"4 heads: peak RSS {shown}"] = {"value": v, "met": v is not None and v <= bound}
     return checks
 
 
@@ -254,8 +278,12 @@ def _div(a, b):
 
 def run(args) -> None:
     servers = args.servers
+    unknown = [s for s in servers if s not in (*SERVERS, "torch+4heads")]
+    if unknown:
+        sys.exit(f"--servers: unknown {', '.join(unknown)} (known: {', '.join((*SERVERS, 'torch+4heads'))})")
     names = args.head_names or list(HEADS)
-    heads = [args.heads_dir / args.base / h for h in names] if "adalayers+4heads" in servers else []
+    heads = ([args.heads_dir / args.base / h for h in names]
+             if {"adalayers+4heads", "torch+4heads"} & set(servers) else [])
     missing = [h for h in heads if not (h / "config.json").is_file()]
     if missing:
         sys.exit(f"no trained head in {missing[0]}: run `python benchmarks/llm_server.py train-heads --base {args.base}`")
@@ -288,7 +316,7 @@ def run(args) -> None:
                                "llama_cpp_lib_path": _env().get("LLAMA_CPP_LIB_PATH", "llama-cpp-python's own")},
                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": load,
                               "python": platform.python_version()},
-                  "medians": med, "ratios": rat, "goals": goals(rat), "repeats": repeats}
+                  "medians": med, "ratios": rat, "goals": goals(rat, med, args.clients), "repeats": repeats}
         out.parent.mkdir(parents=True, exist_ok=True)
         # no machine's absolute paths in a results file: the checkout is ".", the home folder "~"
         text = json.dumps(result, indent=1).replace(sys.executable, "python")

@@ -1,5 +1,5 @@
 """Markdown tables of benchmarks/llm_server.py's JSON: one row per server and load (medians over repeats),
-then the issue's goals, met or missed, with the measured values.
+then the issues' goals (52: adalayers without heads; 53: the four heads), met or missed, with the measured values.
 
     python benchmarks/llm_server_table.py benchmarks/results/llm_server/gemma3-270m_t2.json [...]
 """
@@ -33,7 +33,7 @@ def table(path: Path) -> str:
                          f"{m['peak_rss_mb']:.0f} | {m['startup_s']:.1f} |")
     failed = {n: x["error"] for rep in r["repeats"] for n, x in rep.items() if isinstance(x, dict) and "error" in x}
     lines += [""] + [f"- {n} did not run: {e}" for n, e in failed.items()]
-    lines += ["", "| goal (adalayers, no heads) | measured | |", "|---|---|---|"]
+    lines += ["", "| goal | measured | |", "|---|---|---|"]
     for goal, g in r["goals"].items():
         v = g["value"]
         shown = ", ".join(f"{c}: {_f(x, '.2f')}" for c, x in v.items()) if isinstance(v, dict) else _f(v, ".2f")
