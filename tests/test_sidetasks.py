@@ -185,3 +185,34 @@ def test_small_passes_equal_the_batched_pass(side, monkeypatch):
         assert one["ner"]["tags"] == got["ner"]["tags"]
         assert one["ner"]["scores"] == pytest.approx(got["ner"]["scores"], abs=2e-4)
     assert held  # the single texts' passes ran all layers at once
+
+
+def test_a_pass_whose_texts_are_abandoned_while_it_runs_stops_at_the_next_layer(base, runs):
+    """`abandoned` is asked before every micro-batch and, on an interruptible runtime, before every layer: a
+    micro-batch whose texts all lose their clients while it runs ends at the next layer (the later layers never
+    run), its texts are skipped, and the other micro-batches are answered as without it."""
+    side = SideTasks.from_backbone(base, [runs["acc"]], batch_size=2)
+    want = side.predict(TEXTS[:4], ["acc"])
+    asks: list[int] = []  # per forward (micro-batch): the layers it asked about before running them
+    forward = side.runtime.forward
+
+    def counting(batch, heads, stop, cancelled=None):
+        asks.append(0)
+
+        def asked():
+            asks[-1] += 1
+            return cancelled()
+        return forward(batch, heads, stop, asked)
+
+    side.runtime.forward = counting
+    gone: set[int] = set()
+
+    def abandoned() -> set[int]:
+        if asks == [2]:  # the first micro-batch (texts 0 and 1), before its second layer: both clients leave
+            gone.update({0, 1})
+        return gone
+    skipped = side.rows_skipped
+    got = side.predict(TEXTS[:4], ["acc"], abandoned=abandoned)
+    assert got[:2] == [None, None] and got[2:] == want[2:]
+    assert side.rows_skipped == skipped + 2
+    assert asks[0] == 2 and asks[1] > 2  # the first stopped at its second layer; the second ran them all

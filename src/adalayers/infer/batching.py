@@ -19,9 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adalayers.errors import Cancelled
 from adalayers.infer.request import Row  # noqa: F401  (a Batch's rows; imported from here too)
-from adalayers.infer.runtime import Cache
+from adalayers.infer.runtime import Cache, until_cancelled
 from adalayers.kinds import TaskKind
 from adalayers.model.sidetask import read_all
 
@@ -112,7 +111,7 @@ class TorchPasses:
         enc = tok(wrapped, padding=True, truncation=True, max_length=side.max_length, return_tensors="pt",
                   return_offsets_mapping=tok.is_fast)
         ids, attn = enc["input_ids"].to(side.backbone.device), enc["attention_mask"].to(side.backbone.device)
-        watch = (lambda tap: _until_cancelled(tap, cancelled)) if self.decoder.interruptible else (lambda tap: tap)
+        watch = (lambda tap: until_cancelled(tap, cancelled)) if self.decoder.interruptible else (lambda tap: tap)
         (logits, cache), accs = side.tapped(self.heads, lambda tap: self.decoder.prefill(ids, attn, watch(tap)))
         real = attn.bool()
         columns = [(ids[b][real[b]].tolist(), offsets(enc, b), 0, attn.shape[1]) for b in range(len(wrapped))]
@@ -138,17 +137,6 @@ class TorchPasses:
 
 def _numpy(logits: torch.Tensor | None) -> np.ndarray | None:
     return None if logits is None else logits.float().cpu().numpy()
-
-
-def _until_cancelled(tap, cancelled):
-    """The prefill's tap, ending the pass between two layers (Cancelled) once cancelled() (every request in it is
-    cancelled: its client gone, its deadline passed): a long prefill nobody waits for does not hold the base."""
-    def watched(i: int, z: torch.Tensor) -> None:
-        if cancelled():
-            raise Cancelled(f"the prefill stopped at state {i}: every request in it was cancelled")
-        if tap is not None:
-            tap(i, z)
-    return watched
 
 
 def offsets(enc, b: int) -> list[tuple[int, int]] | None:

@@ -125,7 +125,7 @@ class OnnxRuntime(Runtime):
     def base(self) -> OnnxBase:
         return self._base
 
-    def forward(self, batch, heads, stop):
+    def forward(self, batch, heads, stop, cancelled=None):  # one graph: it runs whole (not interruptible)
         feeds = {}
         for name in self.input_names:
             value = batch.get(name)

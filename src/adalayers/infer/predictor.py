@@ -27,7 +27,7 @@ import torch
 
 from adalayers.data.encoding import collate
 from adalayers.engine.predict import predict
-from adalayers.errors import ModelError
+from adalayers.errors import Cancelled, ModelError
 from adalayers.infer.heads import Head, used_layers
 from adalayers.infer.predictor_base import PredictorBase, _real
 from adalayers.infer.runtime import Runtime
@@ -71,12 +71,13 @@ class Predictor(PredictorBase):
                 tap.flush()  # a decode step's states: every layer at once
             return out, {h.name: h.task.take() for h in heads}
 
-    def forward(self, batch: dict, heads: list[Head]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    def forward(self, batch: dict, heads: list[Head], cancelled: Callable[[], bool] | None = None
+                ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """One pass of the runtime over a collated batch, every head tapping it: (the base's own output, each
         head's logits). Without the base's own output (primary=False) the base stops after the deepest layer
-        a head uses (early exit)."""
+        a head uses (early exit). cancelled(): see Runtime.forward."""
         stop = None if self.primary or not heads else used_layers(heads)[-1]
-        return self.runtime.forward(batch, heads, stop)
+        return self.runtime.forward(batch, heads, stop, cancelled)
 
     @torch.inference_mode()
     def _run(self, rows: list[dict], heads: list[Head], abandoned: Callable[[], set[int]] | None = None) -> dict:
@@ -86,8 +87,10 @@ class Predictor(PredictorBase):
         pad_id = self.backbone.tokenizer.pad_token_id or 0
         left = self.backbone.is_causal  # a decoder's next token: read from the last column
 
-        def outputs(out) -> list[tuple]:
+        def outputs(out) -> list[tuple | None]:
             own, logits, size = out
+            if logits is None:  # the pass stopped between two layers: nobody waits for its rows
+                return [None] * size
             for h, v in zip(heads, logits):
                 if not torch.isfinite(v).all():  # never answered as NaN: a server-side fault
                     raise ModelError(f"head {h.name!r} produced non-finite values (NaN or infinity)")
@@ -95,8 +98,15 @@ class Predictor(PredictorBase):
             return [(None if own is None else own[j], {n: v[j] for n, v in vals.items()}) for j in range(size)]
 
         def step(batch):
-            self.rows_run += len(batch["input_ids"])
-            return (*self.forward(batch, heads), len(batch["input_ids"]))
+            n, texts = len(batch["input_ids"]), {rows[i]["text"] for i in batch["index"].tolist()}
+            self.rows_run += n
+            if abandoned is None:
+                return (*self.forward(batch, heads), n)
+            try:  # a micro-batch whose texts all lose their clients while it runs stops at the next layer
+                return (*self.forward(batch, heads, lambda: texts <= abandoned()), n)
+            except Cancelled:
+                self.rows_skipped += n
+                return None, None, n
 
         per_row = predict(step, self._plan(rows, abandoned),
                           lambda idx: collate([rows[i] for i in idx], idx, pad_id, left=left), len(rows),

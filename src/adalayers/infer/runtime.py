@@ -27,11 +27,11 @@ A new engine is one module with one Runtime subclass and one line in adalayers.r
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-from adalayers.errors import ModelError
+from adalayers.errors import Cancelled, ModelError
 from adalayers.infer.heads import Head
 from adalayers.model.sidetask import end_all, shared_tap
 
@@ -99,11 +99,16 @@ class Runtime(ABC):
     @abstractmethod
     def base(self) -> Base: ...
 
+    # forward's `cancelled` can end a pass between two layers (an exception from a tap leaves the base's forward)
+    interruptible: bool = False
+
     @abstractmethod
-    def forward(self, batch: dict, heads: Sequence[Head], stop: int | None
-                ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    def forward(self, batch: dict, heads: Sequence[Head], stop: int | None,
+                cancelled: Callable[[], bool] | None = None) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """One pass over a collated batch: (the base's own output, None when `stop` ends the base after that
-        layer; each head's logits, float on the CPU, in the order of `heads`)."""
+        layer; each head's logits, float on the CPU, in the order of `heads`). `cancelled()`: True once nobody
+        waits for this pass; an interruptible runtime then raises Cancelled between two layers, the others run
+        the pass to its end."""
 
     def own_output(self) -> tuple[str, list[str]]:
         """What forward's own output is: ("embedding", []), ("next_token", []), or a classifier base's
@@ -155,13 +160,26 @@ class TappedRuntime(Runtime):
     def base(self):
         return self._base
 
-    def forward(self, batch, heads, stop):
+    def forward(self, batch, heads, stop, cancelled=None):
         tasks = [h.task for h in heads]
         for t in tasks:
             t.begin()
         tap = shared_tap(tasks, defer=SMALL_PASS)
-        out = self.base(batch, taps=[tap], stop_after=stop)
+        watched = until_cancelled(tap, cancelled) if cancelled is not None and self.interruptible else tap
+        out = self.base(batch, taps=[watched], stop_after=stop)
         tap.flush()
         logits = [y.float().cpu() for y in end_all(tasks, batch["attention_mask"])]
         own = None if stop is not None else (out.logits if out.logits is not None else out.pooled)
         return own, logits
+
+
+def until_cancelled(tap, cancelled: Callable[[], bool]):
+    """`tap` (or None) behind a check before every layer: once cancelled() (every request of the pass cancelled:
+    its client gone, its deadline passed) the pass ends there (Cancelled), so a long pass nobody waits for does
+    not hold the base. For an interruptible runtime's taps only (see Decoder.interruptible)."""
+    def watched(i: int, z: torch.Tensor) -> None:
+        if cancelled():
+            raise Cancelled(f"the pass stopped at state {i}: every request in it was cancelled")
+        if tap is not None:
+            tap(i, z)
+    return watched

@@ -21,6 +21,8 @@ from adalayers.model.backbone import Backbone, positions
 class TorchRuntime(TappedRuntime):
     """The transformers base's tapped pass; generation through its KV cache (TorchDecoder)."""
 
+    interruptible = True  # an exception from a layer hook leaves the forward
+
     def own_output(self) -> tuple[str, list[str]]:
         model = self.base.model
         kind = type(model).__name__
