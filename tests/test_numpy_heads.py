@@ -112,14 +112,19 @@ def test_many_heads_batched_equal_each_alone():
     states, mask = batch(3)
     mine = [to_numpy(t) for t in tasks]
     for all_at_once in (False, True):
-        accs = numpy_accs(mine, states, mask, all_at_once)
-        outs = nh.read_all(mine, accs, mask.numpy())
-        for t, got in zip(tasks, outs):
-            want = reference(t, states, mask)
-            if t.kind == "token":
-                seen = mask.numpy()
-                got, want = got[seen], want[seen]
-            np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+        assert_read_all_equals_torch(tasks, mine, states, mask, all_at_once)
+
+
+def assert_read_all_equals_torch(tasks: list[SideTask], mine: list[nh.Task], states, mask, all_at_once: bool) -> None:
+    """read_all of the numpy tasks fed by one LayerMix equals each torch SideTask's own read (token tasks: on the
+    real tokens)."""
+    outs = nh.read_all(mine, numpy_accs(mine, states, mask, all_at_once), mask.numpy())
+    for t, got in zip(tasks, outs):
+        want = reference(t, states, mask)
+        if t.kind == "token":
+            seen = mask.numpy()
+            got, want = got[seen], want[seen]
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 
 
 def probe(kind: str, layer: int, pooling: str, seed: int) -> SideTask:
@@ -145,13 +150,7 @@ def test_probes_beside_mixer_heads_equal_torch():
     mine = [to_numpy(t) for t in tasks]
     for all_at_once in (False, True):
         assert nh.LayerMix(mine).groups == {(D, True): [0, 2, 3], (16, False): [1, 4]}  # the probes' own group
-        outs = nh.read_all(mine, numpy_accs(mine, states, mask, all_at_once), mask.numpy())
-        for t, got in zip(tasks, outs):
-            want = reference(t, states, mask)
-            if t.kind == "token":
-                seen = mask.numpy()
-                got, want = got[seen], want[seen]
-            np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+        assert_read_all_equals_torch(tasks, mine, states, mask, all_at_once)
 
 
 def test_ensemble_equals_torch(tmp_path):
