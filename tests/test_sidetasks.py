@@ -216,3 +216,29 @@ def test_a_pass_whose_texts_are_abandoned_while_it_runs_stops_at_the_next_layer(
     assert got[:2] == [None, None] and got[2:] == want[2:]
     assert side.rows_skipped == skipped + 2
     assert asks[0] == 2 and asks[1] > 2  # the first stopped at its second layer; the second ran them all
+
+
+def test_counting_tokens_does_not_wait_for_the_pass_tokenizer(side):
+    """count_tokens (serve's checks thread) reads its own copy of the tokenizer: while a pass holds the shared
+    tokenizer's lock, a new request's tokens are still counted, and the counts are the same."""
+    import threading
+
+    want = side.count_tokens(TEXTS, ["ner"])
+    held, release = threading.Event(), threading.Event()
+
+    def pass_tokenizing():
+        with side.backbone.tokenizer.lock:
+            held.set()
+            release.wait(30)
+    t = threading.Thread(target=pass_tokenizing)
+    t.start()
+    try:
+        assert held.wait(10)
+        got: list = []
+        counter = threading.Thread(target=lambda: got.append(side.count_tokens(TEXTS, ["ner"])))
+        counter.start()
+        counter.join(10)
+        assert got == [want], "the count waited for the pass's tokenizer lock"
+    finally:
+        release.set()
+        t.join(10)

@@ -16,6 +16,7 @@ The module docstring of adalayers.infer.predictor says how texts become rows.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Callable
 
@@ -28,6 +29,7 @@ from adalayers.errors import Cancelled, DataError, ModelError
 from adalayers.infer.heads import Head, input_kind
 from adalayers.infer.numpy_heads import softmax
 from adalayers.infer.outputs import sequence_output, tag_words, word_ids, word_spans
+from adalayers.infer.shared_tokenizer import SharedTokenizer, shared
 from adalayers.kinds import TaskKind
 from adalayers.textcheck import check_texts
 
@@ -58,6 +60,11 @@ class PredictorBase:
         self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
         self.rows_run = 0      # token rows (plain rows and windows) the base has run, all passes together
         self.rows_skipped = 0  # rows of passes stopped early because nobody waited for them (Cancelled)
+        # count_tokens' own copy of a shared (locked) tokenizer, with a lock of its own: counting a new request's
+        # tokens (serve's checks thread) neither waits for the pass's tokenization nor holds it up (a cancel
+        # storm's counts held the one lock for seconds at a time)
+        tok = backbone.tokenizer
+        self._counting = shared(copy.deepcopy(tok.unwrapped)) if isinstance(tok, SharedTokenizer) else tok
         for h in heads:
             h.template.check(backbone.tokenizer, backbone.name, h.pairs, h.kind)
         templates = {h.template for h in heads}
@@ -154,10 +161,11 @@ class PredictorBase:
             rows.append(row)
         return rows
 
-    def _tokenize(self, *texts, **kw):
-        """The tokenizer, its failures turned into a DataError (the service answers it 422, alone)."""
+    def _tokenize(self, *texts, counting: bool = False, **kw):
+        """The tokenizer (`counting`: count_tokens' own copy), its failures turned into a DataError (the service
+        answers it 422, alone)."""
         try:
-            return self.backbone.tokenizer(*texts, **kw)
+            return (self._counting if counting else self.backbone.tokenizer)(*texts, **kw)
         except Exception as e:  # noqa: BLE001  (tokenizers raise assorted types on unreadable input)
             raise DataError(f"the tokenizer cannot read the text(s): {type(e).__name__}: {e}") from None
 
@@ -170,15 +178,15 @@ class PredictorBase:
         check_texts(texts)
         if text_pairs is not None:
             check_texts(text_pairs, what="second text")
-        texts, text_pairs = self.wrap(texts, text_pairs)
+        texts, text_pairs = self.template.apply(self._counting, texts, text_pairs)  # wrap, on the counting copy
         if text_pairs is not None:
             return [min(len(ids), self.max_length) for ids in
-                    self._tokenize(texts, text_pairs, verbose=False)["input_ids"]]
+                    self._tokenize(texts, text_pairs, counting=True, verbose=False)["input_ids"]]
         windows = any(self.heads[n].kind == TaskKind.TOKENS for n in self.check_tasks(tasks))
-        special = self.backbone.tokenizer.num_special_tokens_to_add(pair=False)
+        special = self._counting.num_special_tokens_to_add(pair=False)
         budget = max(1, self.max_length - special)
         counts = []
-        for ids in self._tokenize(texts, add_special_tokens=False, verbose=False)["input_ids"]:
+        for ids in self._tokenize(texts, add_special_tokens=False, counting=True, verbose=False)["input_ids"]:
             n = len(ids)
             counts.append(min(n, budget) + special + (n + special * -(-n // budget) if windows and n > budget else 0))
         return counts

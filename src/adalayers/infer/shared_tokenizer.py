@@ -33,6 +33,11 @@ class SharedTokenizer:
         return type(self._tokenizer)
 
     @property
+    def lock(self) -> threading.RLock:
+        """The lock every call holds (hold it to run several calls as one)."""
+        return self._lock
+
+    @property
     def unwrapped(self):
         """The tokenizer itself (its calls unguarded)."""
         return self._tokenizer
