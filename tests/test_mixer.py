@@ -182,3 +182,50 @@ def test_fused_tap_one_gemm_per_layer_equals_per_head_path():
                 if h.kind == "token":  # padding positions' logits are never read (packed input has none)
                     a, b = a[mask.bool()], b[mask.bool()]
                 assert (a - b).abs().max() <= 1e-5
+
+
+def test_probes_in_the_fused_tap_need_no_gemm_and_equal_each_probe_alone():
+    """Probes (head.type probe: identity W_i on one pinned layer) beside mixer heads through FusedTap, layer by layer
+    and deferred (all layers at once): each probe's and head's logits equal its own tap's, and the projections'
+    linear calls are the mixer heads' only (one per layer they read), none for a probe."""
+    from types import SimpleNamespace
+
+    from torch.overrides import TorchFunctionMode
+
+    from adalayers.config import Config
+    from adalayers.model.sidetask import SideTask, shared_tap
+    from adalayers.recipes.probes import probe_task
+
+    class CountLinear(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.linear and args[1].shape[-1] == 12:  # the projections (d = 12)
+                CountLinear.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(2)
+    base = SimpleNamespace(hidden_size=12, num_layers=5, adds_bos=False, device="cpu")
+    probes = [probe_task(Config(), base, ["a", "b", "c"], layer, pooling, torch.randn(3, 12), torch.randn(3))
+              for layer, pooling in [(1, "mean"), (1, "last"), (3, "mean")]]
+    cfg = Config()
+    cfg.mixer.k, cfg.head.num_heads, cfg.mixer.pin_layer = 8, 2, 2
+    mixer = SideTask(cfg, 5, 12, ["a", "b", "c"]).eval()
+    heads = [probes[0], mixer, probes[1], probes[2]]
+    states = [torch.randn(2, 5, 12) for _ in range(5)]
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    with torch.inference_mode():
+        alone = [h(states, mask) for h in heads]
+        for defer in (0, 64):
+            for h in heads:
+                h.begin()
+            tap = shared_tap(heads, defer=defer)
+            CountLinear.calls = 0
+            with CountLinear():
+                for i, z in enumerate(states):
+                    tap(i, z)
+                tap.flush()
+            assert CountLinear.calls == (1 if defer == 0 else 0)  # the mixer head's layer 2 only (deferred: bmm)
+            for a, b in zip(alone, [h.end(mask) for h in heads]):
+                assert (a - b).abs().max() <= 1e-5

@@ -79,7 +79,7 @@ class OnePassGraph(nn.Module):
             accs: list[torch.Tensor | None] = [None] * len(members)  # one per head: no scatter in the graph
             for p in plans:
                 plan = LayerPlan(p.layer, p.live, getattr(self, f"w{g}_{p.layer}"), getattr(self, f"a{g}_{p.layer}"),
-                                 p.all_live)
+                                 p.all_live, p.identity)
                 c = contribution(activate(states[p.layer], plan.weight.dtype), plan, k)  # (B, T, live, k): one GEMM
                 for j, h in enumerate(p.live):
                     accs[h] = c[..., j, :] if accs[h] is None else accs[h] + c[..., j, :]

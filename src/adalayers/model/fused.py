@@ -7,6 +7,9 @@ For layer i and the heads h = 1..H whose weight w_i^(h) is not 0 (all of the sam
     f     = LayerNorm_noaffine(P viewed as (B, T, H, k))     one call, normalises each head's k slice
     acc  += w_i[:, None] * f                                 one accumulator (B, T, H, k) for all heads
 
+A probe's W_i is the identity (adalayers.model.heads.probe_projection): probes form groups of their own whose
+f = LayerNorm_noaffine(GELU(Z_i)) needs no GEMM (a d x d identity product per probe was most of their cost).
+
 Head h's accumulator is acc[..., h, :]; its SideTask's end() runs its head as before. This is
 the arithmetic of each head's own tap (mixer.add) with the H products and normalisations
 batched, so results equal the per-head path up to float summation order (the tests hold them to
@@ -26,6 +29,7 @@ from adalayers.model.mixer import activate, layer_features, normalize
 
 _CACHE: "OrderedDict[tuple, tuple[list[torch.Tensor], list[int], torch.Tensor]]" = OrderedDict()
 _CACHE_SIZE = 256
+_IDENTITY: "OrderedDict[int, tuple[torch.Tensor, int, bool]]" = OrderedDict()  # is_identity's answers
 
 
 def concat_weights(weights: list[torch.Tensor]) -> torch.Tensor:
@@ -43,12 +47,30 @@ def concat_weights(weights: list[torch.Tensor]) -> torch.Tensor:
     return cat
 
 
+def is_identity(weight: torch.Tensor) -> bool:
+    """weight is the identity matrix (a probe's shared W_i, model.heads.probe_projection), remembered while the
+    same tensor is unchanged (same _version): a decode step asks without comparing d x d values again."""
+    w = weight.detach()
+    if w.dim() != 2 or w.shape[0] != w.shape[1]:
+        return False
+    hit = _IDENTITY.get(id(weight))
+    if hit is not None and hit[0] is weight and hit[1] == weight._version:
+        return hit[2]
+    same = torch.equal(w, torch.eye(len(w), dtype=w.dtype, device=w.device))
+    _IDENTITY[id(weight)] = (weight, weight._version, same)  # holding the tensor keeps its id unique
+    while len(_IDENTITY) > _CACHE_SIZE:
+        _IDENTITY.popitem(last=False)
+    return same
+
+
 def group_heads(tasks: list) -> dict[tuple, list]:
-    """Heads that can share one GEMM: same k, weight dtype and device, in the given order."""
+    """Heads that can share one GEMM: same k, weight dtype and device, in the given order; probes (every W_i the
+    identity) form groups of their own, which need no GEMM at all (normalized)."""
     groups: dict[tuple, list] = {}
     for t in tasks:
         w = t.mixer.proj[0].weight
-        groups.setdefault((t.mixer.k, w.dtype, w.device), []).append(t)
+        identity = all(is_identity(p.weight) for p in t.mixer.proj)
+        groups.setdefault((t.mixer.k, w.dtype, w.device, identity), []).append(t)
     return groups
 
 
@@ -60,6 +82,7 @@ class LayerPlan:
     weight: torch.Tensor       # (len(live) k, d)
     w: torch.Tensor            # (len(live), 1)
     all_live: bool
+    identity: bool = False     # every live W_i the identity (probes): f_i = LayerNorm_noaffine(GELU(Z_i)), no GEMM
 
 
 def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
@@ -67,12 +90,17 @@ def layer_plan(group: list, weights: torch.Tensor, i: int) -> LayerPlan | None:
     live = [h for h, w in enumerate(weights[:, i].tolist()) if w != 0]  # one read of the column, not one per head
     if not live:
         return None
-    return LayerPlan(i, live, concat_weights([group[h].mixer.proj[i].weight for h in live]),
-                     weights[live, i].unsqueeze(-1), len(live) == len(group))
+    weight = [group[h].mixer.proj[i].weight for h in live]
+    return LayerPlan(i, live, concat_weights(weight), weights[live, i].unsqueeze(-1), len(live) == len(group),
+                     all(is_identity(w) for w in weight))
 
 
 def normalized(a: torch.Tensor, plan: LayerPlan, k: int) -> torch.Tensor:
-    """LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i)."""
+    """LayerNorm(GELU(Z_i) W_i^T) for the plan's heads: (..., len(live), k). `a` = GELU(Z_i). Identity W_i
+    (probes): LayerNorm(GELU(Z_i)) once, a copy per live head."""
+    if plan.identity:
+        f = normalize(a, k)  # (..., 1, k): k is the base's width
+        return f if len(plan.live) == 1 else f.expand(*f.shape[:-2], len(plan.live), k).contiguous()
     return layer_features(a, plan.weight, k)
 
 
@@ -112,9 +140,12 @@ def all_layers(z: torch.Tensor, group: list, weights: torch.Tensor, layers: list
         return None
     if len(used) < len(layers):
         z, w = z[used], w[:, used]
-    stacked = concat_weights([group[h].mixer.proj[layers[j]].weight for j in used for h in range(len(group))])
     a = activate(z, dtype).flatten(1, -2)  # (L, N, d)
-    f = normalize(torch.bmm(a, stacked.view(len(used), -1, a.shape[-1]).transpose(1, 2)), k)  # (L, N, H, k)
+    if all(is_identity(group[h].mixer.proj[layers[j]].weight) for j in used for h in range(len(group))):
+        f = normalize(a, k)  # (L, N, 1, k): probes, no product; each head's weights pick its layer below
+    else:
+        stacked = concat_weights([group[h].mixer.proj[layers[j]].weight for j in used for h in range(len(group))])
+        f = normalize(torch.bmm(a, stacked.view(len(used), -1, a.shape[-1]).transpose(1, 2)), k)  # (L, N, H, k)
     acc = (f * w.t().to(f.dtype)[:, None, :, None]).sum(0)
     return acc.view(*z.shape[1:-1], len(group), k)
 
@@ -143,7 +174,7 @@ class FusedTap:
         layers, z = [i for i, _ in self._held], torch.stack([z for _, z in self._held])
         self._held = []
         for key, group in self.groups.items():
-            k, dtype, _ = key
+            k, dtype = key[:2]
             acc = all_layers(z, group, self._weights[key], layers, k, dtype)
             if acc is not None:
                 for h, t in enumerate(group):
@@ -158,7 +189,7 @@ class FusedTap:
             plan = layer_plan(group, self._weights[key], i)
             if plan is None:
                 continue
-            k, dtype, _ = key
+            k, dtype = key[:2]
             if dtype not in gelu:
                 gelu[dtype] = activate(z, dtype)
             acc = self._acc.get(key)
