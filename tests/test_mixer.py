@@ -5,8 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as nnf
 
+from torch.overrides import TorchFunctionMode
+
 from adalayers.config import MixerConfig
 from adalayers.model.mixer import AdaLayersMixer, sinusoidal_positions
+
+
+class CountLinear(TorchFunctionMode):
+    """Counts the linear calls of the projections (inputs of width d = 12) made while it is active."""
+    calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.linear and args[1].shape[-1] == 12:
+            CountLinear.calls += 1
+        return func(*args, **(kwargs or {}))
 
 
 def reference(mixer: AdaLayersMixer, states: list[torch.Tensor]) -> torch.Tensor:
@@ -139,18 +151,8 @@ def test_fused_tap_one_gemm_per_layer_equals_per_head_path():
     """Four heads (sequence, token, regression, one pinned to a single layer) through adalayers.model.fused:
     one linear call per layer for all heads of one k, and logits equal to each head's own tap within
     1e-5 (only the float summation order of the batched GEMM differs). Padded and packed input."""
-    from torch.overrides import TorchFunctionMode
-
     from adalayers.config import Config
     from adalayers.model.sidetask import SideTask, shared_tap
-
-    class CountLinear(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is torch.nn.functional.linear and args[1].shape[-1] == 12:  # the projections (d = 12)
-                CountLinear.calls += 1
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(1)
     heads = []
@@ -190,19 +192,9 @@ def test_probes_in_the_fused_tap_need_no_gemm_and_equal_each_probe_alone():
     linear calls are the mixer heads' only (one per layer they read), none for a probe."""
     from types import SimpleNamespace
 
-    from torch.overrides import TorchFunctionMode
-
     from adalayers.config import Config
     from adalayers.model.sidetask import SideTask, shared_tap
     from adalayers.recipes.probes import probe_task
-
-    class CountLinear(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is torch.nn.functional.linear and args[1].shape[-1] == 12:  # the projections (d = 12)
-                CountLinear.calls += 1
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(2)
     base = SimpleNamespace(hidden_size=12, num_layers=5, adds_bos=False, device="cpu")
