@@ -60,11 +60,8 @@ class PredictorBase:
         self._lock = threading.Lock()  # the heads hold per-pass state: one pass at a time
         self.rows_run = 0      # token rows (plain rows and windows) the base has run, all passes together
         self.rows_skipped = 0  # rows of passes stopped early because nobody waited for them (Cancelled)
-        # count_tokens' own copy of a shared (locked) tokenizer, with a lock of its own: counting a new request's
-        # tokens (serve's checks thread) neither waits for the pass's tokenization nor holds it up (a cancel
-        # storm's counts held the one lock for seconds at a time)
-        tok = backbone.tokenizer
-        self._counting = shared(copy.deepcopy(tok.unwrapped)) if isinstance(tok, SharedTokenizer) else tok
+        self._counter = None  # count_tokens' tokenizer, made at its first call (_counting)
+        self._counter_lock = threading.Lock()
         for h in heads:
             h.template.check(backbone.tokenizer, backbone.name, h.pairs, h.kind)
         templates = {h.template for h in heads}
@@ -160,6 +157,18 @@ class PredictorBase:
             row["pair_truncated"] = len(full[i]) > self.max_length
             rows.append(row)
         return rows
+
+    @property
+    def _counting(self):
+        """count_tokens' own copy of a shared (locked) tokenizer, with a lock of its own: counting a new request's
+        tokens (serve's checks thread) neither waits for the pass's tokenization nor holds it up (a cancel storm's
+        counts held the one lock for seconds at a time). Made at the first count (a copy of Gemma's tokenizer
+        takes about a second and a half), not when the predictor loads."""
+        with self._counter_lock:
+            if self._counter is None:
+                tok = self.backbone.tokenizer
+                self._counter = shared(copy.deepcopy(tok.unwrapped)) if isinstance(tok, SharedTokenizer) else tok
+            return self._counter
 
     def _tokenize(self, *texts, counting: bool = False, **kw):
         """The tokenizer (`counting`: count_tokens' own copy), its failures turned into a DataError (the service
