@@ -9,7 +9,9 @@
              heads over its partner's; median, and the sum over the 128 steps (whole generation, interleaved);
              and the median of each part of a step with heads: part_ms_decode (llama_decode with the gather),
              _states (the gathered states stacked), _mix (LayerMix.add_layers), _reads (the per-step reads and
-             the guard's check), and part_ms_decode_alone (its partner's llama_decode)
+             the guard's check), and part_ms_decode_alone (its partner's llama_decode); where the heads' work runs
+             beside the decode (row "beside": LlamaCpp.overlaps, --overlap), part_ms_decode is the decode with
+             it and part_ms_after what is left after the decode returns
     whole    whole generations (prefill + --new tokens + the heads' final reads), the two configurations in
              rotating order, medians over --repeats; time with heads / alone
     memory   peak RSS (ru_maxrss) of a process that loads the base and generates --new tokens at batch 1:
@@ -149,6 +151,8 @@ class Gen:
             self.next = eng.decode(rows, outputs="last").argmax(-1)
             self.parts.setdefault("decode", []).append(time.perf_counter() - t0)
             return
+        if eng.overlaps:  # the heads' work beside the decode, as SequencePasses does (LlamaCpp.overlaps)
+            return self._step_beside(rows)
         t0 = time.perf_counter()
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
         t1 = time.perf_counter()
@@ -159,16 +163,37 @@ class Gen:
         self.mix.add_layers(self.layers, z)
         accs = self.mix.take()
         t3 = time.perf_counter()
-        self._place(accs, [1] * len(rows))
-        seq = [self.heads[j] for j in self.seq_idx]
-        if self.reads:
-            outs = self.reads.step(self.seqs, [accs[j] for j in self.seq_idx], [1] * len(rows))
-        else:
-            outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j in self.seq_idx], self.mask[:, :self.col])
-        self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
+        self._after_mix(accs, len(rows))
         self.next = logits.argmax(-1)
         t4 = time.perf_counter()
         for part, took in (("decode", t1 - t0), ("states", t2 - t1), ("mix", t3 - t2), ("reads", t4 - t3)):
+            self.parts.setdefault(part, []).append(took)
+
+    def _after_mix(self, accs, n: int) -> None:
+        """The step's F placed, the per-step reads of the sequence heads and the guard's check."""
+        self._place(accs, [1] * n)
+        seq = [self.heads[j] for j in self.seq_idx]
+        if self.reads:
+            outs = self.reads.step(self.seqs, [accs[j] for j in self.seq_idx], [1] * n)
+        else:
+            outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j in self.seq_idx], self.mask[:, :self.col])
+        self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
+
+    def _step_beside(self, rows) -> None:
+        """The mix per state as it is copied, then the reads, on the decode's `during` thread; part_ms_decode is
+        the whole decode with them, part_ms_after what is left once it returns."""
+        def during(state):
+            self.mix.begin(len(rows))
+            for i in self.layers:
+                self.mix.add(i, state(i))
+            self._after_mix(self.mix.take(), len(rows))
+
+        t0 = time.perf_counter()
+        logits = self.engine.decode(rows, wanted=set(self.layers), outputs="last", read=True, during=during)
+        t1 = time.perf_counter()
+        self.next = logits.argmax(-1)
+        t2 = time.perf_counter()
+        for part, took in (("decode", t1 - t0), ("after", t2 - t1)):
             self.parts.setdefault(part, []).append(took)
 
     def finish(self):
@@ -295,6 +320,9 @@ def main() -> None:
     ap.add_argument("--full-reads", action="store_true",
                     help="per-step sequence-head reads by the full read over the whole text each step (read_all), "
                          "not the incremental one (numpy_incremental): the cost before it")
+    ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
+                    help="the heads' step work beside llama.cpp's decode (LlamaCpp's overlap: auto = when its "
+                         "threads leave a core free, as the server does)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps, whole, memory")
     ap.add_argument("--out", default="benchmarks/results/llamacpp_numpy_heads.json")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -311,13 +339,14 @@ def main() -> None:
                             "note": "shared 2-core machine (other jobs running): ratios within one run matter"},
                "runs": []}
     for threads in [int(t) for t in args.threads.split(",")]:
-        engine = LlamaCpp(gguf_path(args.base), n_ctx=4096, n_seq=16, n_batch=512, threads=threads)
+        engine = LlamaCpp(gguf_path(args.base), n_ctx=4096, n_seq=16, n_batch=512, threads=threads,
+                          overlap={"auto": None, "on": True, "off": False}[args.overlap])
         tok = GgufTokenizer(engine)
         heads = four_heads(engine, tok.adds_bos)
         results["settings"]["head_weight_bytes_a_step"] = sum(w.nbytes for t in heads for w in t.proj.values())
         results["settings"]["gguf_bytes"] = gguf_path(args.base).stat().st_size
         for batch in [int(b) for b in args.batch.split(",")]:
-            row = {"threads": threads, "batch": batch, "new": args.new}
+            row = {"threads": threads, "batch": batch, "new": args.new, "beside": engine.overlaps}
             if "steps" not in skip:
                 row.update(paired(engine, tok, heads, batch, args.new, args.full_reads))
             if "whole" not in skip:

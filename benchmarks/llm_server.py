@@ -115,8 +115,13 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
     if name == "torch+4heads":
         cmd[cmd.index("--runtime") + 1] = "torch"
     if name in ("adalayers+4heads", "torch+4heads"):
-        cmd += ["--heads", *map(str, heads)]
+        cmd += ["--heads", *(f"{head_name(h)}={h}" for h in heads)]
     return cmd
+
+
+def head_name(folder: Path) -> str:
+    """A head's name in the server: its run folder's (a mixer candidate, RUN/candidates/head: RUN's)."""
+    return folder.parent.parent.name if folder.parent.name == "candidates" else folder.name
 
 
 def prompts_for(base: str, lengths: list[int], loads: list[int]) -> dict[int, list[str]]:
@@ -171,8 +176,8 @@ def extra_body(name: str, url: str, model: str, heads: list[Path], new: int) -> 
     extra = {}
     if name in ("adalayers+4heads", "torch+4heads"):
         labels = json.loads((heads[-1] / "config.json").read_text())["labels"]
-        extra["adalayers"] = {"tasks": [h.name for h in heads],
-                              "guard": {heads[-1].name: {"label": labels[0], "threshold": 1.0}}}
+        extra["adalayers"] = {"tasks": [head_name(h) for h in heads],
+                              "guard": {head_name(heads[-1]): {"label": labels[0], "threshold": 1.0}}}
     if name == "llama-cpp-python":  # no ignore_eos (unknown fields are dropped silently): its own min_tokens
         return {"min_tokens": new}
     r = httpx.post(f"{url}/v1/completions", timeout=600, json={"model": model, "prompt": "Hello", "max_tokens": 4,
@@ -282,7 +287,7 @@ def run(args) -> None:
     if unknown:
         sys.exit(f"--servers: unknown {', '.join(unknown)} (known: {', '.join((*SERVERS, 'torch+4heads'))})")
     names = args.head_names or list(HEADS)
-    heads = ([args.heads_dir / args.base / h for h in names]
+    heads = ([args.heads_dir / args.base / h / ("candidates/head" if args.mixers else "") for h in names]
              if {"adalayers+4heads", "torch+4heads"} & set(servers) else [])
     missing = [h for h in heads if not (h / "config.json").is_file()]
     if missing:
@@ -356,6 +361,8 @@ def main() -> None:
     p.add_argument("--head-names", type=lambda s: s.split(","), default=None,
                    help="the run folders in --heads-dir/BASE that (d) serves, the last one the guard (default: "
                         "the four train-heads trains)")
+    p.add_argument("--mixers", action="store_true", help="serve each run folder's mixer head (RUN/candidates/head, "
+                   "trained beside the probes) instead of the model the run kept (a probe, for these heads)")
     p.add_argument("--timeout", type=float, default=900, help="seconds a client waits for its completion")
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llm_server" / "x",

@@ -133,3 +133,63 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, mon
         assert events[-1]["results"][0]["token_ids"] == alone[0]["token_ids"]
         assert_json_close(events[-1]["results"], alone, 5e-3)
     assert side.runtime.engine.free_sequences == side.runtime.engine.n_seq  # every sequence back
+
+
+def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkeypatch):
+    """LlamaCpp.overlaps: a step's mix and its sequence-head reads run on the thread beside llama_decode, taking
+    each state as the compiled gather copies it; answers, per-step values, guards and tokens are those of the
+    step whose heads run after the decode (float32 rounding apart: the mix per layer, not batched)."""
+    import threading
+
+    from adalayers.infer import numpy_incremental
+
+    _, numpy_side = sides
+    engine = numpy_side.runtime.engine
+    kw = dict(max_new_tokens=6, steps=True, ignore_eos=True)
+    guarded = dict(max_new_tokens=8, ignore_eos=True, guard={"acc": ("good", 0.5)})
+    monkeypatch.setattr(engine, "overlaps", False)
+    after = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
+    threads = []
+    step = numpy_incremental.IncrementalReads.step
+    monkeypatch.setattr(numpy_incremental.IncrementalReads, "step",
+                        lambda self, *a: threads.append(threading.current_thread().name) or step(self, *a))
+    monkeypatch.setattr(engine, "overlaps", True)
+    beside = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
+    assert [r["token_ids"] for r in after[0]] == [r["token_ids"] for r in beside[0]]
+    assert [(r["finish"], r.get("guard", {}).get("token")) for r in after[1]] == \
+        [(r["finish"], r.get("guard", {}).get("token")) for r in beside[1]]
+    assert_json_close(list(after), list(beside), 1e-5)
+    assert any(t.startswith("llamacpp-beside") for t in threads)  # the step reads ran beside the decode
+
+
+def test_a_state_the_decode_never_reaches_is_none_beside_it_and_errors_come_back(sides):
+    """decode's `during`: state(i) for a state past the graph's early end is None (no wait past the decode);
+    the states it gives equal what the gather holds after the decode; an error raised beside is raised by decode."""
+    from adalayers.infer.llamacpp import Row
+
+    _, numpy_side = sides
+    engine = numpy_side.runtime.engine
+    tokens = numpy_side.runtime.tokenizer(["the cat sat"])["input_ids"][0]
+    seq = engine.acquire(1)
+    seen = {}
+
+    def during(state):
+        for i in (0, 1, 2):
+            z = state(i)
+            seen[i] = None if z is None else z.copy()
+
+    try:
+        engine.decode([Row(tokens, seq[0])], (), {0, 1, 2}, stop_after=1, read=True, during=during)
+        assert seen[2] is None
+        for i in (0, 1):
+            assert (seen[i] == engine.states()[i]).all()
+
+        def fails(state):
+            state(0)
+            raise ValueError("beside the decode")
+
+        engine.truncate({seq[0]: 0})
+        with pytest.raises(ValueError, match="beside the decode"):
+            engine.decode([Row(tokens, seq[0])], (), {0, 1}, read=True, during=fails)
+    finally:
+        engine.release(seq)

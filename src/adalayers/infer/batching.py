@@ -117,7 +117,9 @@ class TorchPasses:
         columns = [(ids[b][real[b]].tolist(), offsets(enc, b), 0, attn.shape[1]) for b in range(len(wrapped))]
         return Batch([], attn, real, accs, cache, _numpy(logits)), columns
 
-    def decode(self, batch: Batch, nxt: np.ndarray, go_on: list[int], deepest: int | None) -> np.ndarray | None:
+    def decode(self, batch: Batch, nxt: np.ndarray, go_on: list[int], deepest: int | None,
+               reads: list[tuple[list[str], list[int]]] = ()) -> np.ndarray | None:
+        """Passes.decode; `reads` are done when asked (read), not during the pass."""
         device = batch.attn.device
         batch.grow(torch.ones(len(batch.rows), dtype=torch.bool, device=device))
         everyone = len(go_on) == len(batch.rows)

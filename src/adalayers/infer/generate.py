@@ -58,9 +58,12 @@ class Passes(Protocol):
         runtime whose prefill runs in pieces calls it after each piece but the last (n: its prompt tokens),
         when other batches may step; one that runs it whole never does."""
 
-    def decode(self, batch, nxt: np.ndarray, go_on: list[int], deepest: int | None) -> np.ndarray | None:
+    def decode(self, batch, nxt: np.ndarray, go_on: list[int], deepest: int | None,
+               reads: list[tuple[list[str], list[int]]] = ()) -> np.ndarray | None:
         """Feed every row its token nxt[b] (the heads tap it); the LM head on go_on's rows only (-> their logits;
-        none at all: the pass may end after state `deepest`). Sets batch.logits (None unless every row goes on)."""
+        none at all: the pass may end after state `deepest`). Sets batch.logits (None unless every row goes on).
+        reads: the read(batch, names, rows, False) calls the step will make next; a runtime may do them during
+        the pass, to be answered from there (the values must be those read would give)."""
 
     def read(self, batch, names: list[str], rows: list[int], answer_alone: bool) -> dict[str, list[np.ndarray]]:
         """Heads `names` on the rows at `rows`: per head, per row, class probabilities (a token head: per column)
@@ -189,7 +192,10 @@ class Generation:
         go_on = [i for i, r in enumerate(batch.rows) if not r.finish]  # the rows that need next-token logits
         logits = None
         if batch.rows and (self.heads or go_on):  # heads read the last token too
-            logits = self.passes.decode(batch, nxt, go_on, None if go_on else self.deepest)
+            needed = sorted({n for r in batch.rows for n in r.owner.stepped})
+            reads = [(names, list(sel)) for (sel, alone), names in
+                     _read_calls(batch, needed, list(range(len(batch.rows)))).items() if not alone]
+            logits = self.passes.decode(batch, nxt, go_on, None if go_on else self.deepest, reads)
         jobs = [j for j in {id(r.owner): r.owner for r in rows}.values() if j not in failed]
         events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
                       "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
@@ -241,15 +247,8 @@ class Generation:
     def _read(self, batch, names: list[str], idx: list[int]) -> dict[str, list[np.ndarray]]:
         """Heads `names` on the rows at idx, per head in idx's order: a row whose request reads a head on the
         answer alone over its answer. Heads that read the same rows the same way are read together."""
-        calls: dict[tuple, list[str]] = {}
-        for n in names:
-            only = tuple(i for i in idx if n in batch.rows[i].owner.answer_only)
-            plain = tuple(i for i in idx if i not in only)
-            for sel, alone in ((plain, False), (only, True)):
-                if sel:
-                    calls.setdefault((sel, alone), []).append(n)
         out = {n: [None] * len(batch.rows) for n in names}
-        for (sel, alone), group in calls.items():
+        for (sel, alone), group in _read_calls(batch, names, idx).items():
             for n, values in self.passes.read(batch, group, list(sel), alone).items():
                 for i, v in zip(sel, values):
                     out[n][i] = v
@@ -287,6 +286,18 @@ def _own(failed: dict, job: Job, work) -> None:
         work()
     except Exception as e:  # noqa: BLE001  (any error of one request's own work is that request's answer)
         failed[job] = e
+
+
+def _read_calls(batch, names: list[str], idx: list[int]) -> dict[tuple[tuple[int, ...], bool], list[str]]:
+    """Generation._read's calls of Passes.read: (rows, answer alone) -> the heads read together on them."""
+    calls: dict[tuple, list[str]] = {}
+    for n in names:
+        only = tuple(i for i in idx if n in batch.rows[i].owner.answer_only)
+        plain = tuple(i for i in idx if i not in only)
+        for sel, alone in ((plain, False), (only, True)):
+            if sel:
+                calls.setdefault((sel, alone), []).append(n)
+    return calls
 
 
 def _by_job(rows: list[Row]) -> dict:

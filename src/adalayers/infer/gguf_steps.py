@@ -8,7 +8,9 @@ serving path (adalayers.infer.gguf_serving):
               generating may step between two of its llama_decodes (`between`: serve's scheduler)
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
-              once (LayerMix.add_layers: one batched product per head group)
+              once (LayerMix.add_layers: one batched product per head group); or, where llama.cpp leaves a core
+              free (LlamaCpp.overlaps), mixed layer by layer on a thread beside the decode as each state is
+              copied, the step's sequence-head reads done there too (the reads the step will ask for)
     read      sequence heads and sequence probes incrementally (numpy_incremental.IncrementalReads: a row's
               positions are fed once, when first read, and each read costs the new positions only); token heads,
               token probes and heads that read the answer alone by the full read (numpy_heads.read_all) over the
@@ -180,16 +182,52 @@ class SequencePasses:
         task = self.tasks[name]
         return task.k * (len(task.members) or 1)  # a seed ensemble's members side by side (LayerMix.take)
 
-    def decode(self, batch: SequenceBatch, nxt: np.ndarray, go_on: list[int], deepest: int | None
-               ) -> np.ndarray | None:
+    def decode(self, batch: SequenceBatch, nxt: np.ndarray, go_on: list[int], deepest: int | None,
+               reads: list[tuple[list[str], list[int]]] = ()) -> np.ndarray | None:
         rows = [SeqRow([int(t)], s, n) for t, s, n in zip(nxt.tolist(), batch.seqs.ids, batch.lengths)]
-        logits, accs = self._pass(rows, None if go_on else deepest)
-        batch.lengths = [n + 1 for n in batch.lengths]
-        self._append(batch.F, [1] * len(rows), accs)
         self._forget(batch)
+        stop = None if go_on else deepest
+        if self._beside(rows):
+            logits = self._step_beside(batch, rows, stop, reads)
+        else:
+            logits, accs = self._pass(rows, stop)
+            self._append(batch.F, [1] * len(rows), accs)
+        batch.lengths = [n + 1 for n in batch.lengths]
         everyone = len(go_on) == len(batch.rows)
         batch.logits = logits if everyone else None
         return None if logits is None else (logits if everyone else logits[go_on])
+
+    def _beside(self, rows: list[SeqRow]) -> bool:
+        """A step whose head work runs beside llama.cpp's decode (LlamaCpp.overlaps: a core it leaves free)."""
+        return bool(self.heads) and self.engine.overlaps and len(rows) <= GATHER_TOKENS
+
+    def _step_beside(self, batch: SequenceBatch, rows: list[SeqRow], stop: int | None,
+                     reads: list[tuple[list[str], list[int]]]) -> np.ndarray | None:
+        """One decode step, the heads' work on LlamaCpp.decode's `during` thread while llama.cpp computes: each
+        state mixed (LayerMix.add) as soon as it is copied, the rows' F appended, then the sequence heads of
+        `reads` read incrementally (their values wait in the caches read() looks in). The same values as the
+        step done after the decode (_pass), up to float32 rounding."""
+        mixed = []
+
+        def during(state):
+            self.mix.begin(len(rows))
+            for i in self.layers:
+                z = state(i)
+                if z is None:  # the decode ended without it: decode raises why
+                    return
+                self.mix.add(i, z)
+            self._append(batch.F, [1] * len(rows), self.mix.take())
+            mixed.append(True)
+            for names, idx in reads:
+                step = tuple(n for n in names if IncrementalReads.applies(self.tasks[n]))
+                if step:
+                    self._incremental(batch, step, idx)
+
+        logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True,
+                                    during=during)
+        if not mixed:
+            raise ModelError("llama.cpp's step ended before every state the heads read was copied")
+        return logits
 
     def _pass(self, rows: list[SeqRow], stop: int | None) -> tuple[np.ndarray | None, list[np.ndarray]]:
         """One llama_decode of the rows with every head's F fed: (logits or None, each head's F (tokens, k))."""

@@ -22,6 +22,11 @@ those nodes' data enter Python (StateReader.on_data), none at all in a step with
 
 Returning false from the data callback ends the graph there: after the deepest state any head needs,
 the rest of the graph (LM head included) is skipped (early exit, as Backbone's stop_after).
+
+A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
+each state as the compiled filter copies it (StateReader.ready), while llama.cpp computes the later layers and
+the LM head. That is worth it only on a core llama.cpp leaves free (`overlaps`: more usable cores than its
+threads); on a core llama.cpp's threads use, the work only delays them (measured: benchmarks/llamacpp_numpy_heads.py).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import logging
 import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -112,12 +118,14 @@ class LlamaCpp:
     """
 
     def __init__(self, path: Path, n_ctx: int = 4096, n_seq: int = 8, n_batch: int = 2048, threads: int | None = None,
-                 read_states: bool = True, max_outputs: int | None = None, swa_full: bool = False):
+                 read_states: bool = True, max_outputs: int | None = None, swa_full: bool = False,
+                 overlap: bool | None = None):
         """read_states=False: no eval callback at all (llama.cpp alone, for comparisons); taps then get nothing.
         max_outputs: positions one decode may ask outputs for (None: n_batch); llama.cpp sizes its compute buffer
         for that many logits (Gemma 3: 1 MB each). swa_full=False: the sliding-window layers' KV cache holds
         each sequence's window, not n_ctx cells (llama-server's default; --swa-full there): no caller reads a
-        position again once it has left the window."""
+        position again once it has left the window. overlap: whether callers run a step's head work beside the
+        decode (`overlaps`; None: when llama.cpp's threads leave a usable core free)."""
         lib = _lib()
         if read_states:
             _filter()  # numba, before anything is loaded
@@ -165,6 +173,10 @@ class LlamaCpp:
         self._free = list(range(n_seq))  # sequence ids not held by a pass or a generation
         self._returned: list[int] = []   # given back, KV cache not yet removed (see release)
         self._lock = threading.Lock()
+        self.threads = int(lib.llama_n_threads(self.ctx))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.overlaps = read_states and (cores > self.threads if overlap is None else overlap)
+        self._beside: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
 
     def acquire(self, n: int) -> list[int]:
         """n sequence ids of the context for one caller (a pass, or a generation across its steps)."""
@@ -206,12 +218,15 @@ class LlamaCpp:
 
     def decode(self, rows: list[Row], taps: Sequence[Callable[[int, np.ndarray], None]] = (),
                wanted: set[int] | None = None, outputs: str = "last", stop_after: int | None = None,
-               read: bool = False) -> np.ndarray | None:
+               read: bool = False, during: Callable[[Callable[[int], np.ndarray | None]], None] | None = None
+               ) -> np.ndarray | None:
         """Run the rows as one llama_batch. Each wanted state goes to every tap as (total tokens, d), the rows'
         tokens one after another in order. -> the next-token logits at each row's last token (rows, vocab),
         or None when the pass stopped early. outputs="all" asks for every position's output (needed for the
         last states of all positions; costs the LM head on every token). read=True: the wanted states are read
-        without taps, into `states()` (a pass of at most GATHER_TOKENS tokens)."""
+        without taps, into `states()` (a pass of at most GATHER_TOKENS tokens). during(state), with read: run on
+        another thread while llama.cpp decodes, state(i) giving state i's rows (tokens, d) as soon as they are
+        copied (None: the decode ended without them); decode returns after `during` has, and raises its error."""
         lib = _lib()
         n = sum(len(r.tokens) for r in rows)
         if n == 0:
@@ -235,11 +250,22 @@ class LlamaCpp:
             last = self._fill(rows, outputs)
             if self.reader is not None:
                 self.reader.start(n, wanted if taps or read else set(), sink if taps else None, stop_after)
-            code = lib.llama_decode(self.ctx, self._batch)
+            beside, ended = None, threading.Event()
+            if during is not None:
+                if not (read and self.reader.gathering):
+                    raise DataError("decode's `during` needs a gathered read (read=True, some state wanted)")
+                beside = self._thread().submit(during, lambda i: self.reader.ready(i, ended))
+            try:
+                code = lib.llama_decode(self.ctx, self._batch)
+            finally:
+                ended.set()
+                failed = beside.exception() if beside is not None else None  # waits for `during`
             if self.reader is not None:
                 self.reader.finish()
             if code != 0:
                 raise ModelError(f"llama_decode failed (code {code}): the KV cache may be full (n_ctx {self.n_ctx})")
+            if failed is not None:
+                raise failed
             if stop_after is not None:
                 return None
             outs = np.empty((len(rows), self.n_vocab), np.float32)
@@ -305,8 +331,16 @@ class LlamaCpp:
         b.n_tokens = k
         return last
 
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._beside is None:
+            self._beside = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside")
+        return self._beside
+
     def close(self) -> None:
         lib = _lib()
+        if getattr(self, "_beside", None) is not None:
+            self._beside.shutdown()
+            self._beside = None
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None

@@ -19,7 +19,8 @@ The first process compiles it (a few seconds), later ones load it; the cache is 
 
 Gather mode (set_gather, a small pass such as a decode step): ask=false does not enter Python at all. The
 node's rows are checked (F32, [d, n_tokens, 1, 1], contiguous) and copied into slot s of a preallocated
-buffer (the row's slot byte), the row marked filled; a row marked as the stop ends the graph there (false).
+buffer (the row's slot byte), then the row marked filled (after a release fence: another thread may read the
+slot as soon as it sees the mark, while the graph goes on); a row marked as the stop ends the graph there (false).
 A check that fails records its code in the table's status and ends the graph; the owner raises it after the
 decode (StateReader.finish).
 """
@@ -145,6 +146,16 @@ def _call(typingctx, address, t, ask, user):
     return types.boolean(types.int64, types.voidptr, types.boolean, types.voidptr), codegen
 
 
+@intrinsic
+def _release(typingctx):
+    """A release fence: the slot's rows are visible to another thread before the filled mark that says so
+    (StateReader.ready reads the marks while the decode runs)."""
+    def codegen(context, builder, signature, args):
+        builder.fence("release")
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
 @numba.njit(inline="always")
 def _read64(node, at):
     v = np.int64(0)
@@ -193,6 +204,7 @@ def _compile(name_offset: int, ne_offset: int, nb_offset: int, data_offset: int)
         slot = np.int64(table[row, SLOT])
         dst = numba.carray(_pointer(header[H_BUFFER] + slot * header[H_SLOT_SIZE] * 4), (size,), np.float32)
         dst[:] = src
+        _release()
         table[row, FILLED] = 1
         return table[row, STOP] == 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ GGML_TYPE_F32 = 0
 EMBEDDING_NAMES = (b"inp_scaled", b"inp_embd", b"embd")
 _LAYER = re.compile(rb"l_out-(\d+)\Z")
 GATHER_TOKENS = 64  # a pass of at most this many tokens is gathered by the compiled filter (StateReader)
+POLL_SECONDS = 5e-5  # how often StateReader.ready looks at the filled marks (a layer of a step takes ~0.3 ms)
 
 
 class _GgmlTensor(ctypes.Structure):
@@ -107,7 +109,9 @@ class StateReader:
     A pass of at most GATHER_TOKENS tokens (a decode step) never enters Python inside the graph: the compiled
     filter copies each wanted node into a slot of a preallocated buffer (NodeFilter.set_gather; the context is
     CPU-only, so every node is in host memory), and finish() hands the states to the sink after the decode;
-    `gathered` then holds them as views of that buffer (valid until the next decode).
+    `gathered` then holds them as views of that buffer (valid until the next decode). While such a decode
+    runs, another thread may take each state as soon as it is copied (ready): the heads' work of a step then
+    runs beside the rest of llama.cpp's graph (LlamaCpp.decode's `during`).
     """
 
     def __init__(self, names: StateNames, d: int):
@@ -121,6 +125,10 @@ class StateReader:
         self.gathered: dict[int, np.ndarray] = {}
         self._held: dict[bytes, np.ndarray] = {}
         self._index = {n: names.index(n) for n in names.candidates()}
+        rank = {n: EMBEDDING_NAMES.index(n) if n in EMBEDDING_NAMES else 0 for n in self._index}
+        self._rows_of: dict[int, list[int]] = {}  # state -> its table rows (state 0: preferred name first)
+        for r, n in sorted(enumerate(self._index), key=lambda rn: rank[rn[1]]):
+            self._rows_of.setdefault(self._index[n], []).append(r)
         f = _filter()
         layout = (_NAME_OFFSET, _GgmlTensor.ne.offset, _GgmlTensor.nb.offset, _GgmlTensor.data.offset)
         self.filter = f.NodeFilter(list(self._index), layout, self)  # held as long as the context
@@ -141,6 +149,29 @@ class StateReader:
         slots = [r if i in wanted else None for r, i in enumerate(self._index.values())]
         stops = [stop is not None and i >= stop for i in self._index.values()]
         self.filter.set_gather(self._buffer, slots, stops, self.d, n_tokens)
+
+    @property
+    def gathering(self) -> bool:
+        """The decode begun by start() is gathered by the compiled filter (no Python inside the graph)."""
+        return self._gather
+
+    def ready(self, i: int, ended: threading.Event) -> np.ndarray | None:
+        """From another thread while a gathered decode runs: state i's rows (n_tokens, d), a view of the buffer
+        valid until the next decode, as soon as the filter has copied them; None when the decode ended (`ended`
+        set) without them (finish() then says why). State 0 is taken once its preferred name is copied, or a
+        later state is (the embedding nodes come first in every graph), or the decode ended."""
+        rows = self._rows_of.get(i, [])
+        while True:
+            over = ended.is_set()  # read before the marks: a decode that has ended has set every mark it will
+            filled = self.filter.filled()
+            got = [r for r in rows if filled[r]]
+            if got and (i != 0 or got[0] == rows[0] or over
+                        or any(filled[r] for j, rs in self._rows_of.items() if j > 0 for r in rs)):
+                size = self.n_tokens * self.d
+                return self._buffer[got[0], :size].reshape(self.n_tokens, self.d)
+            if over:
+                return None
+            ended.wait(POLL_SECONDS)
 
     def on_data(self, t: int) -> bool:
         """A wanted node, computed (ask=false): its state goes to the sink; false ends the graph here."""
