@@ -180,12 +180,13 @@ class Gen:
         self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
 
     def _step_beside(self, rows) -> None:
-        """The mix per state as it is copied, then the reads, on the decode's `during` thread; part_ms_decode is
+        """The mix and the reads on the decode's `during` thread once the deepest state is copied; part_ms_decode is
         the whole decode with them, part_ms_after what is left once it returns."""
-        def during(state):
+        def during(state):  # once the deepest state is copied (SequencePasses._step_beside)
+            if state(self.layers[-1]) is None:
+                return
             self.mix.begin(len(rows))
-            for i in self.layers:
-                self.mix.add(i, state(i))
+            self.mix.add_layers(self.layers, np.stack([state(i) for i in self.layers]))
             self._after_mix(self.mix.take(), len(rows))
 
         t0 = time.perf_counter()
