@@ -10,7 +10,7 @@
              and the median of each part of a step with heads: part_ms_decode (llama_decode with the gather),
              _states (the gathered states stacked), _mix (LayerMix.add_layers), _reads (the per-step reads and
              the guard's check), and part_ms_decode_alone (its partner's llama_decode); where the heads' work runs
-             beside the decode (row "beside": LlamaCpp.overlaps, --overlap), part_ms_decode is the decode with
+             beside the decode (row "beside": LlamaCpp.beside, --overlap), part_ms_decode is the decode with
              it and part_ms_after what is left after the decode returns
     whole    whole generations (prefill + --new tokens + the heads' final reads), the two configurations in
              rotating order, medians over --repeats; time with heads / alone
@@ -151,7 +151,7 @@ class Gen:
             self.next = eng.decode(rows, outputs="last").argmax(-1)
             self.parts.setdefault("decode", []).append(time.perf_counter() - t0)
             return
-        if eng.overlaps:  # the heads' work beside the decode, as SequencePasses does (LlamaCpp.overlaps)
+        if eng.beside(len(rows)):  # the heads' work beside the decode, as SequencePasses does
             return self._step_beside(rows)
         t0 = time.perf_counter()
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
@@ -322,8 +322,8 @@ def main() -> None:
                     help="per-step sequence-head reads by the full read over the whole text each step (read_all), "
                          "not the incremental one (numpy_incremental): the cost before it")
     ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
-                    help="the heads' step work beside llama.cpp's decode (LlamaCpp's overlap: auto = when its "
-                         "threads leave a core free, as the server does)")
+                    help="the heads' step work beside llama.cpp's decode (LlamaCpp's overlap: auto = where it "
+                         "leaves a core idle, as the server does: LlamaCpp.beside)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps, whole, memory")
     ap.add_argument("--out", default="benchmarks/results/llamacpp_numpy_heads.json")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -347,7 +347,7 @@ def main() -> None:
         results["settings"]["head_weight_bytes_a_step"] = sum(w.nbytes for t in heads for w in t.proj.values())
         results["settings"]["gguf_bytes"] = gguf_path(args.base).stat().st_size
         for batch in [int(b) for b in args.batch.split(",")]:
-            row = {"threads": threads, "batch": batch, "new": args.new, "beside": engine.overlaps}
+            row = {"threads": threads, "batch": batch, "new": args.new, "beside": engine.beside(batch)}
             if "steps" not in skip:
                 row.update(paired(engine, tok, heads, batch, args.new, args.full_reads))
             if "whole" not in skip:

@@ -136,7 +136,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, mon
 
 
 def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkeypatch):
-    """LlamaCpp.overlaps: a step's mix and its sequence-head reads run on the thread beside llama_decode, once
+    """LlamaCpp.beside: a step's mix and its sequence-head reads run on the thread beside llama_decode, once
     the deepest state is copied; answers, per-step values, guards and tokens are those of the step whose heads
     run after the decode, to the bit (the same arithmetic on the same states)."""
     import threading
@@ -147,13 +147,13 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     engine = numpy_side.runtime.engine
     kw = dict(max_new_tokens=6, steps=True, ignore_eos=True)
     guarded = dict(max_new_tokens=8, ignore_eos=True, guard={"acc": ("good", 0.5)})
-    monkeypatch.setattr(engine, "overlaps", False)
+    monkeypatch.setattr(engine, "overlap", False)
     after = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
     threads = []
     step = numpy_incremental.IncrementalReads.step
     monkeypatch.setattr(numpy_incremental.IncrementalReads, "step",
                         lambda self, *a: threads.append(threading.current_thread().name) or step(self, *a))
-    monkeypatch.setattr(engine, "overlaps", True)
+    monkeypatch.setattr(engine, "overlap", True)
     beside = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
     assert [r["token_ids"] for r in after[0]] == [r["token_ids"] for r in beside[0]]
     assert [(r["finish"], r.get("guard", {}).get("token")) for r in after[1]] == \

@@ -25,8 +25,9 @@ the rest of the graph (LM head included) is skipped (early exit, as Backbone's s
 
 A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
 each state as the compiled filter copies it (StateReader.ready), while llama.cpp computes the later layers and
-the LM head. That is worth it only on a core llama.cpp leaves free (`overlaps`: more usable cores than its
-threads); on a core llama.cpp's threads use, the work only delays them (measured: benchmarks/llamacpp_numpy_heads.py).
+the LM head. That is worth it where llama.cpp leaves a core idle (`beside`): more usable cores than its threads, or
+a step of one row, whose decode waits on memory more than it computes; a step of several rows on threads that
+use every core is only delayed by it (measured: benchmarks/llamacpp_numpy_heads.py --overlap on|off).
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ class LlamaCpp:
         for that many logits (Gemma 3: 1 MB each). swa_full=False: the sliding-window layers' KV cache holds
         each sequence's window, not n_ctx cells (llama-server's default; --swa-full there): no caller reads a
         position again once it has left the window. overlap: whether callers run a step's head work beside the
-        decode (`overlaps`; None: when llama.cpp's threads leave a usable core free)."""
+        decode (`beside`; None: where llama.cpp leaves a core idle)."""
         lib = _lib()
         if read_states:
             _filter()  # numba, before anything is loaded
@@ -174,8 +175,8 @@ class LlamaCpp:
         self._returned: list[int] = []   # given back, KV cache not yet removed (see release)
         self._lock = threading.Lock()
         self.threads = int(lib.llama_n_threads(self.ctx))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.overlaps = read_states and (cores > self.threads if overlap is None else overlap)
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.overlap = overlap
         self._beside: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
 
     def acquire(self, n: int) -> list[int]:
@@ -330,6 +331,15 @@ class LlamaCpp:
             last.append(k - 1)
         b.n_tokens = k
         return last
+
+    def beside(self, rows: int) -> bool:
+        """Whether a decode step of `rows` one-token rows runs its heads' work beside the decode (`during`): as
+        set (overlap), else where llama.cpp leaves a core idle: more usable cores than its threads, or one row
+        (gemma3-270m, 2 threads on 2 cores, four heads: 1.08 against 1.14 a step at one row, 1.13 against 1.11
+        at two; benchmarks/llamacpp_numpy_heads.py)."""
+        if not self.read_states:
+            return False
+        return self.overlap if self.overlap is not None else self.cores > self.threads or rows == 1
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._beside is None:
