@@ -98,3 +98,25 @@ def test_heavy_requests_hold_at_most_half_the_queue():
         b.submit(["x"], [], 500)
         assert b.refused == 2 and len(light) == 2
     asyncio.run(main())
+
+
+def test_a_group_holds_one_kind_of_job_and_at_most_one_slice_of_work():
+    """A short request never shares a pass with a large one's slice (a pass it could not stop), and a group of
+    short ones holds one slice of work at most (issue 56: valid requests waited 1.5 s together behind such passes)."""
+    async def main():
+        b = MicroBatcher(None, max_batch=64, max_wait_s=0.05, max_queue=16, slice_s=1.0)
+        b.tokens_per_s = 100.0  # a slice: 100 tokens
+        groups, ran = [], asyncio.Event()
+
+        async def record(group):
+            groups.append([job.tokens for job in group])
+            if len(groups) == 3:
+                ran.set()
+        b._run_group = record
+        for tokens in (10, 500, 40, 60, 30):  # 500: one text, a first slice of its own (more than a slice)
+            b.submit(["x"], [], tokens)
+        worker = asyncio.ensure_future(b.run())
+        await asyncio.wait_for(ran.wait(), 5)
+        worker.cancel()
+        assert groups == [[10, 40], [60, 30], [500]]
+    asyncio.run(main())

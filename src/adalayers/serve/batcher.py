@@ -13,8 +13,10 @@ running mean) runs in slices of whole texts of about that much work (a longer te
 at once, each later one queued when the one before is answered. The queue serves, each in arrival order:
 requests of at most one slice of work, then the first slices of larger ones, then the later slices of running
 ones; so a short request waits for the one slice that is running, not for the large requests that came before
-it (they take the time no short request asks for, within their deadline). The request's answer is its slices'
-answers in order; a slice that fails fails the request.
+it (they take the time no short request asks for, within their deadline). A group (one pass) holds jobs of one
+of these three kinds and at most one slice of work (or its first job, when that is more), so a short request
+never rides along a heavy pass it cannot stop (a pass stops early only when every client in it has left). The
+request's answer is its slices' answers in order; a slice that fails fails the request.
 
 Ray Serve (serve/ray_serve.py) has a batcher of its own; both are serve/batching.Batcher (submit -> Job, admit,
 retry_after_s, run, queue, the counters /health reads) and answer through the same predict_group.
@@ -110,11 +112,13 @@ class MicroBatcher(Admits):
             self.pending -= 1
             self.heavy_pending -= heavy
 
-    async def _next(self) -> Job:
-        while True:  # skip jobs nobody waits for any more
-            job = self._sliced((await self.queue.get())[2])
+    async def _next(self) -> tuple[int, Job]:
+        """The next job with its turn (see bind), skipping jobs nobody waits for any more."""
+        while True:
+            turn, _, job = await self.queue.get()
+            job = self._sliced(job)
             if not job.future.done():
-                return job
+                return turn, job
             self._drop(job)
 
     def _drop(self, job: Job) -> None:
@@ -158,21 +162,23 @@ class MicroBatcher(Admits):
     async def run(self) -> None:
         loop, carry = asyncio.get_running_loop(), None
         while True:
-            group = [carry or await self._next()]
-            carry, n, tokens = None, len(group[0].texts), group[0].tokens
+            turn, first = carry or await self._next()
+            group, carry, n, tokens = [first], None, len(first.texts), first.tokens
+            limit = self._slice_tokens()  # a group: one slice of work at most, or its first job
+            budget = min(self.max_batch_tokens, max(limit, tokens)) if limit else self.max_batch_tokens
             deadline = loop.time() + self.max_wait_s
-            while n < self.max_batch and tokens < self.max_batch_tokens:
+            while n < self.max_batch and tokens < budget:
                 try:
                     left = deadline - loop.time()
-                    job = (self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left))[2]
+                    kind, _, job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
                 job = self._sliced(job)
                 if job.future.done():
                     self._drop(job)
                     continue
-                if n + len(job.texts) > self.max_batch or tokens + job.tokens > self.max_batch_tokens:
-                    carry = job  # starts the next group
+                if kind != turn or n + len(job.texts) > self.max_batch or tokens + job.tokens > budget:
+                    carry = (kind, job)  # starts the next group
                     break
                 group.append(job)
                 n, tokens = n + len(job.texts), tokens + job.tokens
