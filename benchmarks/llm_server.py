@@ -338,7 +338,8 @@ def train_heads(args) -> None:
         cmd = [sys.executable, "-m", "adalayers.cli", "train", *cfg, "--set", f"model.base={args.base}",
                "--set", "model.runtime=llama.cpp", "--set", f"task.max_train_examples={args.train_examples}",
                "--set", f"task.max_eval_examples={args.eval_examples}", "--set", f"train.max_epochs={args.epochs}",
-               "--set", "train.lr=1e-3", "--set", f"train.num_threads={args.threads[0]}", "--out", str(folder)]
+               "--set", "train.lr=1e-3", "--set", f"train.num_threads={args.threads[0]}",
+               *(x for kv in args.set for x in ("--set", kv)), "--out", str(folder)]
         log.info("train %s: %s", name, " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=ROOT, env=_env())
 
@@ -367,6 +368,8 @@ def main() -> None:
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llm_server" / "x",
                    help="a .json file, or (default) BASE_tTHREADS.json in benchmarks/results/llm_server/")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="train-heads: more settings for every head (e.g. mixer.max_layer=17)")
     p.add_argument("--train-examples", type=int, default=400)
     p.add_argument("--eval-examples", type=int, default=200)
     p.add_argument("--epochs", type=int, default=3)

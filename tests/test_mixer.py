@@ -221,3 +221,33 @@ def test_probes_in_the_fused_tap_need_no_gemm_and_equal_each_probe_alone():
             assert CountLinear.calls == (1 if defer == 0 else 0)  # the mixer head's layer 2 only (deferred: bmm)
             for a, b in zip(alone, [h.end(mask) for h in heads]):
                 assert (a - b).abs().max() <= 1e-5
+
+
+def test_max_layer_mixes_only_the_states_up_to_it_on_both_evaluations():
+    """mixer.max_layer: the states past it weigh 0 (never projected, never read: a decoder's final state left out),
+    the same in the torch mixer and the numpy heads; a max_layer past the base, or a pinned or starting layer past
+    it, is a one-line ConfigError."""
+    import numpy as np
+
+    from adalayers.errors import ConfigError
+    from adalayers.infer.numpy_heads import layer_weights
+
+    torch.manual_seed(0)
+    cfg = MixerConfig(k=4, max_layer=2, cutoff=0.0)
+    m = AdaLayersMixer(5, 8, cfg)
+    with torch.no_grad():
+        m.p.copy_(torch.randn(5) * 0.05)
+    w = m.layer_weights().detach()
+    assert w[3:].tolist() == [0.0, 0.0] and w[:3].sum().item() == pytest.approx(1.0) and m.used_layers() == [0, 1, 2]
+    assert np.allclose(layer_weights(m.p.detach().numpy(), cfg.alpha, cfg.cutoff, None, cfg.max_layer), w.numpy())
+    z = [torch.randn(2, 3, 8) for _ in range(5)]
+    acc = None
+    for i, zi in enumerate(z):
+        acc = m.add(acc, i, zi, w)
+    ref = sum(w[i] * nnf.layer_norm(nnf.gelu(z[i]) @ m.proj[i].weight.T, (4,)) for i in range(3))
+    assert torch.allclose(acc, ref, atol=1e-5)
+    for bad, msg in ((MixerConfig(max_layer=5), "mixer.max_layer"),
+                     (MixerConfig(max_layer=2, pin_layer=3), "mixer.pin_layer"),
+                     (MixerConfig(max_layer=2, init_layer=4), "mixer.init_layer")):
+        with pytest.raises(ConfigError, match=msg):
+            AdaLayersMixer(5, 8, bad)

@@ -56,6 +56,18 @@ def test_every_run_reports_its_probe_beside_the_head_and_keeps_the_better(world,
     assert service.evaluate(out)["mcc"] == m["test"]["mcc"]  # the run folder is the kept model
 
 
+def test_max_layer_bounds_the_head_and_the_probes_search(world, tmp_path):
+    """mixer.max_layer: neither the head nor any probe searched reads a state past it, so the kept model never
+    does (on a decoder served by llama.cpp: no final state, no output at every prompt position)."""
+    model, data = world
+    cfg = tiny_config(model, data, "imdb", train={"max_epochs": 2, "keep": "best"}, mixer={"max_layer": 1})
+    m = service.train(cfg, tmp_path / "top1")
+    assert {e["layer"] for e in m["probe"]["search"]} == {0, 1} and m["probe"]["layer"] <= 1
+    for folder in (tmp_path / "top1", tmp_path / "top1/candidates/head", tmp_path / "top1/candidates/probe"):
+        task, _, _ = runlib.load_head(folder)
+        assert max(task.used_layers()) <= 1, folder
+
+
 def test_keep_probe_makes_the_run_folder_a_probe_served_as_any_head(world, tmp_path):
     cfg, out, m = _trained(world, tmp_path, "probe", keep="probe")
     assert m["kept"] == "probe"

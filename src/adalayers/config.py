@@ -147,6 +147,11 @@ class MixerConfig(Section):
     positional: bool = setting(True, "Add sinusoidal positional embeddings to F.")
     pin_layer: int | None = setting(None, "Use this layer only (0 = embedding output): the single-layer baseline.",
                                     ge=0)
+    max_layer: int | None = setting(None, "Mix the states 0..max_layer only (0 = the embedding output; None = every "
+                                          "state). A decoder served by llama.cpp computes its last layer only for the "
+                                          "positions whose outputs are asked for: leaving the final state out (L-2 "
+                                          "of the L states 0..L-1) spares a prompt's prefill every position's output "
+                                          "(docs/llm.md).", ge=0)
     layer_dropout: Fraction = setting(0.0, "Training only: drop each layer from the mix with this probability per "
                                            "batch and renormalise the kept weights (ELMo / UDify scalar-mix layer "
                                            "dropout); 0 = off.")

@@ -52,9 +52,13 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis, keepdims=True)
 
 
-def layer_weights(p: np.ndarray, alpha: float, cutoff: float, pin_layer: int | None) -> np.ndarray:
-    """AdaLayersMixer.layer_weights: softmax(alpha p) (float32), pinned-out layers 0, the cutoff, renormalised."""
+def layer_weights(p: np.ndarray, alpha: float, cutoff: float, pin_layer: int | None,
+                  max_layer: int | None = None) -> np.ndarray:
+    """AdaLayersMixer.layer_weights: softmax(alpha p) (float32), pinned-out layers and layers past max_layer 0, the
+    cutoff, renormalised."""
     logits = (np.float32(alpha) * p.astype(np.float32)).astype(np.float32)
+    if max_layer is not None:
+        logits = np.where(np.arange(len(p)) <= max_layer, logits, -np.inf).astype(np.float32)
     if pin_layer is not None:
         logits = np.where(np.arange(len(p)) == pin_layer, logits, -np.inf).astype(np.float32)
     w = softmax(logits).astype(np.float32)

@@ -69,7 +69,7 @@ def task_from_state(cfg, labels: list[str], state: dict, bos: bool, num_layers: 
 
     m, h, k = cfg.mixer, cfg.head, cfg.mixer.k
     kind = TaskKind.parse(h.kind or TaskKind.CLASSIFICATION, "head.kind")
-    w = layer_weights(get("mixer.p", (num_layers,)), m.alpha, m.cutoff, m.pin_layer)
+    w = layer_weights(get("mixer.p", (num_layers,)), m.alpha, m.cutoff, m.pin_layer, m.max_layer)
     if h.type == "probe":  # one identity W shared by every layer (model.mixer.probe_projection), saved once
         shared = next((n for n in state if n.startswith("mixer.proj.")), "mixer.proj.0.weight")
         proj = {i: get(shared, (k, hidden_size)) for i in range(num_layers) if w[i] != 0}

@@ -85,6 +85,21 @@ def middle_layer(num_layers: int) -> int:
     return (num_layers - 1) // 2
 
 
+def mixed_up_to(num_layers: int, cfg: MixerConfig) -> int:
+    """The deepest state the mixer may weigh: mixer.max_layer (checked against the base and the other layer
+    settings), else the last."""
+    top = cfg.max_layer
+    if top is None:
+        return num_layers - 1
+    if top >= num_layers:
+        raise ConfigError(f"mixer.max_layer: the base has layers 0..{num_layers - 1}, got {top}")
+    for name in ("pin_layer", "init_layer"):
+        at = getattr(cfg, name)
+        if isinstance(at, int) and at > top:
+            raise ConfigError(f"mixer.{name}: {at} is past mixer.max_layer ({top})")
+    return top
+
+
 def start_layer(num_layers: int, cfg: MixerConfig) -> int | None:
     """The layer a warm start favours (mixer.init_layer; 'middle' = middle_layer), or None."""
     if cfg.init_layer is None or cfg.pin_layer is not None:
@@ -123,12 +138,14 @@ class AdaLayersMixer(nn.Module):
         super().__init__()
         if cfg.pin_layer is not None and cfg.pin_layer >= num_layers:
             raise ConfigError(f"mixer.pin_layer: the base has layers 0..{num_layers - 1}, got {cfg.pin_layer}")
+        top = mixed_up_to(num_layers, cfg)
         self.cfg = cfg
         self.num_layers, self.hidden_size, self.k = num_layers, hidden_size, cfg.k
         self.proj = nn.ModuleList(nn.Linear(hidden_size, cfg.k, bias=False) for _ in range(num_layers))
         self.p = nn.Parameter(initial_logits(num_layers, cfg))
         self.dropout = Dropout(cfg.dropout)
         pinned = torch.zeros(num_layers, dtype=torch.bool)
+        pinned[top + 1:] = True  # past mixer.max_layer: p = -inf
         if cfg.pin_layer is not None:
             pinned[:] = True
             pinned[cfg.pin_layer] = False  # all other layers get p = -inf

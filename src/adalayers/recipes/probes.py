@@ -169,14 +169,15 @@ def folded(kind: TaskKind, scaler, model, num_labels: int):
 
 
 def fit_probes(cfg, backbone, data, encoded: dict, source, pad_id: int) -> ProbeFit | None:
-    """Search every layer and pooling, refit the best on all training rows, and build its probe head (on the
-    base's device, eval mode). None (said) when the data gives nothing to fit."""
+    """Search every layer (up to mixer.max_layer) and pooling, refit the best on all training rows, and build its
+    probe head (on the base's device, eval mode). None (said) when the data gives nothing to fit."""
     t0 = time.perf_counter()
     kind = TaskKind.parse(data.kind)
     if "validation" not in encoded or not encoded["train"].rows:
         log.info("[%s] linear probes: no validation split to choose them on; skipped", data.name)
         return None
-    layers = list(range(backbone.num_layers))
+    top = cfg.mixer.max_layer
+    layers = list(range(backbone.num_layers if top is None else min(top + 1, backbone.num_layers)))
     how = poolings(kind, bool(getattr(backbone, "is_causal", False)))
     template = SideTask(probe_config(cfg, 0, how[0], backbone.hidden_size), backbone.num_layers,
                         backbone.hidden_size, data.labels, bos=backbone.adds_bos)
