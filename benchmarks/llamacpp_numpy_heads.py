@@ -323,7 +323,7 @@ def main() -> None:
                          "not the incremental one (numpy_incremental): the cost before it")
     ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
                     help="the heads' step work beside llama.cpp's decode (LlamaCpp's overlap: auto = where it "
-                         "leaves a core idle, as the server does: LlamaCpp.beside)")
+                         "leaves a core free, as the server does: LlamaCpp.beside)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps, whole, memory")
     ap.add_argument("--out", default="benchmarks/results/llamacpp_numpy_heads.json")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)

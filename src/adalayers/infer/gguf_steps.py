@@ -9,7 +9,7 @@ serving path (adalayers.infer.gguf_serving):
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
               once (LayerMix.add_layers: one batched product per head group); or, where llama.cpp leaves a core
-              idle (LlamaCpp.beside), mixed on a thread beside the decode once the deepest state read is
+              free (LlamaCpp.beside), mixed on a thread beside the decode once the deepest state read is
               copied, while llama.cpp computes the rest, the step's sequence-head reads done there too
     read      sequence heads and sequence probes incrementally (numpy_incremental.IncrementalReads: a row's
               positions are fed once, when first read, and each read costs the new positions only); token heads,
@@ -198,7 +198,7 @@ class SequencePasses:
         return None if logits is None else (logits if everyone else logits[go_on])
 
     def _beside(self, rows: list[SeqRow]) -> bool:
-        """A step whose head work runs beside llama.cpp's decode (LlamaCpp.beside: where it leaves a core idle)."""
+        """A step whose head work runs beside llama.cpp's decode (LlamaCpp.beside: where it leaves a core free)."""
         return bool(self.heads) and len(rows) <= GATHER_TOKENS and self.engine.beside(len(rows))
 
     def _step_beside(self, batch: SequenceBatch, rows: list[SeqRow], stop: int | None,

@@ -25,9 +25,9 @@ the rest of the graph (LM head included) is skipped (early exit, as Backbone's s
 
 A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
 each state as the compiled filter copies it (StateReader.ready), while llama.cpp computes the later layers and
-the LM head. That is worth it where llama.cpp leaves a core idle (`beside`): more usable cores than its threads, or
-a step of one row, whose decode waits on memory more than it computes; a step of several rows on threads that
-use every core is only delayed by it (measured: benchmarks/llamacpp_numpy_heads.py --overlap on|off).
+the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads);
+beside threads that use every core it gains nothing or delays them (measured: benchmarks/llamacpp_numpy_heads.py
+--overlap on|off, and generations on 2 threads, docs/llm.md).
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ class LlamaCpp:
         for that many logits (Gemma 3: 1 MB each). swa_full=False: the sliding-window layers' KV cache holds
         each sequence's window, not n_ctx cells (llama-server's default; --swa-full there): no caller reads a
         position again once it has left the window. overlap: whether callers run a step's head work beside the
-        decode (`beside`; None: where llama.cpp leaves a core idle)."""
+        decode (`beside`; None: where llama.cpp leaves a core free)."""
         lib = _lib()
         if read_states:
             _filter()  # numba, before anything is loaded
@@ -334,12 +334,12 @@ class LlamaCpp:
 
     def beside(self, rows: int) -> bool:
         """Whether a decode step of `rows` one-token rows runs its heads' work beside the decode (`during`): as
-        set (overlap), else where llama.cpp leaves a core idle: more usable cores than its threads, or one row
-        (gemma3-270m, 2 threads on 2 cores, four heads: 1.08 against 1.14 a step at one row, 1.13 against 1.11
-        at two; benchmarks/llamacpp_numpy_heads.py)."""
+        set (overlap), else where llama.cpp leaves a core free (more usable cores than its threads). On 2 threads
+        of 2 cores a one-row gemma3-270m step with four heads gained in the paired benchmark (1.08 against 1.14
+        a step) but not in a whole generation (1.146 against 1.139): not worth a rule of its own."""
         if not self.read_states:
             return False
-        return self.overlap if self.overlap is not None else self.cores > self.threads or rows == 1
+        return self.overlap if self.overlap is not None else self.cores > self.threads
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._beside is None:
