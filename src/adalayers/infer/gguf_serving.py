@@ -155,6 +155,10 @@ class GgufPredictor(PredictorBase):
         with trusting(trust_unverified):
             runtime = GgufRuntime.load(base, threads=threads, heads=bool(specs),
                                        **GgufRuntime.sizes(ctx_size, parallel))
+            if specs:
+                e = runtime.engine
+                log.info("heads' decode-step work: %s (llama.cpp %d thread(s), %d usable core(s))",
+                         "beside llama.cpp's decode" if e.beside(1) else "after each decode step", e.threads, e.cores)
             return cls(runtime, load_heads(runtime, specs, numpy_task), primary, **kw)
 
     def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
