@@ -24,7 +24,7 @@ Returning false from the data callback ends the graph there: after the deepest s
 the rest of the graph (LM head included) is skipped (early exit, as Backbone's stop_after).
 
 A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
-each state as the compiled filter copies it (StateReader.ready), while llama.cpp computes the later layers and
+the states as the compiled filter copies them (StateReader.ready), while llama.cpp computes the later layers and
 the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads);
 beside threads that use every core it gains nothing or delays them (measured: benchmarks/llamacpp_numpy_heads.py
 --overlap on|off, and generations on 2 threads, docs/llm.md).
@@ -177,7 +177,7 @@ class LlamaCpp:
         self.threads = int(lib.llama_n_threads(self.ctx))
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.overlap = overlap
-        self._beside: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
+        self._side: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
 
     def acquire(self, n: int) -> list[int]:
         """n sequence ids of the context for one caller (a pass, or a generation across its steps)."""
@@ -251,16 +251,16 @@ class LlamaCpp:
             last = self._fill(rows, outputs)
             if self.reader is not None:
                 self.reader.start(n, wanted if taps or read else set(), sink if taps else None, stop_after)
-            beside, ended = None, threading.Event()
+            side, ended = None, threading.Event()
             if during is not None:
                 if not (read and self.reader.gathering):
                     raise DataError("decode's `during` needs a gathered read (read=True, some state wanted)")
-                beside = self._thread().submit(during, lambda i: self.reader.ready(i, ended))
+                side = self._side_thread().submit(during, lambda i: self.reader.ready(i, ended))
             try:
                 code = lib.llama_decode(self.ctx, self._batch)
             finally:
                 ended.set()
-                failed = beside.exception() if beside is not None else None  # waits for `during`
+                failed = side.exception() if side is not None else None  # waits for `during`
             if self.reader is not None:
                 self.reader.finish()
             if code != 0:
@@ -341,16 +341,16 @@ class LlamaCpp:
             return False
         return self.overlap if self.overlap is not None else self.cores > self.threads
 
-    def _thread(self) -> ThreadPoolExecutor:
-        if self._beside is None:
-            self._beside = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside")
-        return self._beside
+    def _side_thread(self) -> ThreadPoolExecutor:
+        if self._side is None:
+            self._side = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside")
+        return self._side
 
     def close(self) -> None:
         lib = _lib()
-        if getattr(self, "_beside", None) is not None:
-            self._beside.shutdown()
-            self._beside = None
+        if getattr(self, "_side", None) is not None:
+            self._side.shutdown()
+            self._side = None
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None
