@@ -20,7 +20,6 @@ from adalayers.settings import (Section, apply_overrides, build, check, compare,
 from adalayers.config_files import (FILE_FORMATS, FILES_OPTIONS, FilesConfig,  # noqa: F401  (re-exported)
                                     nest_files as _nest_files, nest_overrides as _nest_overrides)
 
-
 Fraction = Annotated[float, check(lambda v: 0 <= v < 1, "must be in [0, 1)")]
 POOLINGS = ("mean", "max", "first", "last")
 # Upper bounds on sizes a config (or a run folder's config.json) may ask for: far above any useful value,
@@ -147,11 +146,8 @@ class MixerConfig(Section):
     positional: bool = setting(True, "Add sinusoidal positional embeddings to F.")
     pin_layer: int | None = setting(None, "Use this layer only (0 = embedding output): the single-layer baseline.",
                                     ge=0)
-    max_layer: int | None = setting(None, "Mix the states 0..max_layer only (0 = the embedding output; None = every "
-                                          "state). A decoder served by llama.cpp computes its last layer only for the "
-                                          "positions whose outputs are asked for: leaving the final state out (L-2 "
-                                          "of the L states 0..L-1) spares a prompt's prefill every position's output "
-                                          "(docs/llm.md).", ge=0)
+    max_layer: int | None = setting(None, "Mix the states 0..max_layer only (None = all); leaving a decoder's final "
+                                          "state out spares llama.cpp's prefill every output (docs/llm.md).", ge=0)
     layer_dropout: Fraction = setting(0.0, "Training only: drop each layer from the mix with this probability per "
                                            "batch and renormalise the kept weights (ELMo / UDify scalar-mix layer "
                                            "dropout); 0 = off.")

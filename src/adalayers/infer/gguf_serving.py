@@ -31,7 +31,8 @@ import numpy as np
 from adalayers.data.windows import consecutive
 from adalayers.errors import ModelError
 from adalayers.infer.heads import Head, load_heads, used_layers
-from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, gguf_path
+from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path
+from adalayers.infer.llamacpp_share import ContextShare
 from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows, read_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 from adalayers.infer.numpy_heads import LayerMix, gelu

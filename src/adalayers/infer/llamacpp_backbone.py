@@ -25,7 +25,8 @@ import torch
 from adalayers.data.windows import consecutive
 from adalayers.data.templates import prepends_bos
 from adalayers.model.backbone import BaseOutput, Tap
-from adalayers.infer.llamacpp import ContextShare, LlamaCpp, Row, Sequences, gguf_path  # noqa: F401  (gguf_path: here too)
+from adalayers.infer.llamacpp import LlamaCpp, Row, Sequences, gguf_path  # noqa: F401  (gguf_path: here too)
+from adalayers.infer.llamacpp_share import ContextShare
 from adalayers.infer.runtime import TappedRuntime
 
 log = logging.getLogger(__name__)
