@@ -190,16 +190,15 @@ class Generation:
         going = [i for i, (ok, r) in enumerate(zip(live, rows)) if ok and r.owner not in failed]
         batch, nxt = batch.keep(going), nxt[going]
         go_on = [i for i, r in enumerate(batch.rows) if not r.finish]  # the rows that need next-token logits
-        logits = None
+        logits, needed = None, sorted({n for r in batch.rows for n in r.owner.stepped})  # heads read each step
         if batch.rows and (self.heads or go_on):  # heads read the last token too
-            needed = sorted({n for r in batch.rows for n in r.owner.stepped})
             reads = [(names, list(sel)) for (sel, alone), names in
                      _read_calls(batch, needed, list(range(len(batch.rows)))).items() if not alone]
             logits = self.passes.decode(batch, nxt, go_on, None if go_on else self.deepest, reads)
         jobs = [j for j in {id(r.owner): r.owner for r in rows}.values() if j not in failed]
         events = {j: {"tokens": [None] * len(j.prompts), "ids": [None] * len(j.prompts),
                       "values": {n: [None] * len(j.prompts) for n in j.stepped}} for j in jobs}
-        self._step_values(batch, nxt, events, failed)
+        self._step_values(batch, nxt, needed, events, failed)
         self._finish(batch, [i for i, r in enumerate(batch.rows) if r.finish], failed)
         for job in jobs:
             if job in failed:
@@ -227,9 +226,8 @@ class Generation:
         elif len(r.generated) >= r.owner.max_new:
             r.finish = "length"
 
-    def _step_values(self, batch, nxt: np.ndarray, events: dict, failed: dict) -> None:
+    def _step_values(self, batch, nxt: np.ndarray, needed: list[str], events: dict, failed: dict) -> None:
         """Per-token text and ids; per-step values of the heads asked for (steps or a guard); guards."""
-        needed = sorted({n for r in batch.rows for n in r.owner.stepped})
         values = self._read(batch, needed, list(range(len(batch.rows))))
         for i, (r, t) in enumerate(zip(batch.rows, nxt.tolist())):
             _own(failed, r.owner, lambda: self._row_values(r, t, {n: v[i] for n, v in values.items()},
