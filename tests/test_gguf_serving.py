@@ -137,11 +137,12 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, mon
 
 def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkeypatch):
     """LlamaCpp.beside: a step's mix and its sequence-head reads run on the thread beside llama_decode, once
-    the deepest state is copied; answers, per-step values, guards and tokens are those of the step whose heads
-    run after the decode, to the bit (the same arithmetic on the same states)."""
+    the deepest state is copied, and a prefill's states are mixed there as they come; answers, per-step values,
+    guards and tokens are those of the heads run in llama.cpp's own thread, to the bit (the same arithmetic on
+    the same states)."""
     import threading
 
-    from adalayers.infer import numpy_incremental
+    from adalayers.infer import numpy_heads, numpy_incremental
 
     _, numpy_side = sides
     engine = numpy_side.runtime.engine
@@ -149,10 +150,13 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     guarded = dict(max_new_tokens=8, ignore_eos=True, guard={"acc": ("good", 0.5)})
     monkeypatch.setattr(engine, "overlap", False)
     after = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
-    threads = []
+    threads, added = [], []
     step = numpy_incremental.IncrementalReads.step
     monkeypatch.setattr(numpy_incremental.IncrementalReads, "step",
                         lambda self, *a: threads.append(threading.current_thread().name) or step(self, *a))
+    add = numpy_heads.LayerMix.add  # the prefill's states, mixed as llama.cpp computes the next layers
+    monkeypatch.setattr(numpy_heads.LayerMix, "add",
+                        lambda self, *a: added.append(threading.current_thread().name) or add(self, *a))
     monkeypatch.setattr(engine, "overlap", True)
     beside = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)
     assert [r["token_ids"] for r in after[0]] == [r["token_ids"] for r in beside[0]]
@@ -160,6 +164,7 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
         [(r["finish"], r.get("guard", {}).get("token")) for r in beside[1]]
     assert list(after) == list(beside)
     assert any(t.startswith("llamacpp-beside") for t in threads)  # the step reads ran beside the decode
+    assert added and all(t.startswith("llamacpp-beside") for t in added)
 
 
 def test_a_state_the_decode_never_reaches_is_none_beside_it_and_errors_come_back(sides):

@@ -22,6 +22,7 @@ answer right after it. A batch's sequences are given back when rows leave (keep)
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,8 +46,9 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
     """The rows (each a llama.cpp sequence from its start) in as many llama_decodes as their tokens need: at most
     n_batch tokens each, OUTPUTS_AT_ONCE when the final state is read; a longer row is cut into pieces at its
     successive positions. `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
-    decode. between(n): called after each decode but the last with its n tokens, the engine and `mix` free (serve's
-    scheduler steps the rows already generating there). -> each row's next-token logits (None when the pass stops
+    decode (on the engine's side thread where llama.cpp leaves a core free, LlamaCpp.beside: the states mixed while
+    llama.cpp computes the next layers). between(n): called after each decode but the last with its n tokens, the
+    engine and `mix` free (serve's scheduler steps the rows already generating there). -> each row's next-token logits (None when the pass stops
     early), each head's F over the rows' tokens in order, as one pass would give them."""
     last = engine.num_states - 1
     reads_last = mix is not None and last in layers and (stop is None or stop >= last)
@@ -65,13 +67,20 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         decodes.append(current)
     logits = None if stop is not None else np.zeros((len(rows), engine.n_vocab), np.float32)
     parts: list[list] = [[[] for _ in rows] for _ in range(len(mix.tasks) if mix is not None else 0)]
+    side = engine.side_thread() if mix is not None and engine.beside(len(rows)) else None
     for d, pieces in enumerate(decodes):
         if d and between is not None:
             between(sum(len(p.tokens) for _, p, _ in decodes[d - 1]))
         if mix is not None:
             mix.begin(sum(len(p.tokens) for _, p, _ in pieces))
-        out = engine.run([p for _, p, _ in pieces], [mix.add] if mix is not None else [], stop,
-                         wanted=set(layers))
+        added: list[Future] = []  # beside: each state mixed on the side thread, in order, while llama.cpp goes on
+        tap = mix.add if side is None else (lambda i, z: added.append(side.submit(mix.add, i, z)))
+        try:
+            out = engine.run([p for _, p, _ in pieces], [tap] if mix is not None else [], stop, wanted=set(layers))
+        finally:
+            wait(added)
+        for f in added:
+            f.result()
         accs = mix.take() if mix is not None else []
         at = 0
         for j, (b, p, ends) in enumerate(pieces):

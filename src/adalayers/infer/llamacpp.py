@@ -203,7 +203,7 @@ class LlamaCpp:
             if during is not None:
                 if not (read and self.reader.gathering):
                     raise DataError("decode's `during` needs a gathered read (read=True, some state wanted)")
-                side = self._side_thread().submit(during, lambda i: self.reader.ready(i, ended))
+                side = self.side_thread().submit(during, lambda i: self.reader.ready(i, ended))
             try:
                 code = lib.llama_decode(self.ctx, self._batch)
             finally:
@@ -289,7 +289,9 @@ class LlamaCpp:
             return False
         return self.overlap if self.overlap is not None else self.cores > self.threads
 
-    def _side_thread(self) -> ThreadPoolExecutor:
+    def side_thread(self) -> ThreadPoolExecutor:
+        """The one thread that work beside this context's decodes runs on (decode's `during`, the taps of
+        gguf_steps.decode_rows), in the order it is given."""
         if self._side is None:
             self._side = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside")
         return self._side
