@@ -74,9 +74,10 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         if mix is not None:
             mix.begin(sum(len(p.tokens) for _, p, _ in pieces))
         added: list[Future] = []  # beside: each state mixed on the side thread, in order, while llama.cpp goes on
-        tap = mix.add if side is None else (lambda i, z: added.append(side.submit(mix.add, i, z)))
+        taps = [] if mix is None else [mix.add] if side is None else [
+            lambda i, z: added.append(side.submit(mix.add, i, z))]
         try:
-            out = engine.run([p for _, p, _ in pieces], [tap] if mix is not None else [], stop, wanted=set(layers))
+            out = engine.run([p for _, p, _ in pieces], taps, stop, wanted=set(layers))
         finally:
             wait(added)
         for f in added:
