@@ -87,7 +87,9 @@ class ServeConfig(BaseModel):
     max_tokens: int = Field(16_384, ge=1, description="Tokens per request (plain rows plus token-head windows); "
                                                       "more is answered 413.")
     max_batch_tokens: int = Field(16_384, ge=1, description="Tokens per base pass: a batch stops growing at this "
-                                                            "many (one request may fill it alone).")
+                                                            "many, or at one slice of work (--slice-ms) once the "
+                                                            "base's speed is measured (one request may fill it "
+                                                            "alone).")
     slice_ms: float = Field(500.0, gt=0, description="A request whose work would take the base longer than this "
                                                      "(at the tokens/s its passes have run so far) runs in slices "
                                                      "of whole texts of about this much work, each slice queued "
