@@ -223,12 +223,10 @@ class SequencePasses:
         def during(state):
             if state(self.layers[-1]) is None:  # the decode ended without it: decode raises why
                 return
-            self.mix.begin(len(rows))
-            self.mix.add_layers(self.layers, np.stack([state(i) for i in self.layers]))
-            self._append(batch.F, [1] * len(rows), self.mix.take())
+            self._append(batch.F, [1] * len(rows), self._mixed(len(rows), state))
             mixed.append(True)
             for names, idx in reads:
-                step = tuple(n for n in names if IncrementalReads.applies(self.tasks[n]))
+                step = self._stepped(names)
                 if step:
                     self._incremental(batch, step, idx)
 
@@ -242,12 +240,19 @@ class SequencePasses:
         """One llama_decode of the rows with every head's F fed: (logits or None, each head's F (tokens, k))."""
         n = sum(len(r.tokens) for r in rows)
         if self.heads and n <= GATHER_TOKENS and n == len(rows):  # a step: the compiled gather, one mix per layer
-            self.mix.begin(n)
             logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
-            states = self.engine.states()
-            self.mix.add_layers(self.layers, np.stack([states[i] for i in self.layers]))
-            return logits, self.mix.take()
+            return logits, self._mixed(n, self.engine.states().__getitem__)
         return decode_rows(self.engine, rows, self.mix, self.layers, stop)
+
+    def _mixed(self, n: int, state: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        """A step's F for each head: every state the heads read (state(i): (n, d)) mixed at once."""
+        self.mix.begin(n)
+        self.mix.add_layers(self.layers, np.stack([state(i) for i in self.layers]))
+        return self.mix.take()
+
+    def _stepped(self, names) -> tuple[str, ...]:
+        """The heads of `names` read incrementally at each step (sequence heads and probes)."""
+        return tuple(n for n in names if IncrementalReads.applies(self.tasks[n]))
 
     def _append(self, F: list[dict], counts: list[int], accs: list[np.ndarray]) -> None:
         at = np.concatenate([[0], np.cumsum(counts)]).astype(int)
@@ -266,8 +271,8 @@ class SequencePasses:
 
     def read(self, batch: SequenceBatch, names: list[str], rows: list[int], answer_alone: bool
              ) -> dict[str, list[np.ndarray]]:
-        step = [n for n in names if not answer_alone and IncrementalReads.applies(self.tasks[n])]
-        out = self._incremental(batch, tuple(step), rows) if step else {}
+        step = () if answer_alone else self._stepped(names)
+        out = self._incremental(batch, step, rows) if step else {}
         full = [n for n in names if n not in step]
         if full:
             out.update(self._full(batch, full, rows, answer_alone))
