@@ -120,3 +120,30 @@ def test_a_group_holds_one_kind_of_job_and_at_most_one_slice_of_work():
         worker.cancel()
         assert groups == [[10, 40], [60, 30], [500]]
     asyncio.run(main())
+
+
+def test_clients_take_turns_in_the_queue():
+    """Issue 56's poison soak: one client's eight concurrent requests all went before another client's one request
+    that came just after them. With start-time fair queueing each client's requests take turns: a burst goes
+    first only by its first request, and the order is arrival order again when one client sends everything."""
+    async def main(clients):
+        b = MicroBatcher(None, max_batch=1, max_wait_s=0, max_queue=32, slice_s=1.0)
+        b.tokens_per_s = 1000.0  # a slice: 1,000 tokens; every job here is at most one slice (the same turn)
+        order, ran = [], asyncio.Event()
+
+        async def record(group):
+            order.extend(job.client for job in group)
+            if len(order) == len(clients):
+                ran.set()
+        b._run_group = record
+        for who, tokens in clients:
+            b.submit(["x"], [], tokens, client=who)
+        worker = asyncio.ensure_future(b.run())
+        await asyncio.wait_for(ran.wait(), 5)
+        worker.cancel()
+        return "".join(order)
+
+    burst = [("a", 100)] * 6
+    assert asyncio.run(main(burst + [("b", 100), ("c", 300)])) == "abcaaaaa"
+    assert asyncio.run(main(burst + [("b", 100)] * 3)) == "ababab" + "aaa"
+    assert asyncio.run(main([("a", 100), ("a", 500), ("a", 50)])) == "aaa"  # one client: arrival order

@@ -10,10 +10,15 @@ waits), or whose deadline (request_timeout_s) has passed, is dropped unrun.
 
 A request whose tokens would take the base longer than slice_s (at the tokens/s of the passes so far, a
 running mean) runs in slices of whole texts of about that much work (a longer text alone): the first slice
-at once, each later one queued when the one before is answered. The queue serves, each in arrival order:
-requests of at most one slice of work, then the first slices of larger ones, then the later slices of running
-ones; so a short request waits for the one slice that is running, not for the large requests that came before
-it (they take the time no short request asks for, within their deadline). A group (one pass) holds jobs of one
+at once, each later one queued when the one before is answered. The queue serves requests of at most one slice
+of work, then the first slices of larger ones, then the later slices of running ones; so a short request waits
+for the one slice that is running, not for the large requests that came before it (they take the time no short
+request asks for, within their deadline). Within each of these turns clients share the base fairly (start-time
+fair queueing, Goyal et al. 1996, a request's cost its tokens): a client's request is tagged with the virtual time
+at which that client's earlier requests would be done, and the smallest tag goes first, so one client's burst of
+concurrent requests takes turns with another client's one request instead of all going first (issue 56). A client
+is the X-Client-Id header when the request has one (a tenant as a gateway names it), else its address
+(serve/state.client_of). A group (one pass) holds jobs of one
 of these three kinds and at most one slice of work (or its first job, when that is more), so a short request
 never rides along a heavy pass it cannot stop (a pass stops early only when every client in it has left). The
 request's answer is its slices' answers in order; a slice that fails fails the request.
@@ -74,9 +79,11 @@ class MicroBatcher(Admits):
         self.bind()
 
     def bind(self) -> None:
-        """A new (empty) queue on the running event loop, of (turn, arrival, job): turn 0 a request of at most one
-        slice of work, 1 a larger one (its first slice), 2 the later slices of a running one."""
+        """A new (empty) queue on the running event loop, of (turn, tag, arrival, job): turn 0 a request of at most
+        one slice of work, 1 a larger one (its first slice), 2 the later slices of a running one; tag its start tag
+        in its client's fair share (_tagged)."""
         self.queue, self._arrival = asyncio.PriorityQueue(), itertools.count()
+        self._virtual, self._finish = 0.0, {}  # the tag of the job last taken; each client's last finish tag
 
     def _slice_tokens(self) -> int:
         """The tokens of one slice of work at the base's measured speed (0 before the first pass)."""
@@ -85,10 +92,28 @@ class MicroBatcher(Admits):
     def _put(self, job: Job, later: bool = False) -> None:
         limit = self._slice_tokens()
         turn = 2 if later else int(bool(limit) and job.tokens > limit)
-        self.queue.put_nowait((turn, next(self._arrival), job))
+        self.queue.put_nowait((turn, self._tagged(job), next(self._arrival), job))
+
+    def _tagged(self, job: Job) -> float:
+        """Start-time fair queueing: the job's start tag is the later of the virtual time (the tag of the job last
+        taken) and the finish tag of its client's previous job; the client's finish tag moves on by the job's
+        tokens. A client with nothing queued starts at the virtual time: it neither saved up turns nor owes any.
+        A later slice starts at the virtual time: its request was charged whole when it came."""
+        if job.slice_of is not None:
+            return self._virtual
+        start = max(self._virtual, self._finish.get(job.client, 0.0))
+        self._finish[job.client] = start + max(1, job.tokens)
+        return start
+
+    def _taken(self, tag: float) -> None:
+        """The virtual time moves to the tag of the job taken; clients whose work is all before it are forgotten
+        (their next job starts at the virtual time anyway), so the table holds at most the clients with work queued."""
+        self._virtual = max(self._virtual, tag)
+        if len(self._finish) > 2 * self.max_queue:
+            self._finish = {c: f for c, f in self._finish.items() if f > self._virtual}
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
-               per_text: list[int] | None = None) -> Job:
+               per_text: list[int] | None = None, client: str = "") -> Job:
         """Queue a job (its future holds the results), or raise Busy when max_queue requests are pending, or when
         it is a request of more than one slice of work and half of max_queue such requests are (a flood of heavy
         requests, such as a cancel storm's, leaves room for small ones).
@@ -99,7 +124,8 @@ class MicroBatcher(Admits):
         if self.pending >= self.max_queue or (heavy and heavy_full(self.heavy_pending, self.max_queue)):
             self.refused += 1
             raise Busy()
-        job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs, per_text)
+        job = Job(texts, tasks, tokens, asyncio.get_running_loop().create_future(), text_pairs, per_text,
+                  client=client)
         with self._count:
             self.pending += 1
             self.heavy_pending += heavy
@@ -115,7 +141,8 @@ class MicroBatcher(Admits):
     async def _next(self) -> tuple[int, Job]:
         """The next job with its turn (see bind), skipping jobs nobody waits for any more."""
         while True:
-            turn, _, job = await self.queue.get()
+            turn, tag, _, job = await self.queue.get()
+            self._taken(tag)
             job = self._sliced(job)
             if not job.future.done():
                 return turn, job
@@ -137,7 +164,8 @@ class MicroBatcher(Admits):
             return job
         loop = asyncio.get_running_loop()
         jobs = [Job(job.texts[a:b], job.tasks, sum(job.per_text[a:b]), loop.create_future(),
-                    None if job.text_pairs is None else job.text_pairs[a:b], job.per_text[a:b], job) for a, b in parts]
+                    None if job.text_pairs is None else job.text_pairs[a:b], job.per_text[a:b], job, job.client)
+                for a, b in parts]
         answers: list = [None] * len(jobs)
 
         def settled(k: int, future: asyncio.Future) -> None:
@@ -170,9 +198,11 @@ class MicroBatcher(Admits):
             while n < self.max_batch and tokens < budget:
                 try:
                     left = deadline - loop.time()
-                    kind, _, job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                    kind, tag, _, job = self.queue.get_nowait() if left <= 0 else \
+                        await asyncio.wait_for(self.queue.get(), left)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
+                self._taken(tag)
                 job = self._sliced(job)
                 if job.future.done():
                     self._drop(job)

@@ -46,6 +46,7 @@ class Job:
     text_pairs: list[str] | None = None
     per_text: list[int] | None = None  # the tokens of each text (how a large request is sliced)
     slice_of: "Job | None" = None      # the request this job is a slice of (its answers are assembled there)
+    client: str = ""                   # who sent it (serve/state.client_of): the batcher's fair share
 
 
 class Waiting(Protocol):
@@ -74,7 +75,7 @@ class Batcher(Protocol):
     tokens_per_s: float       # the base's measured speed
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
-               per_text: list[int] | None = None) -> Job:
+               per_text: list[int] | None = None, client: str = "") -> Job:
         """Queue a request (its future holds the results), or raise Busy when max_queue are pending."""
 
     def admit(self) -> Callable[[], None] | None:

@@ -53,8 +53,9 @@ class ServeBatcher(Admits):
         self._count = threading.Lock()
 
     def submit(self, texts: list[str], tasks: list[str], tokens: int, text_pairs: list[str] | None = None,
-               per_text: list[int] | None = None) -> Job:
-        """As MicroBatcher.submit; Ray Serve's own batching runs a request whole (per_text, for slicing, is unused)."""
+               per_text: list[int] | None = None, client: str = "") -> Job:
+        """As MicroBatcher.submit; Ray Serve's own batching runs a request whole, in arrival order (per_text, for
+        slicing, and client, for a fair share, are unused)."""
         with self._count:
             if self.pending >= self.max_queue:
                 self.refused += 1
@@ -120,8 +121,11 @@ class SideTasksIngress:
     def __serve_build_asgi_app__(self):
         from adalayers.serve.app import create_app
         from adalayers.serve.auth import read_api_key
+        from adalayers.serve.memory import freeze_loaded
 
-        return create_app(self.side, self.cfg, read_api_key(self.cfg.api_key_file), batcher=self.batcher)
+        app = create_app(self.side, self.cfg, read_api_key(self.cfg.api_key_file), batcher=self.batcher)
+        freeze_loaded()  # as the uvicorn server does once loaded (serve/memory.py)
+        return app
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def predict_many(self, group: list[tuple]) -> list[tuple[bool, object]]:

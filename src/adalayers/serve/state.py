@@ -26,7 +26,7 @@ from adalayers.infer.predictor_base import PredictorBase
 from adalayers.serve.batcher import MicroBatcher
 from adalayers.serve.batching import Batcher, Busy
 from adalayers.serve.config import ServeConfig
-from adalayers.serve.errors import BadText, ClientGone, ServerError, TooLarge
+from adalayers.serve.errors import BadRequest, BadText, ClientGone, ServerError, TooLarge
 from adalayers.serve.generation import GenerationService
 from adalayers.serve.guards import GuardPolicy
 from adalayers.serve.lanes import CheckLane
@@ -34,6 +34,21 @@ from adalayers.serve.limits import client_gone
 from adalayers.serve.metrics import Metrics
 from adalayers.serve.scheduler import Scheduler
 from adalayers.serve.validate import check_tasks, check_texts
+
+
+CLIENT_HEADER, MAX_CLIENT_ID = "x-client-id", 128
+
+
+def client_of(request: Request) -> str:
+    """Who sent a request, for the batcher's fair share (serve/batcher.py): its X-Client-Id header when it has one
+    (at most MAX_CLIENT_ID characters; a tenant as the gateway in front names it: a client that names itself
+    gets no more than one share per name), else its address. Loopback clients all share one address."""
+    named = request.headers.get(CLIENT_HEADER)
+    if named is not None:
+        if not named.strip() or len(named) > MAX_CLIENT_ID:
+            raise BadRequest(f"X-Client-Id: must be 1 to {MAX_CLIENT_ID} characters, got {len(named.strip())}")
+        return "id:" + named.strip()
+    return "addr:" + (request.client.host if request.client else "")
 
 
 def public_name(base: str) -> str:
@@ -88,6 +103,7 @@ class ServeState:
         (results as /predict gives them, tokens run). Every failure is a typed error naming the problem
         (serve/errors.py; a client gone: 499, never sent). /predict and the /v1 classify and embeddings routes
         answer through this."""
+        client = client_of(request)
         if await request.is_disconnected():  # hung up while its body was parsed: not even checked
             raise self._gone()
         gone = asyncio.create_task(client_gone(request))  # one watcher for the request's whole life
@@ -102,7 +118,7 @@ class ServeState:
                 raise self._gone()
             tokens = sum(per_text)
             try:
-                job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text)
+                job = self.batcher.submit(texts, tasks, tokens, text_pairs, per_text, client)
             except Busy:
                 raise self.generation.busy() from None
             wait = self.cfg.request_timeout_s - (time.perf_counter() - arrived)
