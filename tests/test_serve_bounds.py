@@ -164,6 +164,22 @@ def test_concurrent_long_texts_never_500(server):
     assert codes.count(200) > len(codes) // 2
 
 
+def test_a_client_names_itself_within_a_bound(server):
+    """X-Client-Id (the batcher's fair share between clients): any name of 1-128 characters is served; a longer or
+    blank one is a 400 that says so."""
+    body = {"texts": ["a fine text"]}
+    assert httpx.post(server.url + "/predict", json=body, headers={"X-Client-Id": "tenant-7"}, timeout=60).status_code == 200
+    for name in ("x" * 129, ""):
+        r = httpx.post(server.url + "/predict", json=body, headers={"X-Client-Id": name}, timeout=60)
+        assert r.status_code == 400 and "X-Client-Id" in r.json()["detail"] and len(r.content) < SMALL, r.text
+
+
+def test_what_was_loaded_is_out_of_the_collectors_view(server):
+    """The base, heads and libraries (here a tiny BERT: still torch's and transformers' objects) are frozen once
+    loaded, so a full garbage collection under load does not walk them with the event loop held (issue 56)."""
+    assert httpx.get(server.url + "/health", timeout=30).json()["memory"]["gc_frozen"] > 50_000
+
+
 def test_a_huge_authorization_header_is_431(keyed):
     r = httpx.post(keyed.url + "/predict", json={"texts": ["a"]}, timeout=30,
                    headers={"Authorization": "Bearer " + "x" * 17_000})

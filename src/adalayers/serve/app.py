@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 from typing import Callable
 
@@ -44,8 +45,11 @@ from adalayers.serve.budget import JsonBudget, max_json_items, max_json_values
 from adalayers.serve.config import ServeConfig
 from adalayers.serve.errors import add_error_handlers
 from adalayers.serve.limits import BodyLimit, max_body_bytes
+from adalayers.serve.memory import freeze_loaded
 from adalayers.serve.routers import generate, health, metrics, openai, pooling, predict, ui
 from adalayers.serve.state import ServeState
+
+log = logging.getLogger(__name__)
 
 # in this order: metrics' counting middleware comes last (outermost: it sees every answer)
 ROUTERS = (predict, generate, ui, openai, pooling, health, metrics)
@@ -152,6 +156,7 @@ class Loading:
             self.error = e
             self.on_failure(e)
             return
+        log.info("%d loaded objects out of the garbage collector's view", freeze_loaded())
         async with app.router.lifespan_context(app):
             self.app = app
             self.on_ready(app.state.side)
