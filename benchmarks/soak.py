@@ -32,6 +32,10 @@ send heavy bodies (max-texts texts of max-chars characters) and hang up 0.05-0.3
 was in another process than the storm: this process's times are then not its own storm's load). Its valid
 p50/p99 are reported against the plain phase's, like the poison phase's.
 
+Each client has connections of its own (as many as its largest burst) and names itself (X-Client-Id: soak-N),
+as distinct clients off loopback have distinct addresses: the server takes turns between clients
+(serve/batcher.py). The storm's requests carry no name: all of them one client, their address.
+
 One invocation, one server: a warm-up (the most varied mix of the run, so every request kind and
 batch shape has been seen once), then --rounds rounds of the plain phase and, with --poison, the
 poison phase right after it, side by side, so the valid requests' p50/p99 latency with poison is
@@ -259,7 +263,17 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
     begin = time.perf_counter()
     stop_at = begin + seconds
 
-    async def client(c: httpx.AsyncClient, who: int):
+    async def client(who: int):
+        # each client its own connections (at most a burst's): with one pool of `clients` connections for all,
+        # a burst's 8 requests held 8 of them and other clients' requests waited here for one, a wait that
+        # is this load generator's, not the server's
+        # ... and its name (X-Client-Id), as distinct clients have distinct addresses off loopback: the server
+        # shares its passes fairly between clients (serve/batcher.py)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits,
+                                     headers={"X-Client-Id": f"soak-{who}"}) as c:
+            await run(c, who)
+
+    async def run(c: httpx.AsyncClient, who: int):
         nonlocal sent
         i = who
         while time.perf_counter() < stop_at and sent < max_requests:
@@ -289,18 +303,17 @@ async def soak(url: str, clients: int, seconds: float, max_requests: int, mix, m
                 wrong.append(f"{kind}: expected {expected}, got {status} {text[:200]}")
             i += 1
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients,
-                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    most = max([kw.get("burst", 1) for _, kw, _ in mix])
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     spawn = multiprocessing.get_context("spawn")
     storm, storm_count = None, spawn.Value("l", 0)
     if storm_clients:  # in a process of its own: the valid clients' times are not this process's own load
         storm = spawn.Process(target=storm_process, args=(url, storm_clients, storm_body, seconds, storm_count))
         storm.start()
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
-            t0 = time.perf_counter()
-            await asyncio.gather(*[client(c, k) for k in range(clients)])
-            wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await asyncio.gather(*[client(k) for k in range(clients)])
+        wall = time.perf_counter() - t0
     finally:
         if storm is not None:
             storm.join(timeout=30)
