@@ -31,7 +31,7 @@ from adalayers.data.encoding import EncodedSplit, split_batch
 from adalayers.engine.loss import IGNORE
 from adalayers.kinds import TaskKind
 from adalayers.model.heads import pool
-from adalayers.model.mixer import activate, normalize
+from adalayers.model.mixer import activate, mixed_up_to, normalize
 from adalayers.model.sidetask import SideTask
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,7 @@ def fit_probes(cfg, backbone, data, encoded: dict, source, pad_id: int) -> Probe
     if "validation" not in encoded or not encoded["train"].rows:
         log.info("[%s] linear probes: no validation split to choose them on; skipped", data.name)
         return None
-    top = cfg.mixer.max_layer
-    layers = list(range(backbone.num_layers if top is None else min(top + 1, backbone.num_layers)))
+    layers = list(range(mixed_up_to(backbone.num_layers, cfg.mixer) + 1))
     how = poolings(kind, bool(getattr(backbone, "is_causal", False)))
     template = SideTask(probe_config(cfg, 0, how[0], backbone.hidden_size), backbone.num_layers,
                         backbone.hidden_size, data.labels, bos=backbone.adds_bos)
