@@ -131,6 +131,25 @@ def test_a_token_task_gets_a_per_token_probe(world, tmp_path):
     assert service.evaluate(tmp_path / "ner")["f1"] == pytest.approx(m["probe"]["test"]["f1"])
 
 
+def test_a_token_task_compares_layers_on_a_token_subsample_then_searches_c_on_the_best(world, tmp_path,
+                                                                                        monkeypatch):
+    """A row per labelled token makes a full grid slow (57 fits, 305 s a seed on gemma3-270m's CoNLL subset):
+    every layer at TOKEN_C on at most SEARCH_TOKENS tokens, then the C grid on the best layer's every token."""
+    from adalayers.recipes import probes
+
+    monkeypatch.setattr(probes, "SEARCH_TOKENS", 25)
+    model, data = world
+    cfg = tiny_config(model, data, "conll2003", train={"max_epochs": 1, "keep": "head"})
+    search = service.train(cfg, tmp_path / "ner")["probe"]["search"]
+    layers = [s for s in search if s["stage"] == "layers"]
+    cs = [s for s in search if s["stage"] == "regularisation"]
+    assert [s["layer"] for s in layers] == [0, 1, 2] and {s["rows"] for s in layers} == {25}
+    assert {s["regularisation"] for s in layers} == {probes.TOKEN_C}
+    best = max(layers, key=lambda s: s["validation"])
+    assert [s["regularisation"] for s in cs] == list(probes.C_GRID) and {s["layer"] for s in cs} == {best["layer"]}
+    assert cs[0]["rows"] > 25  # every labelled token of the search rows
+
+
 def test_the_choice_rule():
     task = type("T", (), {"kind": TaskKind.CLASSIFICATION, "labels": ["a", "b"], "cfg": None})()
     ex = [type("E", (), {"label": "a" if i % 2 else "b"})() for i in range(40)]
