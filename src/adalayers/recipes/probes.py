@@ -199,12 +199,14 @@ def fit_probes(cfg, backbone, data, encoded: dict, source, pad_id: int) -> Probe
     positive = _positive(cfg, data.labels)
     ytr_fit = _standard(ytr, cfg) if kind == TaskKind.REGRESSION else ytr
     grid = ALPHA_GRID if kind == TaskKind.REGRESSION else C_GRID
+    tried: list[dict] = []
+    fitted: dict[tuple, tuple] = {}  # (layer, pooling, reg) -> (scaler, model), fitted on every search row
 
     def score(i: int, h: str, reg: float, rows=None, stage: str | None = None) -> float:
         x, y = (xtr[(i, h)], ytr_fit) if rows is None else (xtr[(i, h)][rows], ytr_fit[rows])
         scaler, model = fit_linear(kind, x, y, reg, cfg.train.seed)
         if rows is None:
-            fitted[(i, h, reg)] = (scaler, model)  # on every search row: the refit when they are every row
+            fitted[(i, h, reg)] = (scaler, model)
         pred = model.predict(scaler.transform(xva[(i, h)]))
         val = search_score(kind, main, yva, _unstandard(pred, cfg) if kind == TaskKind.REGRESSION else pred,
                            data.labels, positive)
@@ -212,8 +214,6 @@ def fit_probes(cfg, backbone, data, encoded: dict, source, pad_id: int) -> Probe
                       **({"stage": stage, "rows": len(y)} if stage else {})})
         return val
 
-    tried: list[dict] = []
-    fitted: dict[tuple, tuple] = {}
     if kind == TaskKind.TOKENS:  # layers at one C on a token subsample, then the best layer's C on every token
         sub = np.sort(rng.choice(len(ytr), SEARCH_TOKENS, replace=False)) if len(ytr) > SEARCH_TOKENS else None
         by_layer = {key: score(*key, TOKEN_C, sub, "layers") for key in xtr}
