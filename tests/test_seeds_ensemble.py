@@ -73,6 +73,9 @@ def test_seeds_differ_and_are_summarised_as_median_and_range(world, tmp_path, ca
     assert capsys.readouterr().out.count("is finished, reusing it") == 3
     assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3"]) == 2
     assert "train.keep=head and this call asks train.keep=best" in capsys.readouterr().err
+    # --keep reaches every seed (it was dropped with --seeds): `--keep head` finds the seeds kept that way
+    assert cli.main(["train", str(cfg), "--out", str(out), "--seeds", "3", "--keep", "head"]) == 0
+    assert capsys.readouterr().out.count("is finished, reusing it") == 3
 
 
 def test_ensemble_needs_seeds(world, tmp_path, capsys):

@@ -7,19 +7,10 @@ from adalayers.cli.common import add_config_args, dump
 from adalayers.errors import AdaLayersError
 
 
-def flag_overrides(args) -> None:
-    """--keep and --time-budget are train.keep and train.time_budget: added to the --set overrides."""
-    if getattr(args, "keep", None) is not None:
-        args.overrides = [*args.overrides, f"train.keep={args.keep}"]
-    if getattr(args, "time_budget", None) is not None:
-        args.overrides = [*args.overrides, f"train.time_budget={args.time_budget}"]
-
-
 def cmd_train(args) -> int:
     from adalayers.data.tasks.shortcut import load_config
     from adalayers.recipes import service
 
-    flag_overrides(args)
     cfg = load_config(args)
     if args.select_layers is not None:
         return _select(cfg, args)

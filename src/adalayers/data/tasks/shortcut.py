@@ -167,10 +167,18 @@ def add_data_args(p) -> None:
     own.add_argument("--format", choices=["csv", "tsv", "jsonl", "conll", "hf"], help="default: from the extension")
 
 
-def config_from_args(args):
+def config_from_args(args, overrides: list[str]):
     task = {"train": args.data, "validation": args.validation, "test": args.test, "text": args.text,
             "text_pair": args.text_pair, "label": args.label, "kind": args.kind, "format": args.format}
-    return shortcut_config(args.config, task, args.overrides)
+    return shortcut_config(args.config, task, overrides)
+
+
+def flag_overrides(args) -> list[str]:
+    """The --set overrides with train's own flags after them: --keep is train.keep, --time-budget
+    train.time_budget (every path of `train`, --seeds and --select-layers included, reads them here)."""
+    flags = {"keep": "train.keep", "time_budget": "train.time_budget"}
+    return [*args.overrides, *(f"{key}={getattr(args, flag)}" for flag, key in flags.items()
+                               if getattr(args, flag, None) is not None)]
 
 
 def load_config(args):
@@ -179,7 +187,7 @@ def load_config(args):
     from adalayers import config
 
     if args.data:
-        return config_from_args(args)
+        return config_from_args(args, flag_overrides(args))
     if not args.config:
         raise ConfigError("give a config file (see configs/), or your data: --data FILE --text COLUMN --label COLUMN")
-    return config.load(args.config, args.overrides)
+    return config.load(args.config, flag_overrides(args))
