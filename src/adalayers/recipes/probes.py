@@ -234,8 +234,8 @@ def fit_probes(cfg, backbone, data, encoded: dict, source, pad_id: int) -> Probe
         kind, scaler, model, max(len(data.labels), 1)))
     fit = ProbeFit(layer, how_best, reg, val, tried, task, time.perf_counter() - t0,
                    {"search_train": len(train_rows), "search_validation": len(val_rows), "fit": len(y_fit)})
-    log.info("[%s] linear probes: %d fits (%s) on %s of %s training rows, scored on %s "
-             "validation rows: best layer %d, %s pooling, %s %g (validation %s %.4f); refitted on %s rows; %.1f s",
+    log.info("[%s] linear probes: %d fits (%s) on %s of %s training rows, scored on %s validation rows: "
+             "best layer %d, %s pooling, %s %g (validation %s %.4f); the probe fitted on %s rows; %.1f s",
              data.name, len(tried), _plan(kind, len(layers), how, grid, len(ytr)), f"{len(train_rows):,}",
              f"{n_train:,}", f"{len(val_rows):,}", layer, how_best,
              "C" if kind != TaskKind.REGRESSION else "alpha", reg, main, val, f"{len(y_fit):,}", fit.seconds)
