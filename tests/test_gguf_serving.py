@@ -167,6 +167,21 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     assert added and all(t.startswith("llamacpp-beside") for t in added)
 
 
+def test_heads_go_beside_a_one_row_step_when_llamacpp_threads_use_every_core(sides, monkeypatch):
+    """LlamaCpp.beside's rule (overlap unset): with a core free, any decode; with every core used by llama.cpp's
+    threads, a one-row step only (measured to gain there and to lose at 2 and 8 rows); set, as set."""
+    _, numpy_side = sides
+    engine = numpy_side.runtime.engine
+    monkeypatch.setattr(engine, "overlap", None)
+    monkeypatch.setattr(engine, "threads", 2)
+    monkeypatch.setattr(engine, "cores", 4)
+    assert engine.beside(1) and engine.beside(8) and engine.beside(512)
+    monkeypatch.setattr(engine, "cores", 2)
+    assert engine.beside(1) and not engine.beside(2) and not engine.beside(512)
+    monkeypatch.setattr(engine, "overlap", False)
+    assert not engine.beside(1)
+
+
 def test_a_state_the_decode_never_reaches_is_none_beside_it_and_errors_come_back(sides):
     """decode's `during`: state(i) for a state past the graph's early end is None (no wait past the decode);
     the states it gives equal what the gather holds after the decode; an error raised beside is raised by decode."""

@@ -67,7 +67,7 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         decodes.append(current)
     logits = None if stop is not None else np.zeros((len(rows), engine.n_vocab), np.float32)
     parts: list[list] = [[[] for _ in rows] for _ in range(len(mix.tasks) if mix is not None else 0)]
-    side = engine.side_thread() if mix is not None and engine.beside(len(rows)) else None
+    side = engine.side_thread() if mix is not None and engine.beside(sum(len(r.tokens) for r in rows)) else None
     for d, pieces in enumerate(decodes):
         if d and between is not None:
             between(sum(len(p.tokens) for _, p, _ in decodes[d - 1]))

@@ -25,9 +25,9 @@ the rest of the graph (LM head included) is skipped (early exit, as Backbone's s
 
 A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
 the states as the compiled filter copies them (StateReader.ready), while llama.cpp computes the later layers and
-the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads);
-beside threads that use every core it gains nothing or delays them (measured: benchmarks/llamacpp_numpy_heads.py
---overlap on|off, and generations on 2 threads, docs/llm.md).
+the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads),
+and for a one-row step beside threads that use every core; for more rows there it delays them (measured:
+benchmarks/llamacpp_numpy_heads.py --overlap on|off, docs/llm.md).
 """
 from __future__ import annotations
 
@@ -280,14 +280,15 @@ class LlamaCpp:
         b.n_tokens = k
         return last
 
-    def beside(self, rows: int) -> bool:
-        """Whether a decode step of `rows` one-token rows runs its heads' work beside the decode (`during`): as
-        set (overlap), else where llama.cpp leaves a core free (more usable cores than its threads). On 2 threads
-        of 2 cores a one-row gemma3-270m step with four heads gained in the paired benchmark (1.08 against 1.14
-        a step) but not in a whole generation (1.146 against 1.139): not worth a rule of its own."""
+    def beside(self, positions: int) -> bool:
+        """Whether a decode of `positions` token positions (a step: one a row) runs its heads' work beside the
+        decode (`during`): as set (overlap), else where llama.cpp leaves a core free (more usable cores than its
+        threads), or for a one-row step. Beside threads that use every core, a one-row step leaves llama.cpp's
+        threads waiting on each other often enough: gemma3-270m with four heads on 2 threads of 2 cores, a step
+        1.06 against 1.14 after the decode; at 2 and 8 rows it lost (1.12 against 1.09 a step at 8; docs/llm.md)."""
         if not self.read_states:
             return False
-        return self.overlap if self.overlap is not None else self.cores > self.threads
+        return self.overlap if self.overlap is not None else self.cores > self.threads or positions == 1
 
     def side_thread(self) -> ThreadPoolExecutor:
         """The one thread that work beside this context's decodes runs on (decode's `during`, the taps of
