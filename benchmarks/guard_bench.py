@@ -68,8 +68,8 @@ def train(data: Path, base: str, runtime: str, seed: int, out: Path, extra: list
     return json.loads((out / "metrics.json").read_text())
 
 
-def head_scores(run: Path) -> np.ndarray:
-    """P(flagged) of the trained head on each test example, from the same cached states training read
+def head_scores(run: Path, split: str = "test") -> np.ndarray:
+    """P(flagged) of the trained head on each example of `split`, from the same cached states training read
     (the code path of `adalayers evaluate`)."""
     from adalayers.recipes import service
     from adalayers.recipes.evaluate import row_outputs
@@ -78,7 +78,7 @@ def head_scores(run: Path) -> np.ndarray:
     cfg = runlib.run_config(run)
     backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run, backbone)
-    outs = row_outputs(task, service.make_source(cfg, backbone, data, encoded), encoded["test"],
+    outs = row_outputs(task, service.make_source(cfg, backbone, data, encoded), encoded[split],
                        cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0)
     return np.array([float(p[data.labels.index(POSITIVE)]) for p in outs])
 
@@ -87,6 +87,25 @@ def binary(y_true: np.ndarray, p: np.ndarray, threshold: float = 0.5) -> dict:
     from sklearn.metrics import f1_score, roc_auc_score
 
     return {"f1_flagged": float(f1_score(y_true, p >= threshold)), "auroc": float(roc_auc_score(y_true, p))}
+
+
+def validation_threshold(y_val: np.ndarray, p_val: np.ndarray) -> float:
+    """The guard's threshold P an operator would set (`--guard HEAD:flagged>=P`): the one with the highest
+    validation F1 of the flagged class (scores at or above it flagged; of equal ones, the nearest to 0.5)."""
+    from sklearn.metrics import precision_recall_curve
+
+    precision, recall, thresholds = precision_recall_curve(y_val, p_val)
+    f1 = 2 * precision[:-1] * recall[:-1] / np.maximum(precision[:-1] + recall[:-1], 1e-12)
+    best = np.flatnonzero(f1 >= f1.max() - 1e-12)
+    return float(thresholds[best[np.argmin(np.abs(thresholds[best] - 0.5))]])
+
+
+def at_validation_threshold(y_val: np.ndarray, p_val: np.ndarray, y_test: np.ndarray, p_test: np.ndarray) -> dict:
+    """Test F1 (flagged) at the threshold chosen on validation, and that threshold."""
+    from sklearn.metrics import f1_score
+
+    t = validation_threshold(y_val, p_val)
+    return {"f1_flagged_val_threshold": float(f1_score(y_test, p_test >= t)), "val_threshold": t}
 
 
 def probes(run: Path) -> dict:
@@ -121,7 +140,9 @@ def probes(run: Path) -> dict:
                 val = f1_score(ys["validation"], clf.predict(scale.transform(xs["validation"])))
                 if best is None or val > best[0]:
                     p = clf.predict_proba(scale.transform(xs["test"]))[:, 1]
-                    best = (val, {"layer": layer, "C": c, "validation_f1": float(val), **binary(ys["test"], p)})
+                    p_val = clf.predict_proba(scale.transform(xs["validation"]))[:, 1]
+                    best = (val, {"layer": layer, "C": c, "validation_f1": float(val), **binary(ys["test"], p),
+                                  **at_validation_threshold(ys["validation"], p_val, ys["test"], p)})
         result[kind] = best[1]
         log.info("probe %s: %s", kind, best[1])
     return result
@@ -131,6 +152,7 @@ def quality(args) -> int:
     data = Path(args.data)
     texts, labels = read_split(data / "test.tsv")
     y = np.array([lab == POSITIVE for lab in labels], dtype=int)
+    y_val = np.array([lab == POSITIVE for lab in read_split(data / "dev.tsv")[1]], dtype=int)
     tag = args.base + ("" if args.runtime == "torch" else f"_{args.runtime}")
     runs = {s: Path(args.runs) / f"{tag}_s{s}" for s in args.seeds}
     result = {"settings": {"data": data.name, "base": args.base, "runtime": args.runtime, "seeds": args.seeds,
@@ -140,11 +162,15 @@ def quality(args) -> int:
               "head": {}}
     for s, run in runs.items():
         m = train(data, args.base, args.runtime, s, run, args.set)
-        scores = binary(y, head_scores(run))
+        p, p_val = head_scores(run), head_scores(run, "validation")
+        if (len(p), len(p_val)) != (len(y), len(y_val)):
+            raise SystemExit(f"{run}: {len(p)} test and {len(p_val)} validation scores for the files' {len(y)} "
+                             f"and {len(y_val)} rows")
+        scores = {**binary(y, p), **at_validation_threshold(y_val, p_val, y, p)}
         result["head"][s] = {**scores, "train_f1_flagged": m["test"].get("positive_f1"),
                              "train_seconds": m.get("train_seconds")}
         print(f"seed {s}: {result['head'][s]}", flush=True)
-    for key in ("f1_flagged", "auroc"):
+    for key in ("f1_flagged", "auroc", "f1_flagged_val_threshold"):
         result[f"head_median_{key}"] = statistics.median(r[key] for r in result["head"].values())
     result["probes"] = probes(runs[args.seeds[0]])
     out = HERE / "results" / f"guard_{tag}.json"
