@@ -141,6 +141,29 @@ def test_fit_stops_early_and_keeps_the_best_epoch():
     assert summary["epochs"] == 3 and summary["best_epoch"] == 1
 
 
+def test_the_time_left_after_the_first_epoch_leaves_its_slow_first_batches_out(caplog):
+    """fit's time left counts each epoch's training at the pace of its second half: a first epoch whose first
+    batches are slow (8 batches, the first two 0.2 s more) does not inflate the estimate after it."""
+    import logging
+    import time
+
+    from adalayers.engine import FitSettings, fit
+
+    class SlowStart(LineFeed):
+        def epoch(self, epoch, generator):
+            for b, batch in enumerate(super().epoch(epoch, generator)):
+                time.sleep(0.2 if epoch == 1 and b < 2 else 0.02)
+                yield batch
+
+    with caplog.at_level(logging.INFO, logger="adalayers"):
+        fit(Line(), SlowStart(Line()), FitSettings(lr=0.1, max_epochs=11), torch.device("cpu"))
+    first = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch   1/11"))
+    took = float(first.split("  ")[-2].rstrip("s"))  # the epoch's own seconds, about 8 x 0.02 + 0.4
+    minutes, seconds = first.split("~")[1].split("s left")[0].split("m")
+    left = 60 * int(minutes) + int(seconds)
+    assert took >= 0.5 and 1 <= left <= 0.6 * 10 * took, first  # 10 epochs at about 0.17 s, not at took (0.56 s)
+
+
 def test_resume_reads_the_stored_config_with_this_versions_defaults(tmp_path):
     """A resume state saved before a config field existed (or with another tune section) resumes;
     a setting that changes what is learned is still refused, by name."""

@@ -129,7 +129,8 @@ def adamw(groups: list[dict], s: FitSettings, device: torch.device) -> torch.opt
 def time_left(epoch_seconds: list[float], epochs_left: int, cap: float | None = None) -> str:
     """'  ~3m20s left at most': the median epoch so far times the epochs left (early stopping may end
     training sooner), at most `cap` seconds (what train.max_minutes leaves), or '' when none are left. The
-    first epoch counts only while it is the only one: it can take longer than the later ones."""
+    first epoch counts only while it is the only one: it can take longer than the later ones (fit gives each
+    epoch's training at the pace of its second half, which leaves most of that out)."""
     if epochs_left <= 0 or not epoch_seconds:
         return ""
     left = round(float(np.median(epoch_seconds[1:] or epoch_seconds)) * epochs_left)
@@ -198,12 +199,17 @@ class _Fit:
         return True
 
     def train_epoch(self, epoch: int) -> float:
-        """One pass over the feed's batches; the mean training loss over every rank."""
+        """One pass over the feed's batches; the mean training loss over every rank. Sets `pace`: the seconds the
+        pass would take at the pace of its second half, which the time left is estimated from (a run's first
+        batches are slower: memory first allocated, a state cache read from disk for the first time)."""
         self.model.train()
-        losses = []
+        losses, marks = [], [time.perf_counter()]
         for batch in bar(self.feed.epoch(epoch, self.gen), self.feed.steps,
                          f"{self.name}epoch {epoch}/{self.s.max_epochs}"):
             losses.append(self.step(batch, epoch))
+            marks.append(time.perf_counter())
+        n, half = len(losses), len(losses) // 2
+        self.pace = marks[-1] - marks[0] if half == 0 else (marks[-1] - marks[half]) * n / (n - half)
         return float(np.mean(distributed.gather(float(np.mean(losses)) if losses else math.nan)))
 
     def step(self, batch: dict, epoch: int) -> float:
@@ -308,6 +314,7 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
         for epoch in range(f.start, s.max_epochs + 1):
             t0 = time.perf_counter()
             train_loss = f.train_epoch(epoch)
+            trained = time.perf_counter() - t0
             metric, extra = feed.validate(epoch)
             improved = f.judge(epoch, metric, keep_best, on_best)
             entry = {"epoch": epoch, "train_loss": train_loss, **extra, "lr": f.opt.param_groups[0]["lr"],
@@ -317,7 +324,7 @@ def fit(model: nn.Module, feed: Feed, s: FitSettings, device: torch.device, *, r
             f.record(entry, t_start)
             if on_epoch is not None:
                 on_epoch(epoch, metric)
-            times.append(entry["seconds"])
+            times.append(entry["seconds"] - trained + f.pace)  # the epoch at its training's second-half pace
             log.info("%sepoch %3d/%d  loss %.4f  val %.4f%s  lr %.2e  %.1fs%s", f.name, epoch, s.max_epochs,
                      train_loss, metric, "  *" if improved else "", entry["lr"], entry["seconds"],
                      time_left(times, s.max_epochs - epoch, None if s.max_minutes is None
