@@ -172,6 +172,7 @@ class _Fit:
         self.gen = torch.Generator().manual_seed(s.seed)
         self.step_model = distributed.wrap(_Step(model), device)
         self.progress, self.start, self.elapsed, self.history = Progress(), 1, 0.0, []
+        self.pace = 0.0  # the last epoch's training seconds at the pace of its second half (train_epoch)
         self.log_path = run_dir / "log.jsonl" if run_dir is not None else None
         self.name = f"{s.desc} " if s.desc else ""
         self.best_state, self.board = None, None

@@ -160,7 +160,7 @@ class GgufPredictor(PredictorBase):
                 e = runtime.engine
                 log.info("heads' decode-step work: %s (llama.cpp %d thread(s), %d usable core(s))",
                          "beside llama.cpp's decode" if e.beside(2) else "beside llama.cpp's decode for one row, "
-                         "after it for more", e.threads, e.cores)
+                         "after it for more" if e.beside(1) else "after each decode step", e.threads, e.cores)
             return cls(runtime, load_heads(runtime, specs, numpy_task), primary, **kw)
 
     def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
