@@ -68,9 +68,9 @@ def train(data: Path, base: str, runtime: str, seed: int, out: Path, extra: list
     return json.loads((out / "metrics.json").read_text())
 
 
-def head_scores(run: Path, split: str = "test") -> np.ndarray:
-    """P(flagged) of the trained head on each example of `split`, from the same cached states training read
-    (the code path of `adalayers evaluate`)."""
+def head_scores(run: Path, splits: tuple[str, ...] = ("test", "validation")) -> dict[str, np.ndarray]:
+    """P(flagged) of the trained head on each example of each split, from the same cached states training read
+    (the code path of `adalayers evaluate`; the base loaded once for all of them)."""
     from adalayers.recipes import service
     from adalayers.recipes.evaluate import row_outputs
     from adalayers.store import run as runlib
@@ -78,9 +78,12 @@ def head_scores(run: Path, split: str = "test") -> np.ndarray:
     cfg = runlib.run_config(run)
     backbone, data, encoded = service.prepare(cfg)
     task, _, _ = runlib.load_head(run, backbone)
-    outs = row_outputs(task, service.make_source(cfg, backbone, data, encoded), encoded[split],
-                       cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0)
-    return np.array([float(p[data.labels.index(POSITIVE)]) for p in outs])
+    source = service.make_source(cfg, backbone, data, encoded)
+    out = {}
+    for split in splits:
+        outs = row_outputs(task, source, encoded[split], cfg.train.eval_batch_size, backbone.tokenizer.pad_token_id or 0)
+        out[split] = np.array([float(p[data.labels.index(POSITIVE)]) for p in outs])
+    return out
 
 
 def binary(y_true: np.ndarray, p: np.ndarray, threshold: float = 0.5) -> dict:
@@ -162,7 +165,8 @@ def quality(args) -> int:
               "head": {}}
     for s, run in runs.items():
         m = train(data, args.base, args.runtime, s, run, args.set)
-        p, p_val = head_scores(run), head_scores(run, "validation")
+        scored = head_scores(run)
+        p, p_val = scored["test"], scored["validation"]
         if (len(p), len(p_val)) != (len(y), len(y_val)):
             raise SystemExit(f"{run}: {len(p)} test and {len(p_val)} validation scores for the files' {len(y)} "
                              f"and {len(y_val)} rows")
