@@ -127,6 +127,18 @@ def _count_entries(monkeypatch) -> list:
     return entered
 
 
+def test_threads_default_to_the_physical_cores_as_llama_server_does(tiny, monkeypatch):
+    """Not llama.cpp's own default of 4 threads whatever the machine: one per physical core this process may
+    use, or OMP_NUM_THREADS (adalayers.infer.cores.default_threads); threads given are kept."""
+    monkeypatch.setattr(llamacpp, "default_threads", lambda: 3)
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, read_states=False)
+    assert engine.threads == 3
+    engine.close()
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1, read_states=False)
+    assert engine.threads == 1
+    engine.close()
+
+
 def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
     """A large pass (gather mode off here): llama.cpp asks about every node of the graph; the compiled filter
     answers, and Python's data path runs once per wanted state's node (in layer order), never without taps."""

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from adalayers.errors import DataError, ModelError
+from adalayers.infer.cores import default_threads, usable_cpus
 from adalayers.infer.llamacpp_states import (EMBEDDING_NAMES, GATHER_TOKENS, StateNames, StateReader,  # noqa: F401
                                              _filter, _lib)
 
@@ -107,8 +108,7 @@ class LlamaCpp:
         if max_outputs is not None:
             cparams.n_outputs_max = max_outputs
         cparams.no_perf = True
-        if threads:
-            cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.n_threads = cparams.n_threads_batch = threads or default_threads()  # as llama-server's
         if read_states:
             cparams.cb_eval, cparams.cb_eval_user_data = self.reader.callback, self.reader.filter.user_data
         self.read_states = read_states
@@ -123,7 +123,7 @@ class LlamaCpp:
         self._returned: list[int] = []   # given back, KV cache not yet removed (see release)
         self._lock = threading.Lock()
         self.threads = int(lib.llama_n_threads(self.ctx))
-        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.cores = usable_cpus()
         self.overlap = overlap
         self._side: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
 

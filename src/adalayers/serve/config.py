@@ -63,7 +63,8 @@ class ServeConfig(BaseModel):
                                                     "base runs to its end)"})
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto (CUDA when present), cpu or cuda.")
     num_threads: int | None = Field(None, ge=1, description="CPU threads: torch's, and the ONNX Runtime or llama.cpp "
-                                                            "engine's (None = each one's default).",
+                                                            "engine's (None = each one's default; llama.cpp's: "
+                                                            "one per physical core, as llama-server's).",
                                     json_schema_extra={"flag": "--threads", "aliases": ["-t"]})
     ctx_size: int = Field(4096, ge=64, description="Context of the generations, in tokens (llama-server's --ctx-size): "
                                                    "a prompt and its max_tokens fit in it; on --runtime llama.cpp the "
