@@ -1,6 +1,7 @@
 """adalayers as an LLM server, side by side with llama.cpp's own server and llama-cpp-python's (issue 52).
 
-Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the same threads and context size:
+Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the same threads and context size
+(`--threads 0`: no thread flag, each server's own default):
 
     llama-server        llama.cpp's own server (benchmarks/build_llama_server.sh builds it from the llama.cpp
                         vendored in llama-cpp-python 0.3.36's source distribution), --parallel = the most clients
@@ -95,16 +96,17 @@ def _env() -> dict:
 def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
     """The command line that starts server `name` on 127.0.0.1:port."""
     t, ctx, gguf = str(args.threads_now), str(args.ctx_size), str(gguf_path(args.base))
+    given = args.threads_now > 0  # 0: no thread flag, each server's own default
     if name == "llama-server":
-        return [str(llama_server_bin()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", t, "-tb", t,
-                "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else []),
+        return [str(llama_server_bin()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
+                *(["-t", t, "-tb", t] if given else []), "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else []),
                 *(["-b", str(args.batch_size)] if args.batch_size else [])]
     if name == "llama-cpp-python":
         return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port",
-                str(port), "--n_threads", t, "--n_threads_batch", t, "--n_ctx", ctx]
+                str(port), *(["--n_threads", t, "--n_threads_batch", t] if given else []), "--n_ctx", ctx]
     help_text = adalayers_flags()
     cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", args.base, "--runtime", "llama.cpp",
-           "--threads", t, "--host", "127.0.0.1", "--port", str(port), "--no-ui", "--request-timeout", "900",
+           *(["--threads", t] if given else []), "--host", "127.0.0.1", "--port", str(port), "--no-ui", "--request-timeout", "900",
            "--max-length", str(max(args.lengths) + 64)]
     if "--ctx-size" in help_text:
         cmd += ["--ctx-size", ctx]
@@ -338,7 +340,7 @@ def train_heads(args) -> None:
         cmd = [sys.executable, "-m", "adalayers.cli", "train", *cfg, "--set", f"model.base={args.base}",
                "--set", "model.runtime=llama.cpp", "--set", f"task.max_train_examples={args.train_examples}",
                "--set", f"task.max_eval_examples={args.eval_examples}", "--set", f"train.max_epochs={args.epochs}",
-               "--set", "train.lr=1e-3", "--set", f"train.num_threads={args.threads[0]}",
+               "--set", "train.lr=1e-3", *(["--set", f"train.num_threads={args.threads[0]}"] if args.threads[0] else []),
                *(x for kv in args.set for x in ("--set", kv)), "--out", str(folder)]
         log.info("train %s: %s", name, " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=ROOT, env=_env())
@@ -348,7 +350,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["run", "train-heads"])
     p.add_argument("--base", default="gemma3-270m")
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2])
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2],
+                   help="each server's threads, a run for each (0: no thread flag, each server's own default)")
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=list(LENGTHS),
                    help="prompt tokens of client i (the first C for C clients)")

@@ -17,7 +17,8 @@ def _f(v, fmt: str) -> str:
 def table(path: Path) -> str:
     r = json.loads(path.read_text())
     s = r["settings"]
-    lines = [f"**{s['base']}**, {s['threads']} thread(s), ctx {s['ctx_size']}, {s['new_tokens']} new tokens per client, "
+    threads = f"{s['threads']} thread(s)" if s["threads"] else "each server's default threads"
+    lines = [f"**{s['base']}**, {threads}, ctx {s['ctx_size']}, {s['new_tokens']} new tokens per client, "
              f"medians of {s['repeats']} rotating repeats (`{path.as_posix()}`)", "",
              "| server | clients | tokens/s | × llama-server | TTFT p50 / p99 (s) | inter-token p50 / p99 (ms) | "
              "tokens per client | peak RSS (MB) | start-up (s) |", "|---|---|---|---|---|---|---|---|---|"]
