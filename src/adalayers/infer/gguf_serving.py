@@ -156,10 +156,8 @@ class GgufPredictor(PredictorBase):
         with trusting(trust_unverified):
             runtime = GgufRuntime.load(base, threads=threads, heads=bool(specs),
                                        **GgufRuntime.sizes(ctx_size, parallel))
-            e = runtime.engine
-            log.info("llama.cpp: %d thread(s), %d usable core(s)%s", e.threads, e.cores,
-                     "" if threads else " (OMP_NUM_THREADS, else one per physical core as llama-server; --threads N)")
             if specs:
+                e = runtime.engine
                 log.info("heads' decode-step work: %s", "beside llama.cpp's decode" if e.beside(2) else
                          "beside llama.cpp's decode for one row, after it for more" if e.beside(1) else
                          "after each decode step")

@@ -124,6 +124,8 @@ class LlamaCpp:
         self._lock = threading.Lock()
         self.threads = int(lib.llama_n_threads(self.ctx))
         self.cores = usable_cpus()
+        log.info("llama.cpp: %d thread(s), %d usable core(s)%s", self.threads, self.cores, "" if threads else
+                 " (OMP_NUM_THREADS, else one per physical core, as llama-server; --threads N to set)")
         self.overlap = overlap
         self._side: ThreadPoolExecutor | None = None  # the thread decode's `during` runs on
 
