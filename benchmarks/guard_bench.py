@@ -12,7 +12,7 @@
 
 quality writes benchmarks/results/guard_<base>[_<runtime>].json; cost writes the --llm's entry of
 benchmarks/results/guard_cost.json (one entry per LLM; a rerun replaces its own).
-Runs go under --runs (default runs/guard, not committed); a run folder that has metrics.json is reused.
+Runs go under --runs (default runs/guard, not committed); a run folder trained by the same command is reused.
 
 cost, per repeat (configurations in a rotating order, medians of the per-repeat ratios to `gen`):
     gen            the LLM generates --new tokens (eos ignored), no head
@@ -56,15 +56,17 @@ def read_split(path: Path) -> tuple[list[str], list[str]]:
 
 
 def train(data: Path, base: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
-    """adalayers train --data on the splits (reused when out/metrics.json exists) -> its metrics.json."""
-    if not (out / "metrics.json").exists():
-        cmd = [sys.executable, "-m", "adalayers.cli", "train", "--data", str(data / "train.tsv"),
-               "--validation", str(data / "dev.tsv"), "--test", str(data / "test.tsv"), "--text", "text",
-               "--label", "label", "--out", str(out), "--overwrite", "--set", f"model.base={base}",
-               "--set", f"model.runtime={runtime}", "--set", f"train.seed={seed}",
-               "--set", f"task.positive_label={POSITIVE}", *[a for s in extra for a in ("--set", s)]]
+    """adalayers train --data on the splits -> its metrics.json. A run folder trained by the same command
+    (out/guard_bench.json) is reused; one trained otherwise (other --set values, an older run) is trained again."""
+    cmd = ["adalayers", "train", "--data", str(data / "train.tsv"), "--validation", str(data / "dev.tsv"),
+           "--test", str(data / "test.tsv"), "--text", "text", "--label", "label", "--out", str(out), "--overwrite",
+           "--set", f"model.base={base}", "--set", f"model.runtime={runtime}", "--set", f"train.seed={seed}",
+           "--set", f"task.positive_label={POSITIVE}", *[a for s in extra for a in ("--set", s)]]
+    stamp = out / "guard_bench.json"
+    if not ((out / "metrics.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd):
         print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        subprocess.run([sys.executable, "-m", "adalayers.cli", *cmd[1:]], check=True)
+        atomic_write(stamp, json.dumps(cmd))
     return json.loads((out / "metrics.json").read_text())
 
 
