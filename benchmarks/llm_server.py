@@ -15,7 +15,7 @@ Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the sam
                         --servers: about 10x slower than the others)
 
 Loads: C concurrent streaming clients (the real `openai` AsyncOpenAI client, one completion each, temperature
-0, --new tokens, `ignore_eos` where the server accepts it; the real counts are recorded), prompts of mixed
+0 unless --temperature (and --top-p) says otherwise, --new tokens, `ignore_eos` where the server accepts it; the real counts are recorded), prompts of mixed
 lengths (--lengths, tokens of CoLA training sentences by the GGUF's own tokenizer, a fresh text for every
 client and load so no server reuses a cached prefix). Per cell (llm_server_load.run_cell): total generated
 tokens/s, time to first token p50/p99, inter-token latency p50/p99; per server start: start-up seconds (process
@@ -191,16 +191,22 @@ def extra_body(name: str, url: str, model: str, heads: list[Path], new: int) -> 
     return extra
 
 
+def sampling(args) -> dict:
+    """Every request's sampling: greedy (temperature 0), or --temperature with --top-p where given (a seed per
+    request is not set: each server draws as it does for any client)."""
+    return {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p is not None else {})}
+
+
 def one_server(name: str, args, heads: list[Path], prompts: dict, logdir: Path) -> dict:
     proc, url, startup, logf = start(name, args, heads, logdir)
     rss = RssPeak(proc.pid).start()
     try:
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
         extra = extra_body(name, url, model, heads, args.new)
-        run_cell(f"{url}/v1", model, ["Warm up: one short completion."], 8, extra, args.timeout)
+        run_cell(f"{url}/v1", model, ["Warm up: one short completion."], 8, extra, args.timeout, sampling(args))
         cells = {}
         for c in args.clients:
-            cells[str(c)] = run_cell(f"{url}/v1", model, prompts[c], args.new, extra, args.timeout)
+            cells[str(c)] = run_cell(f"{url}/v1", model, prompts[c], args.new, extra, args.timeout, sampling(args))
             log.info("%s C=%d: %.1f tok/s, ttft p99 %.2f s, errors %d", name, c, cells[str(c)]["tokens_per_s"],
                      cells[str(c)]["ttft_p99"] or float("nan"), len(cells[str(c)]["errors"]))
         return {"startup_s": startup, "peak_rss_mb": rss.stop(), "request_extra": extra,
@@ -319,7 +325,7 @@ def run(args) -> None:
                                "clients": args.clients, "new_tokens": args.new,
                                "prompt_lengths": {str(c): args.lengths[:c] for c in args.clients},
                                "repeats": args.repeats, "servers": servers, "heads": [str(h) for h in heads],
-                               "temperature": 0, "command": " ".join(sys.argv),
+                               "sampling": sampling(args), "command": " ".join(sys.argv),
                                "llama_cpp_lib_path": _env().get("LLAMA_CPP_LIB_PATH", "llama-cpp-python's own")},
                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": load,
                               "python": platform.python_version()},
@@ -356,6 +362,8 @@ def main() -> None:
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=list(LENGTHS),
                    help="prompt tokens of client i (the first C for C clients)")
     p.add_argument("--new", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="every request's top_p (default: not sent)")
     p.add_argument("--ctx-size", type=int, default=16384)
     p.add_argument("--batch-size", type=int, default=None, help="prompt tokens prefilled between two decode steps, "
                    "llama-server's and adalayers' --batch-size (default: each one's own, 2048)")

@@ -1,7 +1,7 @@
 """The load side of benchmarks/llm_server.py: concurrent streaming clients (the `openai` client) against one
 OpenAI-style server, and the peak RSS of the server's process tree while they run.
 
-Each client streams one completion of `new` tokens (temperature 0) and records, from its own clock: the time
+Each client streams one completion of `new` tokens (temperature 0 unless sampling says otherwise) and records, from its own clock: the time
 to its first chunk with text (TTFT), the gaps between its chunks with text (inter-token latency), the tokens
 generated (the server's `usage` when it sends one, else its chunks with text) and the finish reason.
 """
@@ -34,14 +34,15 @@ def quantile(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-async def one_client(url: str, model: str, prompt: str, new: int, extra: dict, timeout: float) -> ClientResult:
+async def one_client(url: str, model: str, prompt: str, new: int, extra: dict, timeout: float,
+                     sampling: dict) -> ClientResult:
     import openai
 
     async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=timeout) as client:
         t0 = time.perf_counter()
         first, last, gaps, chunks, usage, finish = None, None, [], 0, None, None
         try:
-            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=new, temperature=0,
+            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=new, **sampling,
                                                      stream=True, stream_options={"include_usage": True},
                                                      extra_body=extra)
             async for chunk in stream:
@@ -64,16 +65,18 @@ async def one_client(url: str, model: str, prompt: str, new: int, extra: dict, t
                             usage.prompt_tokens if usage is not None else None, finish)
 
 
-async def _cell(url, model, prompts, new, extra, timeout):
+async def _cell(url, model, prompts, new, extra, timeout, sampling):
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one_client(url, model, p, new, extra, timeout) for p in prompts))
+    results = await asyncio.gather(*(one_client(url, model, p, new, extra, timeout, sampling) for p in prompts))
     return results, time.perf_counter() - t0
 
 
-def run_cell(url: str, model: str, prompts: list[str], new: int, extra: dict, timeout: float) -> dict:
-    """len(prompts) clients at once, one completion each: the cell's summary (tokens/s over the wall time from
-    the first request to the last stream's end, TTFT and inter-token percentiles over all clients)."""
-    results, wall = asyncio.run(_cell(url, model, prompts, new, extra, timeout))
+def run_cell(url: str, model: str, prompts: list[str], new: int, extra: dict, timeout: float,
+             sampling: dict | None = None) -> dict:
+    """len(prompts) clients at once, one completion each (`sampling`: the request's temperature, top_p, ...;
+    default greedy, temperature 0): the cell's summary (tokens/s over the wall time from the first request to the
+    last stream's end, TTFT and inter-token percentiles over all clients)."""
+    results, wall = asyncio.run(_cell(url, model, prompts, new, extra, timeout, sampling or {"temperature": 0}))
     ok = [r for r in results if r.error is None]
     ttfts = [r.ttft for r in ok if r.ttft == r.ttft]
     gaps = [g for r in ok for g in r.gaps]

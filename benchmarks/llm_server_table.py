@@ -18,6 +18,9 @@ def table(path: Path) -> str:
     r = json.loads(path.read_text())
     s = r["settings"]
     threads = f"{s['threads']} thread(s)" if s["threads"] else "each server's default threads"
+    drawn = s.get("sampling", {}).get("temperature")  # older results: greedy, no "sampling"
+    if drawn:
+        threads += ", sampled: " + ", ".join(f"{k} {v}" for k, v in s["sampling"].items())
     lines = [f"**{s['base']}**, {threads}, ctx {s['ctx_size']}, {s['new_tokens']} new tokens per client, "
              f"medians of {s['repeats']} rotating repeats (`{path.as_posix()}`)", "",
              "| server | clients | tokens/s | × llama-server | TTFT p50 / p99 (s) | inter-token p50 / p99 (ms) | "
