@@ -2,9 +2,9 @@
 
 llama.cpp's context defaults to 4 threads (GGML_DEFAULT_N_THREADS) whatever the machine, while llama-server
 defaults `--threads` to the machine's physical cores (common_cpu_get_num_math: hyperthread siblings counted
-once). On 2 cores, 4 threads contend for them (gemma3-270m served at 0.57x llama-server's tokens/s at one client
-with 4, 1.02x with 2: docs/llm.md); on a 32-core machine 4 threads leave most of it idle. adalayers takes llama-server's rule, within
-what this process may use:
+once). On 2 cores, 4 threads contend for them (gemma3-270m served at 0.57x llama-server's tokens/s at one
+client with 4, 1.02x with 2: docs/llm.md); on a 32-core machine 4 threads leave most of it idle. adalayers
+takes llama-server's rule, within what this process may use:
 
     usable_cpus()     the CPUs of its affinity (taskset, a container's cpuset), at most its cgroup's CPU quota
                       (`docker --cpus`: cpu.max, or cgroup v1's cfs_quota_us / cfs_period_us, rounded down, at least 1)
