@@ -9,9 +9,9 @@ likely tokens whose probabilities, in decreasing order (ties: the lower id first
 while the mass before it is below top_p; the first one always), renormalised; then one uniform u per row picks
 the token whose cumulative mass, in id order, first passes u. A vocabulary is large (Gemma 3's 262,144 ids), so
 nothing here sorts or sums the whole of it in a loop:
-    - the top_k and the nucleus come from a partial selection (np.partition), the nucleus from the largest m
-      probabilities (m = 1,024, then 16,384, ... until they hold top_p of the mass, which then contains it);
-      only those m are sorted;
+    - the top_k comes from a partial selection (np.partition); the nucleus from the first top set of ids that
+      holds top_p of the mass (a top set that holds it holds the nucleus): the ids of probability at least 2^-10
+      of the likeliest's, else 2^-12, 2^-14, ...; only those ids are sorted;
     - a draw over the whole vocabulary (no top_k, no top_p) finds u's block of 1,024 ids from the blocks' sums,
       then its id within that block.
 The draws equal those of the plain full-sort sampler (tests/test_sampling.py) but for float rounding at a u that
@@ -56,20 +56,29 @@ def sample(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator | No
 
 def _support(row: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     """The ids a draw may give, ascending: the top_k (every id tied with the k-th kept), then the nucleus."""
-    vocab, m = len(row), top_k or 1024
-    total = None if top_k else row.sum(dtype=np.float64)
-    while True:
-        m = min(m, vocab)
-        ids = np.flatnonzero(row >= np.partition(row, vocab - m)[vocab - m])  # the m largest, and their ties
-        if top_k or top_p >= 1.0 or m == vocab or row[ids].sum(dtype=np.float64) >= top_p * total:
-            break
-        m *= 16
+    total = None
+    if top_k:
+        ids = _largest(row, top_k)
+    else:
+        total = row.sum(dtype=np.float64)
+        for exponent in range(10, 130, 2):  # the ids of p >= 2^-10, 2^-12, ... (the likeliest's p is 1)
+            ids = np.flatnonzero(row >= np.float32(2.0 ** -exponent))
+            if row[ids].sum(dtype=np.float64) >= top_p * total:  # a top set holding top_p holds the nucleus
+                break
+        else:
+            ids = np.arange(len(row))
     if top_p >= 1.0:
         return ids
     q = row[ids].astype(np.float64)
     order = np.argsort(-q, kind="stable")  # ids ascending: ties keep the lower id first
     before = np.cumsum(q[order]) - q[order]
     return np.sort(ids[order[before < top_p * (q.sum() if top_k else total)]])
+
+
+def _largest(row: np.ndarray, m: int) -> np.ndarray:
+    """The ids of the m largest values, ascending, with every id tied with the m-th."""
+    m = min(m, len(row))
+    return np.flatnonzero(row >= np.partition(row, len(row) - m)[len(row) - m])
 
 
 def _draw_whole(p: np.ndarray, u: np.ndarray) -> np.ndarray:
