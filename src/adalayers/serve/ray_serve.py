@@ -108,8 +108,8 @@ class SideTasksIngress:
         self.cfg = ServeConfig(**cfg)
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
-        # --threads also sizes the replica's llama.cpp / ONNX Runtime engine (their own default: 4 threads or
-        # every core, per replica)
+        # --threads also sizes the replica's llama.cpp / ONNX Runtime engine (unset: llama.cpp's takes
+        # OMP_NUM_THREADS, which Ray sets to the replica's CPUs, at least 1; ONNX Runtime's every core)
         self.side = SideTasks.load(base, heads, primary=self.cfg.primary, device=self.cfg.device,
                                    max_length=self.cfg.max_length, batch_size=self.cfg.max_batch, runtime=runtime,
                                    threads=self.cfg.num_threads)
