@@ -334,3 +334,38 @@ def test_generations_are_bounded_and_a_client_that_leaves_frees_its_slot(tmp_pat
                 assert r.json()["error"]["type"] == "server_error" and r.headers["retry-after"]
                 time.sleep(0.05)
             assert r.status_code == 200, r.text
+
+
+def test_a_max_tokens_not_sent_fits_the_room_the_prompt_leaves(folders, side):
+    """A completion or chat without max_tokens whose prompt leaves less than the default (16, 256) in the context
+    is answered up to the context's end (`length`), not refused; a max_tokens the client sent past it is a 400
+    naming it; a prompt that fills the context is a 400 saying so."""
+    count = lambda t: len(side.backbone.tokenizer(t)["input_ids"])  # noqa: E731
+    ctx = 64
+    prompt = "the dog"
+    while count(prompt + " runs") < ctx - 6:
+        prompt += " runs"
+    n = count(prompt)
+    assert ctx - 16 < n < ctx
+    server = ServeProcess(folders["base"], [], folders["root"], "--ctx-size", str(ctx), "--max-length", "128",
+                          "--max-wait-ms", "1")
+    try:
+        c = openai.OpenAI(base_url=f"{server.wait_started().url}/v1", api_key="unused", max_retries=0, timeout=60)
+        r = c.completions.create(model=MODEL, prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.prompt_tokens == n and r.usage.completion_tokens == ctx - n
+        assert r.choices[0].finish_reason == "length"
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model=MODEL, prompt=prompt, max_tokens=16)
+        assert (e.value.code, e.value.param) == ("context_length_exceeded", "prompt")
+        assert "max_tokens is 16" in str(e.value)
+        long = prompt + " runs" * (ctx - n + 1)
+        assert count(long) >= ctx
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model=MODEL, prompt=long)
+        assert e.value.code == "context_length_exceeded" and "no room for an answer" in str(e.value)
+        chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert chat.usage.prompt_tokens + chat.usage.completion_tokens == ctx
+        assert chat.choices[0].finish_reason == "length"
+    finally:
+        server.stop()

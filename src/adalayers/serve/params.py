@@ -52,6 +52,11 @@ def openai_params(req: ChatRequest | CompletionRequest, ctx_size: int) -> Genera
         raw=True)
 
 
+def max_tokens_sent(req: ChatRequest | CompletionRequest) -> bool:
+    """The client set the answer's length (max_tokens, or max_completion_tokens on chat)."""
+    return bool(req.max_tokens or isinstance(req, ChatRequest) and req.max_completion_tokens)
+
+
 def max_new_tokens(req: ChatRequest | CompletionRequest, ctx_size: int) -> tuple[int, str]:
     """(max_completion_tokens, else max_tokens, else 16 (completions, as OpenAI) or MAX_NEW_TOKENS (chat, at
     most the context); the field that said it)."""

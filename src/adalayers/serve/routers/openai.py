@@ -17,6 +17,7 @@ middlewares, 404 and 405 from the app's handler, by path (serve/shapes.py).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -27,7 +28,7 @@ from adalayers.serve.budget import max_conversation_chars, max_messages
 from adalayers.serve.completions import Completion
 from adalayers.serve.errors import OpenAIError, OpenAIRoute, ServerError
 from adalayers.serve.generation import GenerationService
-from adalayers.serve.params import openai_params
+from adalayers.serve.params import max_tokens_sent, openai_params
 from adalayers.serve.protocol import ChatRequest, CompletionRequest, OpenAIRequest, unsupported
 from adalayers.serve.state import ServeState
 from adalayers.serve.validate import check_count, check_tasks, check_text, check_texts
@@ -66,8 +67,8 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         if no_chat:
             raise OpenAIError(400, no_chat, "model", "model_not_supported")
         prompt = _chat_prompt(req.messages, side, cfg, template)
-        _fits(side, prompt, "the conversation", "messages", params.max_new_tokens, cfg.ctx_size)
-        return await _complete(service, req, [prompt], shape(True), params, arrived)
+        n = _fits(side, prompt, "the conversation", "messages", _asked(req, params), cfg.ctx_size)
+        return await _complete(service, req, [prompt], shape(True), _to_room(req, params, [n], cfg), arrived)
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -75,9 +76,9 @@ def add_routes(app: FastAPI, state: ServeState) -> None:
         _check(req, side, name)
         params = openai_params(req, cfg.ctx_size)
         prompts = _prompts(req.prompt, cfg)
-        for i, p in enumerate(prompts):
-            _fits(side, p, f"prompt {i + 1}", "prompt", params.max_new_tokens, cfg.ctx_size)
-        return await _complete(service, req, prompts, shape(False), params, arrived)
+        ns = [_fits(side, p, f"prompt {i + 1}", "prompt", _asked(req, params), cfg.ctx_size)
+              for i, p in enumerate(prompts)]
+        return await _complete(service, req, prompts, shape(False), _to_room(req, params, ns, cfg), arrived)
 
     app.include_router(router)
 
@@ -171,13 +172,30 @@ def _prompts(prompt, cfg) -> list[str]:
     return prompts
 
 
-def _fits(side, text: str, what: str, param: str, new_tokens: int, ctx_size: int) -> None:
+def _asked(req: OpenAIRequest, params) -> int | None:
+    """The client's max_tokens (None where it sent none)."""
+    return params.max_new_tokens if max_tokens_sent(req) else None
+
+
+def _to_room(req: OpenAIRequest, params, prompt_tokens: list[int], cfg):
+    """A max_tokens the client did not send (16, or 256 on chat) within the room its longest prompt leaves in
+    the context: a default never makes a 400, the answer ends at `length` where the context does."""
+    if max_tokens_sent(req):
+        return params
+    return replace(params, max_new_tokens=min(params.max_new_tokens, cfg.ctx_size - max(prompt_tokens)))
+
+
+def _fits(side, text: str, what: str, param: str, new_tokens: int | None, ctx_size: int) -> int:
     """Refuse a prompt the base would read truncated (its tokens past the server's max length), or one whose
-    answer of new_tokens would not fit the context (--ctx-size)."""
+    answer of new_tokens (None: not sent, at least one) would not fit the context (--ctx-size). -> its tokens."""
     n = len(side.backbone.tokenizer(text)["input_ids"])
     if n > side.max_length:
         raise OpenAIError(400, f"{what} has {n} tokens; this server reads at most {side.max_length} "
                                "(--max-length, or the heads' model.max_length)", param, "context_length_exceeded")
-    if n + new_tokens > ctx_size:
+    if new_tokens is None and n >= ctx_size:
+        raise OpenAIError(400, f"{what} has {n} tokens; the context holds {ctx_size} (--ctx-size), which leaves no "
+                               "room for an answer", param, "context_length_exceeded")
+    if new_tokens is not None and n + new_tokens > ctx_size:
         raise OpenAIError(400, f"{what} has {n} tokens and max_tokens is {new_tokens}: {n + new_tokens} tokens; the "
                                f"context holds {ctx_size} (--ctx-size)", param, "context_length_exceeded")
+    return n
