@@ -15,9 +15,9 @@ Each server is started on 127.0.0.1 in turn, on the same GGUF file, with the sam
                         --servers: about 10x slower than the others)
 
 Loads: C concurrent streaming clients (the real `openai` AsyncOpenAI client, one completion each, temperature
-0 unless --temperature (and --top-p) says otherwise, --new tokens, `ignore_eos` where the server accepts it; the real counts are recorded), prompts of mixed
-lengths (--lengths, tokens of CoLA training sentences by the GGUF's own tokenizer, a fresh text for every
-client and load so no server reuses a cached prefix). Per cell (llm_server_load.run_cell): total generated
+0 unless --temperature (and --top-p) says otherwise, --new tokens, `ignore_eos` where the server accepts it;
+the real counts are recorded), prompts of mixed lengths (--lengths, tokens of CoLA training sentences by the
+GGUF's own tokenizer, a fresh text for every client and load so no server reuses a cached prefix). Per cell (llm_server_load.run_cell): total generated
 tokens/s, time to first token p50/p99, inter-token latency p50/p99; per server start: start-up seconds (process
 start to /v1/models answering 200) and peak RSS of its process tree (psutil, sampled every 0.1 s). Every
 repeat starts each server afresh, in an order rotated by one per repeat (the machine is shared: rotation and
@@ -99,14 +99,16 @@ def command(name: str, args, port: int, heads: list[Path]) -> list[str]:
     given = args.threads_now > 0  # 0: no thread flag, each server's own default
     if name == "llama-server":
         return [str(llama_server_bin()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-                *(["-t", t, "-tb", t] if given else []), "-c", ctx, "-np", str(max(args.clients)), *(["--no-repack"] if args.no_repack else []),
+                *(["-t", t, "-tb", t] if given else []), "-c", ctx, "-np", str(max(args.clients)),
+                *(["--no-repack"] if args.no_repack else []),
                 *(["-b", str(args.batch_size)] if args.batch_size else [])]
     if name == "llama-cpp-python":
         return [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port",
                 str(port), *(["--n_threads", t, "--n_threads_batch", t] if given else []), "--n_ctx", ctx]
     help_text = adalayers_flags()
     cmd = [sys.executable, "-m", "adalayers.cli", "serve", "--base", args.base, "--runtime", "llama.cpp",
-           *(["--threads", t] if given else []), "--host", "127.0.0.1", "--port", str(port), "--no-ui", "--request-timeout", "900",
+           *(["--threads", t] if given else []), "--host", "127.0.0.1", "--port", str(port), "--no-ui",
+           "--request-timeout", "900",
            "--max-length", str(max(args.lengths) + 64)]
     if "--ctx-size" in help_text:
         cmd += ["--ctx-size", ctx]
@@ -346,7 +348,8 @@ def train_heads(args) -> None:
         cmd = [sys.executable, "-m", "adalayers.cli", "train", *cfg, "--set", f"model.base={args.base}",
                "--set", "model.runtime=llama.cpp", "--set", f"task.max_train_examples={args.train_examples}",
                "--set", f"task.max_eval_examples={args.eval_examples}", "--set", f"train.max_epochs={args.epochs}",
-               "--set", "train.lr=1e-3", *(["--set", f"train.num_threads={args.threads[0]}"] if args.threads[0] else []),
+               "--set", "train.lr=1e-3",
+               *(["--set", f"train.num_threads={args.threads[0]}"] if args.threads[0] else []),
                *(x for kv in args.set for x in ("--set", kv)), "--out", str(folder)]
         log.info("train %s: %s", name, " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=ROOT, env=_env())
