@@ -9,10 +9,11 @@ complete it never changes while decoding, so per sequence and per group of heads
     m_ih, the sum l_ih = sum_j exp(s_ijh - m_ih) and A_ih = sum_j exp(s_ijh - m_ih) v_jh
 
 and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
-against every cached query (the old queries' states updated), the new queries against every key, then the
-attention output A_ih / l_ih, the out-projection of every position (one stacked product), GELU, the head's
-pooling and its output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step, instead of the
-full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
+against every cached query (the old queries' states updated), the new queries against every key (both one
+compiled loop nest a sequence, infer/online_softmax.py), then the attention output A_ih / l_ih of every
+sequence's positions side by side, their out-projection (one stacked product for all the step's sequences),
+GELU, each head's pooling and output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step,
+instead of the full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
 Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
 measured slower here: its state is nh times larger (nh k a query, not k) and its per-step update, elementwise
 over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a step at batch 1, T 136, k 64,
@@ -40,6 +41,7 @@ from typing import Hashable
 
 import numpy as np
 
+from adalayers.infer import online_softmax
 from adalayers.infer.numpy_heads import (ProbeHead, SequenceHead, Task, ensemble_answer, gelu, linear_output,
                                         position_table, read_all)
 
@@ -50,8 +52,8 @@ class _Cache:
     q: np.ndarray   # (H, nh, cap, dh), already scaled by dh^-1/2
     kk: np.ndarray  # (H, nh, cap, dh)
     v: np.ndarray   # (H, nh, cap, dh)
-    m: np.ndarray   # (H, nh, cap)
-    l: np.ndarray   # (H, nh, cap)
+    m: np.ndarray   # (H, nh, cap), float64
+    l: np.ndarray   # (H, nh, cap), float64
     a: np.ndarray   # (H, nh, cap, dh)
     n: int = 0      # positions seen
 
@@ -59,7 +61,7 @@ class _Cache:
     def empty(cls, h: int, nh: int, dh: int, k: int) -> "_Cache":
         z = np.zeros
         return cls(z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32),
-                   z((h, nh, 0), np.float32), z((h, nh, 0), np.float32), z((h, nh, 0, dh), np.float32))
+                   z((h, nh, 0), np.float64), z((h, nh, 0), np.float64), z((h, nh, 0, dh), np.float32))
 
     def reserve(self, n: int) -> None:
         """Room for n positions (capacity doubled, so appending costs O(1) amortised)."""
@@ -69,7 +71,7 @@ class _Cache:
         new = max(n, 2 * cap, 16)
         for name in ("q", "kk", "v", "m", "l", "a"):
             a = getattr(self, name)
-            grown = np.zeros((*a.shape[:2], new, *a.shape[3:]), np.float32)
+            grown = np.zeros((*a.shape[:2], new, *a.shape[3:]), a.dtype)
             grown[:, :, :cap] = a
             setattr(self, name, grown)
 
@@ -107,34 +109,33 @@ class _Group:
         return q * np.float32(self.dh ** -0.5), kk, v
 
     def extend(self, c: _Cache, q: np.ndarray, kk: np.ndarray, v: np.ndarray) -> None:
-        """Append n new positions: the old queries' states take the new keys, the new queries take every key."""
+        """Append n new positions: the old queries' states take the new keys, the new queries take every key
+        (online_softmax.extend, compiled)."""
         t, n = c.n, q.shape[2]
         c.reserve(t + n)
         c.q[:, :, t:t + n], c.kk[:, :, t:t + n], c.v[:, :, t:t + n] = q, kk, v
-        if t:
-            s = np.matmul(c.q[:, :, :t], np.swapaxes(kk, -1, -2))                 # (H, nh, t, n)
-            m_old = c.m[:, :, :t]
-            m_new = np.maximum(m_old, s.max(-1))
-            scale = np.exp(m_old - m_new)
-            p = np.exp(s - m_new[..., None])
-            c.l[:, :, :t] = c.l[:, :, :t] * scale + p.sum(-1)
-            c.a[:, :, :t] = c.a[:, :, :t] * scale[..., None] + np.matmul(p, v)
-            c.m[:, :, :t] = m_new
-        s = np.matmul(q, np.swapaxes(c.kk[:, :, :t + n], -1, -2))                  # (H, nh, n, t + n)
-        m = s.max(-1)
-        p = np.exp(s - m[..., None])
-        c.m[:, :, t:t + n], c.l[:, :, t:t + n] = m, p.sum(-1)
-        c.a[:, :, t:t + n] = np.matmul(p, c.v[:, :, :t + n])
+        online_softmax.extend(c.q, c.kk, c.v, c.m, c.l, c.a, t, n)
         c.n = t + n
 
-    def read(self, c: _Cache) -> list[np.ndarray]:
-        """Each head's output on the positions so far: the attention heads' A_ih / l_ih side by side, the
-        out-projection (one stacked product), GELU, pooling, linear."""
-        t, h = c.n, len(self.heads)
-        att = np.swapaxes(c.a[:, :, :t] / c.l[:, :, :t, None], 1, 2).reshape(h, t, self.k)
-        x = gelu(np.matmul(att, self.w_o) + self.b_o)                                 # (H, t, k)
-        pools = {"max": lambda y: y.max(0), "first": lambda y: y[0], "last": lambda y: y[-1]}
-        return [head.output(pools.get(head.pooling, lambda y: y.mean(0))(x[j])) for j, head in enumerate(self.heads)]
+    def read(self, caches: list[_Cache]) -> list[list[np.ndarray]]:
+        """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih side by
+        side (every sequence's rows in one array), the out-projection (one stacked product for all of them),
+        GELU, each sequence's pooling, linear. -> per sequence, per head."""
+        ends = np.cumsum([0] + [c.n for c in caches])
+        att = np.empty((len(self.heads), ends[-1], self.k), np.float32)
+        for c, at in zip(caches, ends):
+            online_softmax.outputs(c.l, c.a, c.n, att, at)
+        x = gelu(np.matmul(att, self.w_o) + self.b_o)                                 # (H, rows, k)
+        outs = []
+        for j, head in enumerate(self.heads):
+            if head.pooling == "max":
+                pooled = np.maximum.reduceat(x[j], ends[:-1])
+            elif head.pooling in ("first", "last"):
+                pooled = x[j][ends[:-1] if head.pooling == "first" else ends[1:] - 1]
+            else:
+                pooled = np.add.reduceat(x[j], ends[:-1]) / np.diff(ends)[:, None].astype(np.float32)
+            outs.append(head.output(pooled))                                            # (sequences, C)
+        return [[y[b] for y in outs] for b in range(len(caches))]
 
 
 @dataclass
@@ -170,9 +171,13 @@ class _ProbeGroup:
                 c.value += new.sum(1, dtype=np.float64)
             c.n += new.shape[1]
 
-    def read(self, c: _Pooled) -> list[np.ndarray]:
-        pooled = (c.value / c.n).astype(np.float32) if self.pooling == "mean" else c.value
-        return [linear_output(pooled[j], h.out_w, h.out_b, h.scale) for j, h in enumerate(self.heads)]
+    def read(self, caches: list[_Pooled]) -> list[list[np.ndarray]]:
+        """Per sequence, each probe's output."""
+        out = []
+        for c in caches:
+            pooled = (c.value / c.n).astype(np.float32) if self.pooling == "mean" else c.value
+            out.append([linear_output(pooled[j], h.out_w, h.out_b, h.scale) for j, h in enumerate(self.heads)])
+        return out
 
 
 class IncrementalReads:
@@ -249,14 +254,17 @@ class IncrementalReads:
                 self._unseen.pop(seq, None)
             self._rows[seq] += counts[b]
         leaf_out: list[list] = [[None] * len(seqs) for _ in self.leaves]
-        for b, seq in enumerate(seqs):
-            full = None
-            for g, c in zip(self.groups, self._caches[seq]):
-                if c.n == 0:
-                    full = self._full_read(seq) if full is None else full
-                ys = [full[j] for j in g.leaves] if c.n == 0 else g.read(c)
+        for gi, g in enumerate(self.groups):
+            seen = [b for b, seq in enumerate(seqs) if self._caches[seq][gi].n]
+            for b, ys in zip(seen, g.read([self._caches[seqs[b]][gi] for b in seen]) if seen else []):
                 for j, y in zip(g.leaves, ys):
                     leaf_out[j][b] = y
+        for b, seq in enumerate(seqs):
+            if any(c.n == 0 for c in self._caches[seq]):
+                full = self._full_read(seq)
+                for g, c in zip(self.groups, self._caches[seq]):
+                    for j in g.leaves if c.n == 0 else []:
+                        leaf_out[j][b] = full[j]
         return self._answers([np.stack(o) for o in leaf_out])
 
     def _extend_group(self, gi: int, g: _Group | _ProbeGroup, seqs: list, counts: list[int], starts: np.ndarray,
