@@ -3,7 +3,8 @@
 
     steps    paired decode steps: the same prompts in two sets of sequences of one context, advanced in turn,
              one set with no heads (no state read), the other with four heads (two sequence heads read every
-             step, a sequence head as a per-step guard, a token head read at the end; the per-step reads
+             step, a sequence head as a per-step guard, a token head read at the end, its steps' states kept and
+             mixed 64 rows at a time as the server does, gguf_steps.LATER_ROWS; the per-step reads
              incremental, adalayers.infer.numpy_incremental, or with --full-reads the full read over the whole
              text each step, as before it): each step's time with
              heads over its partner's; median, and the sum over the 128 steps (whole generation, interleaved);
@@ -100,7 +101,16 @@ class Gen:
         self.mask = np.zeros((len(prompts), width), bool)
         self.pos = [len(i) for i in self.ids]
         self.layers = sorted({i for t in heads for i in t.used_layers()}) if heads else []
-        self.mix = nh.LayerMix(heads) if heads else None
+        self.mix = nh.LayerMix(heads) if heads else None  # the prefill's
+        # a step's: the sequence heads mixed at once, the token head's states kept and mixed LATER_ROWS rows at a
+        # time (or at the final read), as gguf_steps.SequencePasses does
+        self.now = [j for j, t in enumerate(heads or []) if t.kind != "token"]
+        self.later = [j for j, t in enumerate(heads or []) if t.kind == "token"]
+        self.now_mix, self.later_mix = (nh.LayerMix([heads[j] for j in js]) if heads else None
+                                        for js in (self.now, self.later))
+        self.now_layers, self.later_layers = (sorted({i for j in js for i in heads[j].used_layers()}) if heads
+                                              else [] for js in (self.now, self.later))
+        self.kept: list[tuple[int, np.ndarray]] = []  # (the step's column, the token head's states)
         self.accs = [np.zeros((len(prompts), width, t.k), np.float32) for t in heads or []]
         self.col = width - new - 1  # prompts right-aligned at column col - 1
         self.guard = []
@@ -157,11 +167,9 @@ class Gen:
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
         t1 = time.perf_counter()
         states = eng.states()
-        z = np.stack([states[i] for i in self.layers])
+        z = np.stack([states[i] for i in self.now_layers])
         t2 = time.perf_counter()
-        self.mix.begin(len(rows))
-        self.mix.add_layers(self.layers, z)
-        accs = self.mix.take()
+        accs = self._step_mix(z, states.__getitem__)
         t3 = time.perf_counter()
         self._after_mix(accs, len(rows))
         self.next = logits.argmax(-1)
@@ -169,12 +177,42 @@ class Gen:
         for part, took in (("decode", t1 - t0), ("states", t2 - t1), ("mix", t3 - t2), ("reads", t4 - t3)):
             self.parts.setdefault(part, []).append(took)
 
+    def _step_mix(self, z, state) -> list:
+        """The sequence heads' F of a step (z: their states); the token head's states kept, mixed once LATER_ROWS
+        rows wait."""
+        from adalayers.infer.gguf_steps import LATER_ROWS
+
+        self.now_mix.begin(z.shape[1])
+        self.now_mix.add_layers(self.now_layers, z)
+        accs = self.now_mix.take()
+        if self.later:
+            self.kept.append((self.col, np.stack([state(i) for i in self.later_layers])))
+            if len(self.kept) * z.shape[1] >= LATER_ROWS:
+                self._mix_later()
+        return accs
+
+    def _mix_later(self) -> None:
+        if not self.kept:
+            return
+        z = np.concatenate([k for _, k in self.kept], 1)
+        self.later_mix.begin(z.shape[1])
+        self.later_mix.add_layers(self.later_layers, z)
+        for j, acc in zip(self.later, self.later_mix.take()):
+            b = len(self.seqs)
+            for s, (col, _) in enumerate(self.kept):
+                self.accs[j][:, col] = acc[s * b:(s + 1) * b]
+        self.kept = []
+
     def _after_mix(self, accs, n: int) -> None:
-        """The step's F placed, the per-step reads of the sequence heads and the guard's check."""
-        self._place(accs, [1] * n)
-        seq = [self.heads[j] for j in self.seq_idx]
+        """The step's F placed (the sequence heads'), the per-step reads of the sequence heads and the guard's
+        check."""
+        for j, acc in zip(self.now, accs):
+            self.accs[j][:, self.col] = acc
+        self.mask[:, self.col] = True
+        self.col += 1
+        seq = [self.heads[j] for j in self.seq_idx]  # self.now: the step's accs are theirs
         if self.reads:
-            outs = self.reads.step(self.seqs, [accs[j] for j in self.seq_idx], [1] * n)
+            outs = self.reads.step(self.seqs, accs, [1] * n)
         else:
             outs = self.nh.read_all(seq, [self.accs[j][:, :self.col] for j in self.seq_idx], self.mask[:, :self.col])
         self.guard.append(self.nh.probabilities(seq[-1], outs[-1])[:, 1] >= 0.99)  # the guard's check
@@ -185,9 +223,7 @@ class Gen:
         def during(state):  # once the deepest state is copied (SequencePasses._step_beside)
             if state(self.layers[-1]) is None:
                 return
-            self.mix.begin(len(rows))
-            self.mix.add_layers(self.layers, np.stack([state(i) for i in self.layers]))
-            self._after_mix(self.mix.take(), len(rows))
+            self._after_mix(self._step_mix(np.stack([state(i) for i in self.now_layers]), state), len(rows))
 
         t0 = time.perf_counter()
         logits = self.engine.decode(rows, wanted=set(self.layers), outputs="last", read=True, during=during)
@@ -199,6 +235,7 @@ class Gen:
 
     def finish(self):
         if self.heads:
+            self._mix_later()
             return self.nh.read_all(self.heads, [a[:, :self.col] for a in self.accs], self.mask[:, :self.col])
 
 

@@ -47,6 +47,21 @@ def test_generation_equals_the_torch_path(sides):
     assert_json_close(torch_side.generate(TEXTS[:2], **alone), numpy_side.generate(TEXTS[:2], **alone), TOL)
 
 
+def test_token_heads_mixed_many_steps_at_once_equal_the_torch_path(sides, monkeypatch):
+    """gguf_steps.LATER_ROWS: a head read only whole (ner, a token head) has its decode steps' states kept and
+    mixed many rows at once; with 2 rows a mix (one every step or two, the rest at the final read) the answers
+    are still the torch path's, step by step."""
+    from adalayers.infer import gguf_steps
+
+    torch_side, numpy_side = sides
+    monkeypatch.setattr(gguf_steps, "LATER_ROWS", 2)
+    kw = dict(max_new_tokens=7, steps=True, ignore_eos=True)
+    a, b = torch_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:3], **kw)
+    assert [r["token_ids"] for r in a] == [r["token_ids"] for r in b]
+    assert all(len(r["tasks"]["ner"]["words"]) for r in b)
+    assert_json_close(a, b, TOL)
+
+
 def test_a_guard_stops_the_same_row_at_the_same_token(sides):
     torch_side, numpy_side = sides
     kw = dict(max_new_tokens=8, ignore_eos=True, guard={"acc": ("good", 0.5)})
@@ -76,16 +91,20 @@ def test_passes_cut_into_small_decodes_give_the_same_numbers(sides, monkeypatch)
     assert numpy_side.runtime.engine.free_sequences == numpy_side.runtime.engine.n_seq  # every sequence back
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, monkeypatch):
+@pytest.mark.parametrize("later_rows", [64, 3])
+def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, monkeypatch, later_rows):
     """serve's scheduler on the torch-free path: a prompt longer than a chunk (prefill_chunk, serve's --batch-size:
     here 8 tokens, in llama_decodes of 8) is prefilled in pieces with a decode step of the rows already generating
-    after each chunk, and both requests answer as each alone."""
+    after each chunk, and both requests answer as each alone. With later_rows 3 the token head's kept states are
+    mixed every few steps, across the batches joined and the row that leaves first."""
     import threading
     import time
 
+    from adalayers.infer import gguf_steps
     from adalayers.serve.scheduler import Scheduler
 
     _, side = sides
+    monkeypatch.setattr(gguf_steps, "LATER_ROWS", later_rows)
     monkeypatch.setattr(side.runtime.engine, "n_batch", 8)  # the prefill's llama_decodes: 8 tokens each
     scheduler = Scheduler(side, max_rows=4, prefill_chunk=8)  # serve's --batch-size 8
     inside, during = [False], []
@@ -213,3 +232,28 @@ def test_a_state_the_decode_never_reaches_is_none_beside_it_and_errors_come_back
             engine.decode([Row(tokens, seq[0])], (), {0, 1}, read=True, during=fails)
     finally:
         engine.release(seq)
+
+
+def test_rows_that_leave_take_their_kept_states_with_them():
+    """SequenceBatch.keep: the decode steps' states kept for the heads read only whole (LATER_ROWS) keep only the
+    rows that stay, in their steps' order; merge puts another batch's after them."""
+    import numpy as np
+
+    from adalayers.infer.gguf_steps import SequenceBatch
+
+    class Seqs:
+        def select(self, idx):
+            return self
+
+        def merged(self, other, at):
+            return self
+
+    z = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)  # (layers, rows, d)
+    batch = SequenceBatch([None] * 3, Seqs(), [7, 8, 9], [5, 5, 5], [{}, {}, {}], np.zeros((3, 2)),
+                          later=[([7, 8, 9], z), ([7, 8, 9], z + 100)])
+    kept = batch.keep([0, 2])
+    assert kept.gone == [8] and [keys for keys, _ in kept.later] == [[7, 9], [7, 9]]
+    np.testing.assert_array_equal(kept.later[0][1], z[:, [0, 2]])
+    np.testing.assert_array_equal(kept.later[1][1], z[:, [0, 2]] + 100)
+    assert kept.keep([1]).later[0][0] == [9]
+    assert [keys for keys, _ in kept.merge(batch.keep([1])).later] == [[7, 9], [7, 9], [8], [8]]
