@@ -301,7 +301,7 @@ class SequencePasses:
         accs = self.later_mix.take()
         where = {k: b for b, k in enumerate(batch.keys)}
         at = 0
-        for keys, step in batch.later:  # in step order: each row's positions in order
+        for keys, _ in batch.later:  # in step order: each row's positions in order
             for j, key in enumerate(keys):
                 for h, acc in zip(self.later, accs):
                     batch.F[where[key]][h.name].append(acc[at + j:at + j + 1])
