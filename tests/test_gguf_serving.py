@@ -47,18 +47,19 @@ def test_generation_equals_the_torch_path(sides):
     assert_json_close(torch_side.generate(TEXTS[:2], **alone), numpy_side.generate(TEXTS[:2], **alone), TOL)
 
 
-def test_token_heads_mixed_many_steps_at_once_equal_the_torch_path(sides, monkeypatch):
-    """gguf_steps.LATER_ROWS: a head read only whole (ner, a token head) has its decode steps' states kept and
-    mixed many rows at once; with 2 rows a mix (one every step or two, the rest at the final read) the answers
-    are still the torch path's, step by step."""
+@pytest.mark.parametrize("asked", [dict(steps=True), dict(), dict(guard={"acc": ("good", 1.0)}), dict(tasks=["acc"])])
+def test_heads_not_read_at_a_step_mixed_many_steps_at_once_equal_the_torch_path(sides, monkeypatch, asked):
+    """gguf_steps.LATER_ROWS: a head not read at a step (ner, a token head read at the end; acc too without
+    steps or a guard) has its decode steps' states kept and mixed many rows at once; with 8 rows a mix (every
+    third step of 3 rows, the rest at the final read) the answers are still the torch path's."""
     from adalayers.infer import gguf_steps
 
     torch_side, numpy_side = sides
-    monkeypatch.setattr(gguf_steps, "LATER_ROWS", 2)
-    kw = dict(max_new_tokens=7, steps=True, ignore_eos=True)
+    monkeypatch.setattr(gguf_steps, "LATER_ROWS", 8)
+    kw = dict(max_new_tokens=7, ignore_eos=True, **asked)
     a, b = torch_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:3], **kw)
-    assert [r["token_ids"] for r in a] == [r["token_ids"] for r in b]
-    assert all(len(r["tasks"]["ner"]["words"]) for r in b)
+    assert [r["token_ids"] for r in a] == [r["token_ids"] for r in b] and len(b[0]["token_ids"]) == 7
+    assert asked.get("tasks") == ["acc"] or all(len(r["tasks"]["ner"]["words"]) for r in b)
     assert_json_close(a, b, TOL)
 
 
@@ -95,8 +96,8 @@ def test_passes_cut_into_small_decodes_give_the_same_numbers(sides, monkeypatch)
 def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, monkeypatch, later_rows):
     """serve's scheduler on the torch-free path: a prompt longer than a chunk (prefill_chunk, serve's --batch-size:
     here 8 tokens, in llama_decodes of 8) is prefilled in pieces with a decode step of the rows already generating
-    after each chunk, and both requests answer as each alone. With later_rows 3 the token head's kept states are
-    mixed every few steps, across the batches joined and the row that leaves first."""
+    after each chunk, and both requests answer as each alone. With later_rows 3 the kept states of the heads not
+    read at a step are mixed every few steps, across the batches joined and the row that leaves first."""
     import threading
     import time
 
@@ -128,7 +129,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_running_rows_step(sides, mon
     scheduler.loop.prefill, scheduler._step = watched, stepping
     long = " ".join(TEXTS * 3)
     assert len(side.backbone.tokenizer([long])["input_ids"][0]) > 4 * 8
-    requests = [(["the cat"], dict(max_new_tokens=40, ignore_eos=True)), ([long], dict(max_new_tokens=4))]
+    # the second request reads acc at every step: the first row's kept states are mixed when it joins
+    requests = [(["the cat"], dict(max_new_tokens=40, ignore_eos=True)), ([long], dict(max_new_tokens=4, steps=True))]
     got = [None, None]
 
     def client(i):

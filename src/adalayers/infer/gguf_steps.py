@@ -11,8 +11,8 @@ serving path (adalayers.infer.gguf_serving):
               once (LayerMix.add_layers: one batched product per head group); or, where llama.cpp leaves a core
               free (LlamaCpp.beside), mixed on a thread beside the decode once the deepest state read is
               copied, while llama.cpp computes the rest, the step's sequence-head reads done there too
-              heads read only whole (token heads, token probes: never read per step) are mixed later, for many
-              steps' rows in one product (LATER_ROWS: their states kept on the batch until then, or until a read)
+              heads not read at a step (a head asked for at the end, a token head) are mixed later, many steps'
+              rows in one product (LATER_ROWS: their states kept on the batch until then, or until a read)
     read      sequence heads and sequence probes incrementally (numpy_incremental.IncrementalReads: a row's
               positions are fed once, when first read, and each read costs the new positions only); token heads,
               token probes and heads that read the answer alone by the full read (numpy_heads.read_all) over the
@@ -41,7 +41,7 @@ from adalayers.infer.request import Row
 # position's output (llama.cpp computes its last layer only for those), and llama.cpp keeps room for each asked
 # output's logits (Gemma 3: 1 MB a position, kept once reserved): such passes are cut into decodes of this many.
 OUTPUTS_AT_ONCE = 64
-# Decode-step rows whose states are kept for the heads read only whole (token heads) before they are mixed in one
+# Decode-step rows whose states are kept for the heads not read at those steps before they are mixed in one
 # product: a step of 1-8 rows reads each head's whole W_i for a few rows' worth of work; 64 rows read it once.
 LATER_ROWS = 64
 
@@ -121,27 +121,6 @@ def read_rows(names: list[str], tasks: list, F: list[list[np.ndarray]], starts: 
     return out
 
 
-class Mixes:
-    """LayerMix's begin/add/take over the heads of two LayerMixes (the heads read per step, the heads read only
-    whole), the accumulators in the order of `order` (each head's (mix, place in it))."""
-
-    def __init__(self, mixes: list[LayerMix], order: list[tuple[int, int]]):
-        self.mixes, self.order = mixes, order
-        self.tasks = [mixes[m].tasks[j] for m, j in order]
-
-    def begin(self, n: int) -> None:
-        for m in self.mixes:
-            m.begin(n)
-
-    def add(self, i: int, z: np.ndarray) -> None:
-        for m in self.mixes:
-            m.add(i, z)
-
-    def take(self) -> list[np.ndarray]:
-        accs = [m.take() for m in self.mixes]
-        return [accs[m][j] for m, j in self.order]
-
-
 class Grown:
     """A (T, k) array grown by appending rows (capacity doubled: appending is O(1) amortised)."""
 
@@ -171,8 +150,10 @@ class SequenceBatch:
     F: list[dict[str, Grown]]             # per row: head -> F (T, k)
     logits: np.ndarray | None             # (B, V): the next token's logits (None inside a step, rows ending)
     gone: list[int] = field(default_factory=list)  # keys of rows that left, their caches to drop
-    # decode steps' states not mixed yet for the heads read only whole: (the step's row keys, (layers, rows, d))
+    # decode steps' states not mixed yet for the heads not read at those steps (later_heads): (the step's row
+    # keys, (their layers, rows, d)); a batch fresh from its prefill has none
     later: list[tuple[list[int], np.ndarray]] = field(default_factory=list)
+    later_heads: frozenset = frozenset()
 
     def keep(self, idx: list[int]) -> "SequenceBatch":
         if idx == list(range(len(self.rows))):
@@ -184,13 +165,14 @@ class SequenceBatch:
                  for keys, z in self.later]
         return SequenceBatch([self.rows[i] for i in idx], self.seqs.select(idx), [self.keys[i] for i in idx],
                              [self.lengths[i] for i in idx], [self.F[i] for i in idx],
-                             None if self.logits is None else self.logits[idx], gone, [b for b in later if b[0]])
+                             None if self.logits is None else self.logits[idx], gone, [b for b in later if b[0]],
+                             self.later_heads)
 
     def merge(self, other: "SequenceBatch") -> "SequenceBatch":
         return SequenceBatch(self.rows + other.rows, self.seqs.merged(other.seqs, 0), self.keys + other.keys,
                              self.lengths + other.lengths, self.F + other.F,
                              np.concatenate([self.logits, other.logits]), self.gone + other.gone,
-                             self.later + other.later)
+                             self.later + other.later, self.later_heads if self.later else other.later_heads)
 
 
 class SequencePasses:
@@ -200,14 +182,9 @@ class SequencePasses:
         self.side, self.heads = side, heads
         self.engine = side.runtime.engine
         self.tasks = {h.name: h.task for h in heads}
+        self.mix = LayerMix([h.task for h in heads]) if heads else None  # prefills and passes of many rows
         self.layers = used_layers(heads)
-        # heads read per step (their F mixed at each step) and heads read only whole (mixed LATER_ROWS at a time)
-        self.now = [h for h in heads if IncrementalReads.applies(h.task)]
-        self.later = [h for h in heads if not IncrementalReads.applies(h.task)]
-        self.now_mix, self.later_mix = (LayerMix([h.task for h in hs]) for hs in (self.now, self.later))
-        place = {h.name: (0, j) for j, h in enumerate(self.now)} | {h.name: (1, j) for j, h in enumerate(self.later)}
-        self.mix = Mixes([self.now_mix, self.later_mix], [place[h.name] for h in heads]) if heads else None
-        self.now_layers, self.later_layers = used_layers(self.now), used_layers(self.later)
+        self._mixes: dict[frozenset, tuple[LayerMix, list[int], list]] = {}  # a decode step's heads: their mix
         self.reads: dict[tuple[str, ...], IncrementalReads] = {}
         self.fed: dict[tuple[tuple, int], int] = {}       # (heads read together, row key) -> positions fed
         self.last: dict[tuple[tuple, int], list] = {}     # ... -> their values then
@@ -239,7 +216,7 @@ class SequencePasses:
             logits = self._step_beside(batch, rows, stop, reads)
         elif self.heads and len(rows) <= GATHER_TOKENS:  # a step: the compiled gather
             logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
-            self._step_mix(batch, len(rows), self.engine.states().__getitem__)
+            self._step_mix(batch, len(rows), self.engine.states().__getitem__, reads)
         else:
             logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, stop)
             self._mix_later(batch)  # the kept steps first: each row's F in the order of its positions
@@ -265,7 +242,7 @@ class SequencePasses:
         def during(state):
             if state(self.layers[-1]) is None:  # the decode ended without it: decode raises why
                 return
-            self._step_mix(batch, len(rows), state)
+            self._step_mix(batch, len(rows), state, reads)
             mixed.append(True)
             for names, idx in reads:
                 step = self._stepped(names)
@@ -278,32 +255,48 @@ class SequencePasses:
             raise ModelError("llama.cpp's step ended before every state the heads read was copied")
         return logits
 
-    def _step_mix(self, batch: SequenceBatch, n: int, state: Callable[[int], np.ndarray]) -> None:
-        """A decode step's states (state(i): (n, d), every row of the batch): the heads read per step mixed now,
-        every state they read at once (LayerMix.add_layers), their F appended; the states of the heads read
-        only whole kept on the batch, mixed once LATER_ROWS rows wait (or a read asks)."""
-        if self.now:
-            self.now_mix.begin(n)
-            self.now_mix.add_layers(self.now_layers, np.stack([state(i) for i in self.now_layers]))
-            self._append(batch.F, [1] * n, self.now_mix.take(), self.now)
-        if self.later:
-            batch.later.append((list(batch.keys), np.stack([state(i) for i in self.later_layers])))
+    def _step_mix(self, batch: SequenceBatch, n: int, state: Callable[[int], np.ndarray],
+                  reads: list[tuple[list[str], list[int]]]) -> None:
+        """A decode step's states (state(i): (n, d), every row of the batch): the heads read at this step (`reads`)
+        mixed now, every state they read at once (LayerMix.add_layers), their F appended; the states of the
+        other heads kept on the batch, mixed LATER_ROWS rows at a time, or before one of them is read, or when
+        the heads read at a step change (the kept steps first: each row's F in the order of its positions)."""
+        now = frozenset(n for names, _ in reads for n in self._stepped(names))
+        later = frozenset(self.tasks) - now
+        if batch.later and batch.later_heads != later:
+            self._mix_later(batch)
+        if now:
+            mix, layers, heads = self._mix_of(now)
+            mix.begin(n)
+            mix.add_layers(layers, np.stack([state(i) for i in layers]))
+            self._append(batch.F, [1] * n, mix.take(), heads)
+        if later:
+            batch.later.append((list(batch.keys), np.stack([state(i) for i in self._mix_of(later)[1]])))
+            batch.later_heads = later
             if sum(len(keys) for keys, _ in batch.later) >= LATER_ROWS:
                 self._mix_later(batch)
 
+    def _mix_of(self, names: frozenset) -> tuple[LayerMix, list[int], list]:
+        """The LayerMix of the heads `names`, the states they read, the heads (in the order of self.heads)."""
+        if names not in self._mixes:
+            heads = [h for h in self.heads if h.name in names]
+            self._mixes[names] = LayerMix([h.task for h in heads]), used_layers(heads), heads
+        return self._mixes[names]
+
     def _mix_later(self, batch: SequenceBatch) -> None:
-        """The kept steps' states of the heads read only whole, mixed in one product, each row's F appended."""
+        """The kept steps' states, mixed in one product for the heads they were kept for, each row's F appended."""
         if not batch.later:
             return
+        mix, layers, heads = self._mix_of(batch.later_heads)
         z = np.concatenate([z for _, z in batch.later], 1)
-        self.later_mix.begin(z.shape[1])
-        self.later_mix.add_layers(self.later_layers, z)
-        accs = self.later_mix.take()
+        mix.begin(z.shape[1])
+        mix.add_layers(layers, z)
+        accs = mix.take()
         where = {k: b for b, k in enumerate(batch.keys)}
         at = 0
         for keys, _ in batch.later:  # in step order: each row's positions in order
             for j, key in enumerate(keys):
-                for h, acc in zip(self.later, accs):
+                for h, acc in zip(heads, accs):
                     batch.F[where[key]][h.name].append(acc[at + j:at + j + 1])
             at += len(keys)
         batch.later = []
@@ -329,11 +322,11 @@ class SequencePasses:
 
     def read(self, batch: SequenceBatch, names: list[str], rows: list[int], answer_alone: bool
              ) -> dict[str, list[np.ndarray]]:
+        if batch.later and any(n in batch.later_heads for n in names):  # their kept steps mixed first
+            self._mix_later(batch)
         step = () if answer_alone else self._stepped(names)
         out = self._incremental(batch, step, rows) if step else {}
         full = [n for n in names if n not in step]
-        if any(h.name in full for h in self.later):
-            self._mix_later(batch)
         if full:
             out.update(self._full(batch, full, rows, answer_alone))
         for n in step:  # the full read checks its own (read_rows)
