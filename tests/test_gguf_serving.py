@@ -188,9 +188,9 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     assert added and all(t.startswith("llamacpp-beside") for t in added)
 
 
-def test_heads_go_beside_a_one_row_step_when_llamacpp_threads_use_every_core(sides, monkeypatch):
+def test_heads_go_beside_the_decode_only_where_llamacpp_leaves_a_core_free(sides, monkeypatch):
     """LlamaCpp.beside's rule (overlap unset): with a core free, any decode; with every core used by llama.cpp's
-    threads, a one-row step only (measured to gain there and to lose at 2 and 8 rows); set, as set."""
+    threads, none (measured to lose there, one row or eight); set, as set."""
     _, numpy_side = sides
     engine = numpy_side.runtime.engine
     monkeypatch.setattr(engine, "overlap", None)
@@ -198,8 +198,11 @@ def test_heads_go_beside_a_one_row_step_when_llamacpp_threads_use_every_core(sid
     monkeypatch.setattr(engine, "cores", 4)
     assert engine.beside(1) and engine.beside(8) and engine.beside(512)
     monkeypatch.setattr(engine, "cores", 2)
-    assert engine.beside(1) and not engine.beside(2) and not engine.beside(512)
+    assert not engine.beside(1) and not engine.beside(2) and not engine.beside(512)
+    monkeypatch.setattr(engine, "overlap", True)
+    assert engine.beside(1)
     monkeypatch.setattr(engine, "overlap", False)
+    monkeypatch.setattr(engine, "cores", 4)
     assert not engine.beside(1)
 
 

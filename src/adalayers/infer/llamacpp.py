@@ -25,9 +25,9 @@ the rest of the graph (LM head included) is skipped (early exit, as Backbone's s
 
 A decode step's head work may run beside llama.cpp's own (decode's `during`, on a thread of its own): it takes
 the states as the compiled filter copies them (StateReader.ready), while llama.cpp computes the later layers and
-the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads),
-and for a one-row step beside threads that use every core; for more rows there it delays them (measured:
-benchmarks/llamacpp_numpy_heads.py --overlap on|off, docs/llm.md).
+the LM head. That is worth it where llama.cpp leaves a core free (`beside`: more usable cores than its threads);
+beside threads that use every core it delays them (measured: benchmarks/llamacpp_numpy_heads.py --overlap on|off,
+served heads in docs/llm.md).
 """
 from __future__ import annotations
 
@@ -285,12 +285,12 @@ class LlamaCpp:
     def beside(self, positions: int) -> bool:
         """Whether a decode of `positions` token positions (a step: one a row) runs its heads' work beside the
         decode (`during`): as set (overlap), else where llama.cpp leaves a core free (more usable cores than its
-        threads), or for a one-row step. Beside threads that use every core, a one-row step leaves llama.cpp's
-        threads waiting on each other often enough: gemma3-270m with four heads on 2 threads of 2 cores, a step
-        1.06 against 1.14 after the decode; at 2 and 8 rows it lost (1.12 against 1.09 a step at 8; docs/llm.md)."""
+        threads). Beside threads that use every core the work stalls them: gemma3-270m on 2 threads of 2 cores,
+        four served heads (a guard read each step), a one-row generation 1.21x the time without heads beside
+        against 1.14x after the decode; at 8 rows 1.12 against 1.09 a step (docs/llm.md)."""
         if not self.read_states:
             return False
-        return self.overlap if self.overlap is not None else self.cores > self.threads or positions == 1
+        return self.overlap if self.overlap is not None else self.cores > self.threads
 
     def side_thread(self) -> ThreadPoolExecutor:
         """The one thread that work beside this context's decodes runs on (decode's `during`, the taps of
