@@ -240,7 +240,7 @@ def test_a_state_the_decode_never_reaches_is_none_beside_it_and_errors_come_back
 
 
 def test_rows_that_leave_take_their_kept_states_with_them():
-    """SequenceBatch.keep: the decode steps' states kept for the heads read only whole (LATER_ROWS) keep only the
+    """SequenceBatch.keep: the decode steps' states kept for the heads not read at them (LATER_ROWS) keep only the
     rows that stay, in their steps' order; merge puts another batch's after them."""
     import numpy as np
 
