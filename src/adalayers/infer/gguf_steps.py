@@ -185,6 +185,8 @@ class SequencePasses:
         self.mix = LayerMix([h.task for h in heads]) if heads else None  # prefills and passes of many rows
         self.layers = used_layers(heads)
         self._mixes: dict[frozenset, tuple[LayerMix, list[int], list]] = {}  # a decode step's heads: their mix
+        if heads:  # every head read at a step: the same mix (one copy of the stacked W)
+            self._mixes[frozenset(self.tasks)] = self.mix, self.layers, list(heads)
         self.reads: dict[tuple[str, ...], IncrementalReads] = {}
         self.fed: dict[tuple[tuple, int], int] = {}       # (heads read together, row key) -> positions fed
         self.last: dict[tuple[tuple, int], list] = {}     # ... -> their values then
