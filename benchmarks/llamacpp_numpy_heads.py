@@ -161,7 +161,7 @@ class Gen:
             self.next = eng.decode(rows, outputs="last").argmax(-1)
             self.parts.setdefault("decode", []).append(time.perf_counter() - t0)
             return
-        if eng.beside(len(rows)):  # the heads' work beside the decode, as SequencePasses does
+        if eng.beside():  # the heads' work beside the decode, as SequencePasses does
             return self._step_beside(rows)
         t0 = time.perf_counter()
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
@@ -384,7 +384,7 @@ def main() -> None:
         results["settings"]["head_weight_bytes_a_step"] = sum(w.nbytes for t in heads for w in t.proj.values())
         results["settings"]["gguf_bytes"] = gguf_path(args.base).stat().st_size
         for batch in [int(b) for b in args.batch.split(",")]:
-            row = {"threads": threads, "batch": batch, "new": args.new, "beside": engine.beside(batch)}
+            row = {"threads": threads, "batch": batch, "new": args.new, "beside": engine.beside()}
             if "steps" not in skip:
                 row.update(paired(engine, tok, heads, batch, args.new, args.full_reads))
             if "whole" not in skip:

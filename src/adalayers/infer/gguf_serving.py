@@ -158,8 +158,7 @@ class GgufPredictor(PredictorBase):
                                        **GgufRuntime.sizes(ctx_size, parallel))
             if specs:
                 e = runtime.engine
-                log.info("heads' decode-step work: %s", "beside llama.cpp's decode" if e.beside(2) else
-                         "beside llama.cpp's decode for one row, after it for more" if e.beside(1) else
+                log.info("heads' decode-step work: %s", "beside llama.cpp's decode" if e.beside() else
                          "after each decode step")
             return cls(runtime, load_heads(runtime, specs, numpy_task), primary, **kw)
 

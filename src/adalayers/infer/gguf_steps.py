@@ -72,7 +72,7 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         decodes.append(current)
     logits = None if stop is not None else np.zeros((len(rows), engine.n_vocab), np.float32)
     parts: list[list] = [[[] for _ in rows] for _ in range(len(mix.tasks) if mix is not None else 0)]
-    side = engine.side_thread() if mix is not None and engine.beside(sum(len(r.tokens) for r in rows)) else None
+    side = engine.side_thread() if mix is not None and engine.beside() else None
     for d, pieces in enumerate(decodes):
         if d and between is not None:
             between(sum(len(p.tokens) for _, p, _ in decodes[d - 1]))
@@ -230,7 +230,7 @@ class SequencePasses:
 
     def _beside(self, rows: list[SeqRow]) -> bool:
         """A step whose head work runs beside llama.cpp's decode (LlamaCpp.beside: where it leaves a core free)."""
-        return bool(self.heads) and len(rows) <= GATHER_TOKENS and self.engine.beside(len(rows))
+        return bool(self.heads) and len(rows) <= GATHER_TOKENS and self.engine.beside()
 
     def _step_beside(self, batch: SequenceBatch, rows: list[SeqRow], stop: int | None,
                      reads: list[tuple[list[str], list[int]]]) -> np.ndarray | None:

@@ -282,9 +282,9 @@ class LlamaCpp:
         b.n_tokens = k
         return last
 
-    def beside(self, positions: int) -> bool:
-        """Whether a decode of `positions` token positions (a step: one a row) runs its heads' work beside the
-        decode (`during`): as set (overlap), else where llama.cpp leaves a core free (more usable cores than its
+    def beside(self) -> bool:
+        """Whether a decode (a step or a pass, of any number of rows) runs its heads' work beside the decode
+        (`during`): as set (overlap), else where llama.cpp leaves a core free (more usable cores than its
         threads). Beside threads that use every core the work stalls them: gemma3-270m on 2 threads of 2 cores,
         four served heads (a guard read each step), a one-row generation 1.16-1.17x the time without heads beside
         against 1.11-1.13x after the decode; at 8 rows 1.12 against 1.09 a step (benchmarks/heads_overlap.py,
