@@ -7,12 +7,11 @@ erfc(a), a = |x| / sqrt 2 >= 0, by Numerical Recipes' erfcc, a Chebyshev fit of 
     t = 1 / (1 + a/2),   erfc(a) = t exp(-a^2 + P(t)),   P a polynomial of degree 9 (_C)
 
 and 1 + erf(y) taken as erfc(|y|) for y < 0, so the small values of the negative side keep their precision.
-The exponential is written out so that the loop has no call in it (libm's expf, one call per element, stops
-the vectorizer; numpy's formula took ~25 passes over the array): y = n ln2 + r with n = round(y / ln2)
-(ln2 in two parts, Cody-Waite), e^r by its Taylor polynomial to r^7 (|r| <= ln2 / 2: relative error < 3e-9),
-2^n from its float32 bits; below y = -87 (|x| > ~13) Phi is flushed to 0, as float32's normal range ends.
+The exponential is infer/fast_exp.py's, inline, so that the loop has no call in it and vectorises (numpy's
+formula took ~25 passes over the array); below y = -87 (|x| > ~13) Phi is flushed to 0, as float32's normal
+range ends.
 
-gelu_kernel(x, out, bits) is numba's; gelu(x) the array function (any shape, float32 out). 8-17x numpy's
+gelu_kernel(x, out) is numba's; gelu(x) the array function (any shape, float32 out). 8-17x numpy's
 formula on the decode steps' and prefills' arrays (19 layers x rows x 640, gemma3-270m), equal to it within
 2.4e-7 (tests/test_numpy_heads.py holds it to math.erfc in float64).
 """
@@ -21,19 +20,17 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from adalayers.infer.fast_exp import exp_neg
+
 # erfcc's coefficients, P(t) = _C[0] + t (_C[1] + t (... + t _C[9]))
 _C = np.array([-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
                -0.82215223, 0.17087277], np.float32)
-_TAYLOR = np.array([1.0, 1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040], np.float32)  # e^r = sum r^j / j!
-_LN2_HI = np.float32(0.693145751953125)       # ln 2 = _LN2_HI + _LN2_LO, _LN2_HI exact in few bits: n _LN2_HI exact
-_LN2_LO = np.float32(1.428606765330187e-06)
-_LOG2E = np.float32(1.4426950408889634)
 _SQRT_HALF = np.float32(0.7071067811865476)
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def gelu_kernel(x, out, bits):
-    """out[i] = GELU(x[i]) for 1-d float32 x and out; bits: an int32 scratch array of x's size."""
+def gelu_kernel(x, out):
+    """out[i] = GELU(x[i]) for 1-d float32 x and out."""
     one, half, two = np.float32(1.0), np.float32(0.5), np.float32(2.0)
     for i in range(x.size):
         a = abs(x[i]) * _SQRT_HALF
@@ -41,19 +38,7 @@ def gelu_kernel(x, out, bits):
         p = _C[9]
         for j in range(8, -1, -1):
             p = _C[j] + t * p
-        y = p - a * a                           # erfc(a) = t e^y
-        under = y < np.float32(-87.0)           # Phi 0 in float32's normal range: flushed to 0 (bits 0: +0.0)
-        y = max(y, np.float32(-87.0))
-        n = np.floor(y * _LOG2E + half)
-        r = (y - n * _LN2_HI) - n * _LN2_LO
-        e = _TAYLOR[7]
-        for j in range(6, -1, -1):
-            e = _TAYLOR[j] + r * e
-        out[i] = t * e                          # erfc(a) / 2^n
-        bits[i] = 0 if under else (np.int32(n) + np.int32(127)) << np.int32(23)
-    scale = bits.view(np.float32)               # 2^n: n in [-126, 0], a normal float32's exponent bits
-    for i in range(x.size):
-        q = out[i] * scale[i]
+        q = t * exp_neg(p - a * a)              # erfc(a) = t e^(P(t) - a^2)
         out[i] = half * x[i] * ((two - q) if x[i] >= 0 else q)
     return out
 
@@ -62,5 +47,5 @@ def gelu(x: np.ndarray) -> np.ndarray:
     """GELU of an array of any shape and float dtype, as float32 (a new array)."""
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty_like(flat)
-    gelu_kernel(flat, out, np.empty(flat.shape, np.int32))
+    gelu_kernel(flat, out)
     return out.reshape(np.shape(x))

@@ -48,31 +48,32 @@ from adalayers.infer.numpy_heads import (ProbeHead, SequenceHead, Task, ensemble
 
 @dataclass
 class _Cache:
-    """One sequence's state for one group of H heads (nh attention heads of width dh, k features)."""
-    q: np.ndarray   # (H, nh, cap, dh), already scaled by dh^-1/2
-    kk: np.ndarray  # (H, nh, cap, dh)
-    v: np.ndarray   # (H, nh, cap, dh)
+    """One sequence's state for one group of H heads (nh attention heads of width dh, k features); q, kk, v and
+    a hold each feature's values over the positions side by side (online_softmax's layout)."""
+    q: np.ndarray   # (H, nh, dh, cap), already scaled by dh^-1/2
+    kk: np.ndarray  # (H, nh, dh, cap)
+    v: np.ndarray   # (H, nh, dh, cap)
     m: np.ndarray   # (H, nh, cap), float64
     l: np.ndarray   # (H, nh, cap), float64
-    a: np.ndarray   # (H, nh, cap, dh)
+    a: np.ndarray   # (H, nh, dh, cap)
     n: int = 0      # positions seen
 
     @classmethod
     def empty(cls, h: int, nh: int, dh: int, k: int) -> "_Cache":
         z = np.zeros
-        return cls(z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32), z((h, nh, 0, dh), np.float32),
-                   z((h, nh, 0), np.float64), z((h, nh, 0), np.float64), z((h, nh, 0, dh), np.float32))
+        return cls(z((h, nh, dh, 0), np.float32), z((h, nh, dh, 0), np.float32), z((h, nh, dh, 0), np.float32),
+                   z((h, nh, 0), np.float64), z((h, nh, 0), np.float64), z((h, nh, dh, 0), np.float32))
 
     def reserve(self, n: int) -> None:
         """Room for n positions (capacity doubled, so appending costs O(1) amortised)."""
-        cap = self.q.shape[2]
+        cap = self.m.shape[2]
         if n <= cap:
             return
         new = max(n, 2 * cap, 16)
         for name in ("q", "kk", "v", "m", "l", "a"):
             a = getattr(self, name)
-            grown = np.zeros((*a.shape[:2], new, *a.shape[3:]), a.dtype)
-            grown[:, :, :cap] = a
+            grown = np.zeros((*a.shape[:-1], new), a.dtype)
+            grown[..., :cap] = a
             setattr(self, name, grown)
 
 
@@ -113,7 +114,8 @@ class _Group:
         (online_softmax.extend, compiled)."""
         t, n = c.n, q.shape[2]
         c.reserve(t + n)
-        c.q[:, :, t:t + n], c.kk[:, :, t:t + n], c.v[:, :, t:t + n] = q, kk, v
+        for cached, new in ((c.q, q), (c.kk, kk), (c.v, v)):  # (H, nh, n, dh) -> positions last
+            cached[..., t:t + n] = np.swapaxes(new, 2, 3)
         online_softmax.extend(c.q, c.kk, c.v, c.m, c.l, c.a, t, n)
         c.n = t + n
 

@@ -5,81 +5,99 @@ output. Per head h, attention head g and query i the state is the running max m,
 accumulated values A (numpy_incremental's module doc):
 
     s_ij = q_i . k_j                     (q already scaled by dh^-1/2)
-    m_i' = max(m_i, max_j s_ij)          over the new keys j
-    l_i' = l_i e^(m_i - m_i') + sum_j e^(s_ij - m_i')
-    A_i' = A_i e^(m_i - m_i') + sum_j e^(s_ij - m_i') v_j
+    m_i' = max(m_i, s_ij)                for each new key j in turn
+    l_i' = l_i e^(m_i - m_i') + e^(s_ij - m_i')
+    A_i' = A_i e^(m_i - m_i') + e^(s_ij - m_i') v_j
 
-and a new query starts from m = -inf, l = 0, A = 0 over every key so far (the new ones included). Its output
-is A_i / l_i. numpy's batched products over (heads, attention heads) of 8-wide rows ran ~40 tiny products and
-a dozen passes over the state a sequence and step (0.24 ms at 130 positions, three heads of configs/cola.yaml);
-this is one loop nest, a few microseconds a decode step. tests/test_numpy_incremental.py holds the reads to the
-full read (numpy_heads.read_all) within float32 rounding.
+and a new query starts from m = max_j s_ij, l = sum_j e^(s_ij - m), A = sum_j e^(s_ij - m) v_j over every key so
+far (the new ones included). Its output is A_i / l_i. The arrays hold each feature's values over the positions
+side by side ((H, nh, dh, positions)), so that every loop over positions is elementwise and vectorised, the
+exponentials included (fast_exp.exp_neg, inline; libm's expf, one call per query, stopped it). A decode step
+of one head over 400 positions (8 attention heads of 8) took 97 us with a query's features side by side and
+libm's exponential, 30-45 us so. tests/test_numpy_incremental.py holds the reads to the full read
+(numpy_heads.read_all) within float32 rounding.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from adalayers.infer.fast_exp import exp_neg
+
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def extend(q, kk, v, m, l, a, t, n):
-    """Positions t..t+n-1, already written into q, kk, v (each (H, nh, cap, dh), float32), join the state: the
-    first t queries take the n new keys, the n new queries take all t + n keys. m, l (H, nh, cap, float64) and
-    a (H, nh, cap, dh, float32) updated in place. Scores, maxima and sums are float64 (over the long texts of a
-    generation the state is rescaled once a step)."""
-    H, nh, _, dh = q.shape
+    """Positions t..t+n-1, already written into q, kk, v (each (H, nh, dh, cap), float32: a feature's values
+    over the positions side by side, so that the loops over positions vectorise), join the state: the first t
+    queries take the n new keys, one key after the other, the n new queries take all t + n keys. m, l
+    (H, nh, cap, float64) and a (H, nh, dh, cap, float32) updated in place. Scores, maxima and sums are float64
+    (over the long texts of a generation the state is rescaled once a step); the exponentials are float32
+    (fast_exp.exp_neg, inline)."""
+    H, nh, dh, _ = q.shape
     s = np.empty(t + n, np.float64)
-    acc = np.empty(dh, np.float64)
+    e = np.empty(t + n, np.float32)
+    rescale = np.empty(t, np.float32)
     for h in range(H):
         for g in range(nh):
-            for i in range(t):
-                top = m[h, g, i]
-                for j in range(n):
-                    x = 0.0
-                    for c in range(dh):
-                        x += q[h, g, i, c] * kk[h, g, t + j, c]
-                    s[j] = x
-                    top = max(top, x)
-                if top > m[h, g, i]:  # one exponential of the two is e^0 = 1 at a one-token step
-                    scale = np.float64(np.exp(np.float32(m[h, g, i] - top)))
-                    total = l[h, g, i] * scale
-                    for c in range(dh):
-                        a[h, g, i, c] *= scale
-                else:
-                    total = l[h, g, i]
-                for j in range(n):
-                    p = np.float64(np.exp(np.float32(s[j] - top)))
-                    total += p
-                    for c in range(dh):
-                        a[h, g, i, c] += p * v[h, g, t + j, c]
-                m[h, g, i], l[h, g, i] = top, total
-            for i in range(t, t + n):
+            for j in range(t, t + n):  # a new key joins the old queries' states
+                s[:t] = 0.0
+                for c in range(dh):
+                    kc = np.float64(kk[h, g, c, j])
+                    for i in range(t):
+                        s[i] += q[h, g, c, i] * kc
+                for i in range(t):
+                    top = max(m[h, g, i], s[i])
+                    rescale[i] = exp_neg(np.float32(m[h, g, i] - top))
+                    e[i] = exp_neg(np.float32(s[i] - top))
+                    m[h, g, i] = top
+                    l[h, g, i] = l[h, g, i] * rescale[i] + e[i]
+                for c in range(dh):
+                    vc = v[h, g, c, j]
+                    for i in range(t):
+                        a[h, g, c, i] = a[h, g, c, i] * rescale[i] + e[i] * vc
+            for i in range(t, t + n):  # a new query over every key
+                s[:] = 0.0
+                for c in range(dh):
+                    qc = np.float64(q[h, g, c, i])
+                    for j in range(t + n):
+                        s[j] += qc * kk[h, g, c, j]
                 top = -np.inf
                 for j in range(t + n):
-                    x = 0.0
-                    for c in range(dh):
-                        x += q[h, g, i, c] * kk[h, g, j, c]
-                    s[j] = x
-                    top = max(top, x)
-                total = 0.0
-                acc[:] = 0.0
+                    top = max(top, s[j])
                 for j in range(t + n):
-                    p = np.float64(np.exp(np.float32(s[j] - top)))
-                    total += p
-                    for c in range(dh):
-                        acc[c] += p * v[h, g, j, c]
+                    e[j] = exp_neg(np.float32(s[j] - top))
                 for c in range(dh):
-                    a[h, g, i, c] = acc[c]
-                m[h, g, i], l[h, g, i] = top, total
+                    a[h, g, c, i] = _dot(e, v[h, g, c], t + n)
+                m[h, g, i], l[h, g, i] = top, _sum(e, t + n)
+
+
+# the sums below are reassociated so that the compiler vectorises them (partial sums side by side); only they are
+# compiled so: the exponentials keep their order of operations (fast_exp's two-part ln 2 depends on it)
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _dot(x, y, n):
+    """sum_j x[j] y[j] over j < n, in float64."""
+    total = 0.0
+    for j in range(n):
+        total += np.float64(x[j]) * np.float64(y[j])
+    return total
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _sum(x, n):
+    """sum_j x[j] over j < n, in float64."""
+    total = 0.0
+    for j in range(n):
+        total += np.float64(x[j])
+    return total
 
 
 @numba.njit(nogil=True, cache=True)
 def outputs(l, a, t, out, at):
     """Every position's attention output A / l, the attention heads side by side: out[h, at + i, g dh + c] for
     i < t (out (H, rows, nh dh), the rows of several sequences one after another)."""
-    H, nh, _, dh = a.shape
+    H, nh, dh, _ = a.shape
     for h in range(H):
         for i in range(t):
             for g in range(nh):
                 for c in range(dh):
-                    out[h, at + i, g * dh + c] = a[h, g, i, c] / l[h, g, i]
+                    out[h, at + i, g * dh + c] = a[h, g, c, i] / l[h, g, i]
