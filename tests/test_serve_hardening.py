@@ -62,7 +62,9 @@ def servers(runs, llm_runs):
     main: small limits, an API key, short read and keep-alive timeouts;
     busy: no key, big requests allowed and run whole (no slices), a queue of 2 and a 0.3 s deadline (heavy
           requests keep it busy);
-    llm: the tiny Llama (/generate works), a 2 s deadline and a queue of 2."""
+    llm: the tiny Llama (/generate works), a 2 s deadline and a queue of 2;
+    sliced: no key, big requests allowed, run in slices of 0.001 ms (waited for and used by
+            test_a_short_request_waits_for_one_slice_of_a_large_one alone: its counters are that test's)."""
     (runs["root"] / "key").write_text(KEY + "\n")
     llm = Server(llm_runs, "--request-timeout", "2", "--max-queue", "2")
     main = Server(runs, "--max-texts", "8", "--max-chars", "4000", "--max-tokens", "3000",
@@ -71,12 +73,15 @@ def servers(runs, llm_runs):
     busy = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
                   "--max-batch-tokens", "1000000", "--max-batch", "64", "--max-wait-ms", "0", "--max-queue", "2",
                   "--request-timeout", "0.3", "--slice-ms", "1000000")
+    sliced = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
+                    "--max-batch-tokens", "1000000", "--max-wait-ms", "0", "--slice-ms", "0.001")
     try:
-        yield {"main": main.wait_started(), "busy": busy.wait_started(), "llm": llm}
+        yield {"main": main.wait_started(), "busy": busy.wait_started(), "llm": llm, "sliced": sliced}
     finally:
         main.stop()
         busy.stop()
         llm.stop()
+        sliced.stop()
 
 
 @pytest.fixture(scope="module")
@@ -553,11 +558,10 @@ def test_generations_share_the_deadline_and_the_queue_of_predictions(llm_server)
     assert llm_server.health()["generations_stopped"] - before["generations_stopped"] == 3
 
 
-def test_a_short_request_waits_for_one_slice_of_a_large_one(runs):
+def test_a_short_request_waits_for_one_slice_of_a_large_one(servers):
     """A request of more work than --slice-ms runs in slices, each queued behind what arrived meanwhile: a short
     request sent while a large one runs is answered before it, and the large one's answer is its texts' in order."""
-    server = Server(runs, "--max-texts", "64", "--max-chars", "10000", "--max-tokens", "1000000",
-                    "--max-batch-tokens", "1000000", "--max-wait-ms", "0", "--slice-ms", "0.001").wait_started()
+    server = servers["sliced"].wait_started()  # started beside the module's other servers, for this test only
     try:
         first = httpx.post(f"{server.url}/predict", json={"texts": [SENT, SENT]}, timeout=60)  # measures tokens/s
         assert first.status_code == 200 and server.health()["base_tokens_per_s"] > 0
