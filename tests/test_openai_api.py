@@ -25,6 +25,7 @@ CONTENT = "the dog runs quickly"
 MODEL = "tiny-llama-chat"
 MESSAGES = [{"role": "user", "content": CONTENT}]
 TOP = {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
+CTX = 64  # the context of servers["small_ctx"]
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +46,20 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(folders):
-    """Started side by side: the decoder (with an API key) and the encoder."""
+    """Started side by side: the decoder (with an API key) and the encoder, waited for here, and the decoder with
+    no heads in a context of CTX tokens, waited for by the one test that uses it
+    (test_a_max_tokens_not_sent_fits_the_room_the_prompt_leaves)."""
     dec = ServeProcess(folders["base"], folders["heads"], folders["root"], "--api-key-file",
                        str(folders["root"] / "key"), "--max-chars", "200", "--max-wait-ms", "1")
     enc = ServeProcess(folders["enc"], folders["enc_heads"], folders["root"], "--max-wait-ms", "1")
+    small = ServeProcess(folders["base"], [], folders["root"], "--ctx-size", str(CTX), "--max-length", "128",
+                         "--max-wait-ms", "1")
     try:
-        yield {"dec": dec.wait_started(), "enc": enc.wait_started()}
+        yield {"dec": dec.wait_started(), "enc": enc.wait_started(), "small_ctx": small}
     finally:
         dec.stop()
         enc.stop()
+        small.stop()
 
 
 @pytest.fixture(scope="module")
@@ -336,19 +342,18 @@ def test_generations_are_bounded_and_a_client_that_leaves_frees_its_slot(tmp_pat
             assert r.status_code == 200, r.text
 
 
-def test_a_max_tokens_not_sent_fits_the_room_the_prompt_leaves(folders, side):
+def test_a_max_tokens_not_sent_fits_the_room_the_prompt_leaves(servers, side):
     """A completion or chat without max_tokens whose prompt leaves less than the default (16, 256) in the context
     is answered up to the context's end (`length`), not refused; a max_tokens the client sent past it is a 400
     naming it; a prompt that fills the context is a 400 saying so."""
     count = lambda t: len(side.backbone.tokenizer(t)["input_ids"])  # noqa: E731
-    ctx = 64
+    ctx = CTX
     prompt = "the dog"
     while count(prompt + " runs") < ctx - 6:
         prompt += " runs"
     n = count(prompt)
     assert ctx - 16 < n < ctx
-    server = ServeProcess(folders["base"], [], folders["root"], "--ctx-size", str(ctx), "--max-length", "128",
-                          "--max-wait-ms", "1")
+    server = servers["small_ctx"]  # --ctx-size CTX, no heads (started beside the module's other servers)
     try:
         c = openai.OpenAI(base_url=f"{server.wait_started().url}/v1", api_key="unused", max_retries=0, timeout=60)
         r = c.completions.create(model=MODEL, prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
