@@ -92,6 +92,7 @@ class Gen:
     def __init__(self, engine, tok, prompts: list[str], seqs: list[int], heads: list | None, new: int,
                  full_reads: bool = False):
         from adalayers.infer import numpy_heads as nh
+        from adalayers.infer.layer_mix import LayerMix
         from adalayers.infer.numpy_incremental import IncrementalReads
 
         self.engine, self.heads, self.nh = engine, heads, nh
@@ -101,12 +102,12 @@ class Gen:
         self.mask = np.zeros((len(prompts), width), bool)
         self.pos = [len(i) for i in self.ids]
         self.layers = sorted({i for t in heads for i in t.used_layers()}) if heads else []
-        self.mix = nh.LayerMix(heads) if heads else None  # the prefill's
+        self.mix = LayerMix(heads) if heads else None  # the prefill's
         # a step's: the sequence heads mixed at once, the token head's states kept and mixed LATER_ROWS rows at a
         # time (or at the final read), as gguf_steps.SequencePasses does
         self.now = [j for j, t in enumerate(heads or []) if t.kind != "token"]
         self.later = [j for j, t in enumerate(heads or []) if t.kind == "token"]
-        self.now_mix, self.later_mix = (nh.LayerMix([heads[j] for j in js]) if heads else None
+        self.now_mix, self.later_mix = (LayerMix([heads[j] for j in js]) if heads else None
                                         for js in (self.now, self.later))
         self.now_layers, self.later_layers = (sorted({i for j in js for i in heads[j].used_layers()}) if heads
                                               else [] for js in (self.now, self.later))

@@ -53,6 +53,7 @@ def head(config: str, kind: str, labels: list[str], L: int, d: int, bos: bool, s
 
 def compare(engine, tok, sentences: list[str], task, mine) -> dict:
     from adalayers.infer import numpy_heads as nh
+    from adalayers.infer.layer_mix import LayerMix
     from adalayers.infer.llamacpp import Row
 
     same = total = 0
@@ -66,7 +67,7 @@ def compare(engine, tok, sentences: list[str], task, mine) -> dict:
                       stop_after=max(wanted))
         engine.release(seq)
         mask = np.ones((1, len(ids)), bool)
-        mix = nh.LayerMix([mine])
+        mix = LayerMix([mine])
         mix.begin(len(ids))
         for i in sorted(states):
             mix.add(i, states[i])

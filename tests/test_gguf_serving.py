@@ -163,7 +163,7 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     the same states)."""
     import threading
 
-    from adalayers.infer import numpy_heads, numpy_incremental
+    from adalayers.infer import layer_mix, numpy_incremental
 
     _, numpy_side = sides
     engine = numpy_side.runtime.engine
@@ -175,8 +175,8 @@ def test_heads_beside_the_decode_give_the_values_of_heads_after_it(sides, monkey
     step = numpy_incremental.IncrementalReads.step
     monkeypatch.setattr(numpy_incremental.IncrementalReads, "step",
                         lambda self, *a: threads.append(threading.current_thread().name) or step(self, *a))
-    add = numpy_heads.LayerMix.add  # the prefill's states, mixed as llama.cpp computes the next layers
-    monkeypatch.setattr(numpy_heads.LayerMix, "add",
+    add = layer_mix.LayerMix.add  # the prefill's states, mixed as llama.cpp computes the next layers
+    monkeypatch.setattr(layer_mix.LayerMix, "add",
                         lambda self, *a: added.append(threading.current_thread().name) or add(self, *a))
     monkeypatch.setattr(engine, "overlap", True)
     beside = numpy_side.generate(TEXTS[:3], **kw), numpy_side.generate(TEXTS[:2], **guarded)

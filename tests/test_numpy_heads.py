@@ -3,6 +3,7 @@ the mixer fed layer by layer and all layers at once, several heads batched, an e
 without torch. The torch side is the obvious, slow reference: each SideTask's own tap() and end()/read()."""
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from adalayers.config import Config
 from adalayers.infer import numpy_heads as nh
+from adalayers.infer.layer_mix import LayerMix
 from adalayers.infer.numpy_runs import ensemble, load_task, task_from_state
 from adalayers.model.sidetask import SideTask
 
@@ -60,7 +62,7 @@ def batch(seed: int = 0):
 def numpy_accs(tasks: list[nh.Task], states, mask, all_at_once: bool) -> list[np.ndarray]:
     """The LayerMix over the real tokens only (as llama.cpp hands them), spread back to (B, T, k)."""
     keep = mask.numpy()
-    mix = nh.LayerMix(tasks)
+    mix = LayerMix(tasks)
     mix.begin(int(keep.sum()))
     zs = [z.numpy()[keep] for z in states]
     if all_at_once:
@@ -149,7 +151,7 @@ def test_probes_beside_mixer_heads_equal_torch():
     states, mask = batch(4)
     mine = [to_numpy(t) for t in tasks]
     for all_at_once in (False, True):
-        assert nh.LayerMix(mine).groups == {(D, True): [0, 2, 3], (16, False): [1, 4]}  # the probes' own group
+        assert LayerMix(mine).groups == {(D, True): [0, 2, 3], (16, False): [1, 4]}  # the probes' own group
         assert_read_all_equals_torch(tasks, mine, states, mask, all_at_once)
 
 
@@ -183,6 +185,33 @@ def test_gelu_is_the_exact_one():
     assert nh.gelu(z[:, ::2]).dtype == np.float32 and nh.gelu(z[:, ::2]).shape == (19, 2, 64)
     np.testing.assert_allclose(nh.gelu(z[:, ::2]), torch.nn.functional.gelu(torch.from_numpy(z[:, ::2])).numpy(),
                                atol=1e-6, rtol=0)
+
+
+def test_a_steps_few_rows_mix_in_the_compiled_kernel_as_layer_by_layer():
+    """LayerMix.add_layers on at most mix_kernel.ROWS rows (compiled calls, half of the rows on another thread
+    where one is given) and on more (the BLAS product) against add() layer by layer (numpy's path, held to torch
+    above): two groups of heads (k 16 and 8), some layers under a head's cutoff, a probe group beside them."""
+    from adalayers.infer.mix_kernel import ROWS
+
+    tasks = [to_numpy(make("sequence", seed=s)) for s in range(3)] + [to_numpy(make("sequence", k=8, seed=3))]
+    assert any(len(t.proj) < L for t in tasks)  # a layer some head does not read: its weight is 0 in the stack
+    tasks.append(to_numpy(probe("sequence", 2, "mean", 6)))
+    rng = np.random.default_rng(5)
+    for n in (1, 5, ROWS, ROWS + 3):
+        z = (rng.standard_normal((L, n, D)) * 2).astype(np.float32)
+        fused, layered = LayerMix(tasks), LayerMix(tasks)
+        fused.begin(n)
+        fused.add_layers(list(range(L)), z)
+        layered.begin(n)
+        for i in range(L):
+            layered.add(i, z[i])
+        split = LayerMix(tasks)  # half of the rows on another thread: the same values, bit for bit
+        split.begin(n)
+        with ThreadPoolExecutor(1) as pool:
+            split.add_layers(list(range(L)), z, pool)
+        for a, b, c in zip(fused.take(), layered.take(), split.take()):
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+            assert np.array_equal(a, c)
 
 
 def test_the_inline_exponential_is_exp_to_float32_precision():
@@ -221,10 +250,10 @@ def test_run_folder_loads_without_torch(tmp_path):
     np.save(tmp_path / "states.npy", torch.stack(states).numpy())
     np.save(tmp_path / "mask.npy", mask.numpy())
     code = (f"import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
-            f"import numpy as np\nfrom adalayers.infer import numpy_heads as nh\n"
+            f"import numpy as np\nfrom adalayers.infer.layer_mix import LayerMix\n"
             f"from adalayers.infer.numpy_runs import load_task\n"
             f"t = load_task({str(tmp_path)!r})[0]\nz = np.load({str(tmp_path / 'states.npy')!r})\n"
-            f"m = np.load({str(tmp_path / 'mask.npy')!r})\nmix = nh.LayerMix([t]); mix.begin(int(m.sum()))\n"
+            f"m = np.load({str(tmp_path / 'mask.npy')!r})\nmix = LayerMix([t]); mix.begin(int(m.sum()))\n"
             f"mix.add_layers(list(range(z.shape[0])), z[:, m])\nacc = np.zeros((*m.shape, t.k), np.float32)\n"
             f"acc[m] = mix.take()[0]\nnp.save({str(tmp_path / 'out.npy')!r}, t.read(acc, m))\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -35,7 +35,8 @@ from adalayers.infer.llamacpp import LlamaCpp, Row, gguf_path
 from adalayers.infer.llamacpp_share import ContextShare
 from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows, read_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
-from adalayers.infer.numpy_heads import LayerMix, gelu
+from adalayers.infer.layer_mix import LayerMix
+from adalayers.infer.numpy_heads import gelu
 from adalayers.infer.numpy_runs import load_task
 from adalayers.infer.predictor_base import PredictorBase
 from adalayers.store.head_spec import parse_heads

@@ -4,7 +4,7 @@ infer/generate.Generation runs one loop for every runtime; this module is what a
 serving path (adalayers.infer.gguf_serving):
 
     prefill   the prompts' tokens as llama.cpp sequences from position 0 (rows in groups of one llama_decode),
-              the heads' accumulators F fed by the eval callback (numpy_heads.LayerMix); the rows already
+              the heads' accumulators F fed by the eval callback (layer_mix.LayerMix); the rows already
               generating may step between two of its llama_decodes (`between`: serve's scheduler)
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
@@ -33,7 +33,8 @@ import numpy as np
 from adalayers.errors import ModelError
 from adalayers.infer.heads import used_layers
 from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
-from adalayers.infer.numpy_heads import LayerMix, probabilities, read_all
+from adalayers.infer.layer_mix import LayerMix
+from adalayers.infer.numpy_heads import probabilities, read_all
 from adalayers.infer.numpy_incremental import IncrementalReads
 from adalayers.infer.request import Row
 

@@ -1,0 +1,53 @@
+"""A decode step's layer mix of a few rows in one compiled call (numba): LayerMix.add_layers where n is small.
+
+For the heads of one group (H heads of width k) and the states of layers l = 1..L of n rows, already through
+GELU (a = GELU(Z)):
+
+    f_lrh = LayerNorm_noaffine(a_lr W_lh^T)          (W_lh^T: columns h k .. (h+1) k of w_t[l], d x H k)
+    acc_rh += sum_l w_lh f_lrh                        (w_lh: head h's weight of layer l, 0 where it does not read l)
+
+numpy's path (a stacked (L, n, d) x (L, d, H k) product, a LayerNorm of a few passes, an einsum) is a dozen
+calls on small arrays a step, each a pass over cold memory after llama.cpp's decode has streamed the model's
+weights through the caches; here each W_l is read once, row after row of d, the n rows' products side by side
+in a buffer that stays in L1, then normalised and summed in place. For n of a decode step (one row a
+generating sequence) only; a prefill's hundreds of rows stay with the BLAS product (layer_mix.LayerMix).
+Float32 as numpy's path; LayerNorm's mean and variance in float64. tests/test_numpy_heads.py holds it to the
+numpy path, which is held to torch's.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
+ROWS = 16   # LayerMix.add_layers mixes at most this many rows here, more with the BLAS product
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def mix_rows(a, w_t, w, acc, r0, r1):
+    """Rows r0..r1-1 of a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k)
+    float32, added to (each row alone: a range's values do not depend on the range)."""
+    L, _, d = a.shape
+    H, k = acc.shape[1], acc.shape[2]
+    y = np.empty((r1 - r0, H * k), np.float32)
+    for li in range(L):
+        y[:] = 0.0
+        for i in range(d):
+            for r in range(r1 - r0):
+                x = a[li, r0 + r, i]
+                for o in range(H * k):
+                    y[r, o] += x * w_t[li, i, o]
+        for r in range(r1 - r0):
+            for h in range(H):
+                if w[li, h] == 0.0:
+                    continue
+                mean = 0.0
+                for o in range(h * k, (h + 1) * k):
+                    mean += y[r, o]
+                mean /= k
+                var = 0.0
+                for o in range(h * k, (h + 1) * k):
+                    var += (y[r, o] - mean) ** 2
+                scale = w[li, h] / np.sqrt(var / k + EPS)
+                for o in range(k):
+                    acc[r0 + r, h, o] += np.float32((y[r, h * k + o] - mean) * scale)
