@@ -91,7 +91,6 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
 
     tmp, cfg_path, cfg, env = setup
     monkeypatch.setenv("ADALAYERS_CACHE", env["ADALAYERS_CACHE"])
-    one = service.train(cfg, tmp / "one")  # one process, in this one
 
     victim = torchrun(cfg_path, tmp / "two", env)
     log = tmp / "two" / "log.jsonl"
@@ -104,6 +103,7 @@ def test_two_processes_match_one_and_resume_after_rank_1_is_killed(setup, monkey
     assert not (tmp / "two" / "metrics.json").exists(), "the run finished before rank 1 could be killed"
 
     resumed = torchrun(cfg_path, tmp / "two", env)  # the same command: an unfinished run folder resumes
+    one = service.train(cfg, tmp / "one")  # one process, in this one (while the resumed run trains: no file shared)
     assert resumed.wait(timeout=600) == 0, resumed.output()
     out = resumed.output()
     assert "resuming" in out and out.count('"trainable_params"') == 1  # rank 0 alone reports
