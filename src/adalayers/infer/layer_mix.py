@@ -8,12 +8,9 @@ to each other.
 """
 from __future__ import annotations
 
-from concurrent.futures import Executor
-
 import numpy as np
 
 from adalayers.infer.numpy_heads import Task, gelu, layer_norm
-from adalayers.infer.split import in_two
 
 
 class LayerMix:
@@ -71,12 +68,11 @@ class LayerMix:
             else:
                 acc[:, live] += f * w
 
-    def add_layers(self, layers: list[int], z: np.ndarray, pool: Executor | None = None) -> None:
+    def add_layers(self, layers: list[int], z: np.ndarray) -> None:
         """Layers `layers` at once, z (L, n, d): one GELU, per group one (L, n, d) x (L, d, H k) product, one
         LayerNorm and one weighted sum over the layers (a head that does not read layer i has W_i and w_i 0).
         The probes' group: LayerNorm(GELU(Z_i)) of the layers some probe reads, weighted per probe. A step's
-        few rows: compiled calls instead (infer/mix_kernel.py, imported at the first call as gelu's), half of the
-        rows on `pool` (infer/split.py)."""
+        few rows: one compiled call a group instead (infer/mix_kernel.py, imported at the first call as gelu's)."""
         from adalayers.infer.mix_kernel import ROWS, mix_rows
         a = gelu(z)
         for g, acc in self._acc.items():
@@ -84,9 +80,8 @@ class LayerMix:
             if w_t is None:  # w: (the layers some probe reads, probes)
                 acc += np.einsum("lh,lnk->nhk", w, layer_norm(a[read]))
                 continue
-            if (n := a.shape[1]) <= ROWS:
-                in_two(pool if n > 1 else None, lambda: mix_rows(a, w_t, w, acc, 0, n // 2),
-                       lambda: mix_rows(a, w_t, w, acc, n // 2, n))
+            if a.shape[1] <= ROWS:
+                mix_rows(a, w_t, w, acc)
             else:  # einsum with no optimize=: its path search costs more than the sum
                 acc += np.einsum("lh,lnhk->nhk", w, layer_norm(np.matmul(a, w_t).reshape(*a.shape[:2], *acc.shape[1:])))
 

@@ -24,20 +24,19 @@ ROWS = 16   # LayerMix.add_layers mixes at most this many rows here, more with t
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def mix_rows(a, w_t, w, acc, r0, r1):
-    """Rows r0..r1-1 of a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k)
-    float32, added to (each row alone: a range's values do not depend on the range)."""
-    L, _, d = a.shape
+def mix_rows(a, w_t, w, acc):
+    """a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k) float32, added to."""
+    L, n, d = a.shape
     H, k = acc.shape[1], acc.shape[2]
-    y = np.empty((r1 - r0, H * k), np.float32)
+    y = np.empty((n, H * k), np.float32)
     for li in range(L):
         y[:] = 0.0
         for i in range(d):
-            for r in range(r1 - r0):
-                x = a[li, r0 + r, i]
+            for r in range(n):
+                x = a[li, r, i]
                 for o in range(H * k):
                     y[r, o] += x * w_t[li, i, o]
-        for r in range(r1 - r0):
+        for r in range(n):
             for h in range(H):
                 if w[li, h] == 0.0:
                     continue
@@ -50,4 +49,4 @@ def mix_rows(a, w_t, w, acc, r0, r1):
                     var += (y[r, o] - mean) ** 2
                 scale = w[li, h] / np.sqrt(var / k + EPS)
                 for o in range(k):
-                    acc[r0 + r, h, o] += np.float32((y[r, h * k + o] - mean) * scale)
+                    acc[r, h, o] += np.float32((y[r, h * k + o] - mean) * scale)
