@@ -11,7 +11,8 @@ complete it never changes while decoding, so per sequence and per group of heads
 and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
 against every cached query (the old queries' states updated), the new queries against every key (both one
 compiled loop nest a sequence, infer/online_softmax.py), then the attention output A_ih / l_ih of every
-sequence's positions side by side, their out-projection (one stacked product for all the step's sequences),
+sequence's positions side by side (features by positions, as the caches hold them: no transpose), their
+out-projection (one stacked product for all the step's sequences),
 GELU, each head's pooling and output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step,
 instead of the full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
 Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
@@ -89,8 +90,8 @@ class _Group:
         self.dh = self.k // self.nh
         self.w_in = np.stack([h.in_w.T for h in self.heads]).astype(np.float32)           # (H, k, 3k)
         self.b_in = np.stack([h.in_b for h in self.heads]).astype(np.float32)[:, None]     # (H, 1, 3k)
-        self.w_o = np.stack([h.out_proj_w.T for h in self.heads]).astype(np.float32)          # (H, k, k)
-        self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, None]  # (H, 1, k)
+        self.w_o = np.stack([h.out_proj_w for h in self.heads]).astype(np.float32)            # (H, k out, k in)
+        self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, :, None]  # (H, k, 1)
 
     def empty(self) -> _Cache:
         return _Cache.empty(len(self.heads), self.nh, self.dh, self.k)
@@ -120,23 +121,26 @@ class _Group:
         c.n = t + n
 
     def read(self, caches: list[_Cache]) -> list[list[np.ndarray]]:
-        """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih side by
-        side (every sequence's rows in one array), the out-projection (one stacked product for all of them),
-        GELU, each sequence's pooling, linear. -> per sequence, per head."""
+        """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih in the
+        caches' layout, features by positions (every sequence's positions side by side in one array), the
+        out-projection (one stacked product for all of them), GELU, each sequence's pooling over its positions,
+        linear. -> per sequence, per head."""
+        H, nh, dh = len(self.heads), self.nh, self.dh
         ends = np.cumsum([0] + [c.n for c in caches])
-        att = np.empty((len(self.heads), ends[-1], self.k), np.float32)
+        att = np.empty((H, self.k, ends[-1]), np.float32)
         for c, at in zip(caches, ends):
-            online_softmax.outputs(c.l, c.a, c.n, att, at)
-        x = gelu(np.matmul(att, self.w_o) + self.b_o)                                 # (H, rows, k)
+            inv = (1.0 / c.l[:, :, :c.n]).astype(np.float32)[:, :, None]              # (H, nh, 1, n)
+            np.multiply(c.a[..., :c.n], inv, out=att[:, :, at:at + c.n].reshape(H, nh, dh, c.n))
+        x = gelu(np.matmul(self.w_o, att) + self.b_o)                                  # (H, k, positions)
         outs = []
         for j, head in enumerate(self.heads):
             if head.pooling == "max":
-                pooled = np.maximum.reduceat(x[j], ends[:-1])
+                pooled = np.maximum.reduceat(x[j], ends[:-1], axis=1)
             elif head.pooling in ("first", "last"):
-                pooled = x[j][ends[:-1] if head.pooling == "first" else ends[1:] - 1]
+                pooled = x[j][:, ends[:-1] if head.pooling == "first" else ends[1:] - 1]
             else:
-                pooled = np.add.reduceat(x[j], ends[:-1]) / np.diff(ends)[:, None].astype(np.float32)
-            outs.append(head.output(pooled))                                            # (sequences, C)
+                pooled = np.add.reduceat(x[j], ends[:-1], axis=1) / np.diff(ends).astype(np.float32)
+            outs.append(head.output(np.ascontiguousarray(pooled.T)))                      # (sequences, C)
         return [[y[b] for y in outs] for b in range(len(caches))]
 
 

@@ -89,15 +89,3 @@ def _sum(x, n):
     for j in range(n):
         total += np.float64(x[j])
     return total
-
-
-@numba.njit(nogil=True, cache=True)
-def outputs(l, a, t, out, at):
-    """Every position's attention output A / l, the attention heads side by side: out[h, at + i, g dh + c] for
-    i < t (out (H, rows, nh dh), the rows of several sequences one after another)."""
-    H, nh, dh, _ = a.shape
-    for h in range(H):
-        for i in range(t):
-            for g in range(nh):
-                for c in range(dh):
-                    out[h, at + i, g * dh + c] = a[h, g, c, i] / l[h, g, i]
