@@ -12,10 +12,10 @@ accumulated values A (numpy_incremental's module doc):
 and a new query starts from m = max_j s_ij, l = sum_j e^(s_ij - m), A = sum_j e^(s_ij - m) v_j over every key so
 far (the new ones included). Its output is A_i / l_i. The arrays hold each feature's values over the positions
 side by side ((H, nh, dh, positions)), so that every loop over positions is elementwise and vectorised, the
-exponentials included (fast_exp.exp_neg, inline; libm's expf, one call per query, stopped it). A decode step
-of one head over 400 positions (8 attention heads of 8) took 97 us with a query's features side by side and
-libm's exponential, 30-45 us so. tests/test_numpy_incremental.py holds the reads to the full read
-(numpy_heads.read_all) within float32 rounding.
+exponentials included (fast_exp.exp_neg, inline; libm's expf, one call per query, stopped it): a decode step
+of one head over 400 positions (8 attention heads of 8) takes about a third of the time it took with a query's
+features side by side and libm's exponential (docs/llm.md has the step's reads in the paired benchmark).
+tests/test_numpy_incremental.py holds the reads to the full read (numpy_heads.read_all) within float32 rounding.
 """
 from __future__ import annotations
 
