@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from adalayers.infer.numpy_heads import Task, gelu, layer_norm
+from adalayers.infer.numpy_heads import Scratch, Task, gelu, layer_norm
 
 
 class LayerMix:
@@ -36,6 +36,7 @@ class LayerMix:
         self._plans = {(g, i): self._plan(g, members, i) for g, members in self.groups.items() for i in layers}
         self._stacks: dict[tuple, tuple] = {}
         self._acc: dict[tuple[int, bool], np.ndarray] = {}
+        self._scratch = Scratch(1)  # add_layers' GELU of the states
 
     def _plan(self, group: tuple[int, bool], members: list[int], i: int
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray] | None:
@@ -74,7 +75,7 @@ class LayerMix:
         The probes' group: LayerNorm(GELU(Z_i)) of the layers some probe reads, weighted per probe. A step's
         few rows: one compiled call a group instead (infer/mix_kernel.py, imported at the first call as gelu's)."""
         from adalayers.infer.mix_kernel import ROWS, mix_rows
-        a = gelu(z)
+        a = gelu(z, out=self._scratch.get(0, z.shape))  # valid until the next add_layers
         for g, acc in self._acc.items():
             w_t, w, read = self._stack(g, tuple(layers))
             if w_t is None:  # w: (the layers some probe reads, probes)

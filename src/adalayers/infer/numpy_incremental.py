@@ -43,8 +43,8 @@ from typing import Hashable
 import numpy as np
 
 from adalayers.infer import online_softmax
-from adalayers.infer.numpy_heads import (ProbeHead, SequenceHead, Task, ensemble_answer, gelu, linear_output,
-                                        position_table, read_all)
+from adalayers.infer.numpy_heads import (ProbeHead, Scratch, SequenceHead, Task, ensemble_answer, gelu,
+                                        linear_output, position_table, read_all)
 
 
 @dataclass
@@ -92,6 +92,7 @@ class _Group:
         self.b_in = np.stack([h.in_b for h in self.heads]).astype(np.float32)[:, None]     # (H, 1, 3k)
         self.w_o = np.stack([h.out_proj_w for h in self.heads]).astype(np.float32)            # (H, k out, k in)
         self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, :, None]  # (H, k, 1)
+        self._scratch = Scratch(2)                                                            # read()'s arrays
 
     def empty(self) -> _Cache:
         return _Cache.empty(len(self.heads), self.nh, self.dh, self.k)
@@ -127,11 +128,13 @@ class _Group:
         linear. -> per sequence, per head."""
         H, nh, dh = len(self.heads), self.nh, self.dh
         ends = np.cumsum([0] + [c.n for c in caches])
-        att = np.empty((H, self.k, ends[-1]), np.float32)
+        att, y = (self._scratch.get(j, (H, self.k, ends[-1])) for j in range(2))
         for c, at in zip(caches, ends):
             inv = (1.0 / c.l[:, :, :c.n]).astype(np.float32)[:, :, None]              # (H, nh, 1, n)
             np.multiply(c.a[..., :c.n], inv, out=att[:, :, at:at + c.n].reshape(H, nh, dh, c.n))
-        x = gelu(np.matmul(self.w_o, att) + self.b_o)                                  # (H, k, positions)
+        np.matmul(self.w_o, att, out=y)
+        y += self.b_o
+        x = gelu(y, out=att)  # (H, k, positions), over att: in place (out=y) the vectorised loop falls back to scalar
         outs = []
         for j, head in enumerate(self.heads):
             if head.pooling == "max":
