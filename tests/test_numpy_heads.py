@@ -210,7 +210,7 @@ def test_a_steps_few_rows_mix_in_the_compiled_kernel_as_layer_by_layer():
 
 def test_the_inline_exponential_is_exp_to_float32_precision():
     """fast_exp.exp_neg (GELU's and the incremental reads' e^y, y <= 0) against math.exp in float64: relative
-    error within 2 float32 ulps down to -87, exactly 1 at 0, 0 below -87 (flushed) and at -inf."""
+    error within 2 float32 ulps down to -87, exactly 1 at 0, 0 below -87 (flushed) and at -inf, NaN at NaN."""
     import math
 
     from adalayers.infer.fast_exp import exp_neg_array
@@ -222,6 +222,8 @@ def test_the_inline_exponential_is_exp_to_float32_precision():
     assert got[-1] == got[-2] == 1.0
     tail = np.float32([-87.01, -100.0, -1e30, -np.inf])
     assert not exp_neg_array(tail, np.empty_like(tail)).any()
+    nan = np.float32([np.nan])  # a NaN score stays NaN, so that a head fed NaN states fails loudly (its read's check)
+    assert np.isnan(exp_neg_array(nan, np.empty_like(nan))).all()
 
 
 def test_run_folder_loads_without_torch(tmp_path):

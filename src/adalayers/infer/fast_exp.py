@@ -6,8 +6,9 @@ libm's expf, one call per element, stops LLVM's vectorizer; written out it is a 
     e^r = sum_{j<=7} r^j / j!            (|r| <= ln2 / 2: relative error < 3e-9)
     2^n                                  from its float32 bits, (n + 127) << 23 reinterpreted (an LLVM bitcast)
 
-Below y = -87 the result is flushed to 0 (float32's normal range ends at 2^-126); y > 0 is not handled (the
-callers' arguments are a running maximum's differences or -a^2 terms, never positive).
+Below y = -87 the result is flushed to 0 (float32's normal range ends at 2^-126) and NaN stays NaN (a head fed
+NaN states fails its read's check); y > 0 is not handled (the callers' arguments are a running maximum's
+differences or -a^2 terms, never positive).
 Used by gelu_kernel (the exact GELU's erfc) and online_softmax (the per-step update's two exponentials);
 tests/test_numpy_heads.py holds it to math.exp in float64.
 """
