@@ -8,7 +8,7 @@ serving path (adalayers.infer.gguf_serving):
               generating may step between two of its llama_decodes (`between`: serve's scheduler)
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
-              once (LayerMix.add_layers: one batched product per head group); or, where llama.cpp leaves a core
+              once (LayerMix.add_layers: one compiled call per head group); or, where llama.cpp leaves a core
               free (LlamaCpp.beside), mixed on a thread beside the decode once the deepest state read is
               copied, while llama.cpp computes the rest, the step's sequence-head reads done there too
               heads not read at a step (a head asked for at the end, a token head) are mixed later, many steps'
