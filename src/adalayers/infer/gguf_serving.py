@@ -36,7 +36,7 @@ from adalayers.infer.llamacpp_share import ContextShare
 from adalayers.infer.gguf_steps import OUTPUTS_AT_ONCE, decode_rows, read_rows
 from adalayers.infer.llamacpp_tokenizer import GgufTokenizer
 from adalayers.infer.layer_mix import LayerMix
-from adalayers.infer.numpy_heads import gelu
+from adalayers.infer.numpy_incremental import IncrementalReads
 from adalayers.infer.numpy_runs import load_task
 from adalayers.infer.predictor_base import PredictorBase
 from adalayers.store.head_spec import parse_heads
@@ -138,6 +138,23 @@ def numpy_task(path: Path, base: GgufRuntime):
     return task, cfg
 
 
+def warm_up(tasks: list, d: int) -> None:
+    """The compiled kernels of the heads' work (GELU, the step's mix, the incremental reads: numba) loaded from
+    numba's cache, or compiled, now rather than in the first request: one zero row of the states they read
+    mixed by all the heads, then read as a prompt of two rows and a step of one."""
+    if not tasks:
+        return
+    mix, layers = LayerMix(tasks), sorted(set().union(*(t.used_layers() for t in tasks)))
+    mix.begin(1)
+    mix.add_layers(layers, np.zeros((len(layers), 1, d), np.float32))
+    mix.take()
+    seq = [t for t in tasks if IncrementalReads.applies(t)]
+    if seq:
+        reads = IncrementalReads(seq)
+        for n in (2, 1):
+            reads.step(["warm-up"], [np.zeros((n, t.k * (len(t.members) or 1)), np.float32) for t in seq], [n])
+
+
 class GgufPredictor(PredictorBase):
     """PredictorBase (rows, answers) over llama.cpp with numpy heads: what `adalayers serve --runtime llama.cpp`
     serves (see the module doc)."""
@@ -152,8 +169,6 @@ class GgufPredictor(PredictorBase):
 
         threadpool_limits(1, "blas")  # the heads' small products on one thread: OpenBLAS' spinning threads
         specs = list(parse_heads(heads))  # would compete with llama.cpp's own
-        if specs:
-            gelu(np.zeros(1, np.float32))  # the compiled GELU loaded (or compiled) now, not in the first request
         with trusting(trust_unverified):
             runtime = GgufRuntime.load(base, threads=threads, heads=bool(specs),
                                        **GgufRuntime.sizes(ctx_size, parallel))
@@ -161,7 +176,9 @@ class GgufPredictor(PredictorBase):
                 e = runtime.engine
                 log.info("heads' decode-step work: %s", "beside llama.cpp's decode" if e.beside() else
                          "after each decode step")
-            return cls(runtime, load_heads(runtime, specs, numpy_task), primary, **kw)
+            loaded = load_heads(runtime, specs, numpy_task)
+            warm_up([h.task for h in loaded], runtime.hidden_size)
+            return cls(runtime, loaded, primary, **kw)
 
     def __init__(self, runtime: GgufRuntime, heads: list[Head], primary: bool = True, **kw):
         super().__init__(runtime, heads, primary, **kw)
