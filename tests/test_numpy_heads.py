@@ -190,22 +190,28 @@ def test_a_steps_few_rows_mix_in_the_compiled_kernel_as_layer_by_layer():
     """LayerMix.add_layers on at most mix_kernel.ROWS rows (one compiled call a group) and on more (the BLAS
     product) against add() layer by layer (numpy's path, held to torch above): two groups of heads (k 16 and 8),
     some layers under a head's cutoff, a probe group beside them."""
+    import numba
+
+    from adalayers.infer import kernel_threads
     from adalayers.infer.mix_kernel import ROWS
 
     tasks = [to_numpy(make("sequence", seed=s)) for s in range(3)] + [to_numpy(make("sequence", k=8, seed=3))]
     assert any(len(t.proj) < L for t in tasks)  # a layer some head does not read: its weight is 0 in the stack
     tasks.append(to_numpy(probe("sequence", 2, "mean", 6)))
     rng = np.random.default_rng(5)
-    for n in (1, 5, ROWS, ROWS + 3):
-        z = (rng.standard_normal((L, n, D)) * 2).astype(np.float32)
-        fused, layered = LayerMix(tasks), LayerMix(tasks)
-        fused.begin(n)
-        fused.add_layers(list(range(L)), z)
-        layered.begin(n)
-        for i in range(L):
-            layered.add(i, z[i])
-        for a, b in zip(fused.take(), layered.take()):
-            np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+    for threads in (1, 2):  # the kernel's layers split among numba's threads (kernel_threads.use) or not
+        kernel_threads.use(threads)
+        for n in (1, 5, ROWS, ROWS + 3):
+            z = (rng.standard_normal((L, n, D)) * 2).astype(np.float32)
+            fused, layered = LayerMix(tasks), LayerMix(tasks)
+            fused.begin(n)
+            fused.add_layers(list(range(L)), z)
+            layered.begin(n)
+            for i in range(L):
+                layered.add(i, z[i])
+            for a, b in zip(fused.take(), layered.take()):
+                np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+    kernel_threads.use(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_the_inline_exponential_is_exp_to_float32_precision():

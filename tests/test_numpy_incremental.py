@@ -90,6 +90,30 @@ def test_steps_equal_the_full_read(skip_bos):
     assert sorted(reads.sequences) == ["b", "d"]
 
 
+def test_wide_heads_on_one_or_two_kernel_threads():
+    """Heads of the configs' width (k 64, 8 attention heads: the compiled read's output blocks split among
+    threads) read the same on one and two kernel threads (kernel_threads.use: each (head, block) or (head,
+    attention head) pair is computed alike whatever thread takes it), and as the full read."""
+    import numba
+
+    from adalayers.infer import kernel_threads
+
+    rng = np.random.default_rng(2)
+    ts = [seq_task(rng, 64, p, num_heads=8) for p in ("mean", "max", "first", "last")]
+    new = [[rng.standard_normal((n, 64)).astype(np.float32) for _ in ts] for n in (6, 1, 1, 1)]
+    got = {}
+    for threads in (1, 2):
+        kernel_threads.use(threads)
+        reads = IncrementalReads(ts)
+        for rows in new:
+            got[threads] = reads.step(["x"], rows, [len(rows[0])])
+    kernel_threads.use(numba.config.NUMBA_NUM_THREADS)
+    whole = {"x": [np.concatenate([rows[j] for rows in new]) for j in range(len(ts))]}
+    for one, two, want in zip(got[1], got[2], full_read(ts, whole, ["x"], rng)):
+        np.testing.assert_array_equal(one, two)
+        np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
 def test_long_text_one_row_at_a_time():
     """Many steps on one sequence (the online softmax's rescaling over a long text), against the full read."""
     rng = np.random.default_rng(1)

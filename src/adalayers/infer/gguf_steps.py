@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from adalayers.errors import ModelError
+from adalayers.infer import kernel_threads
 from adalayers.infer.heads import used_layers
 from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
 from adalayers.infer.layer_mix import LayerMix
@@ -219,6 +220,7 @@ class SequencePasses:
             logits = self._step_beside(batch, rows, stop, reads)
         elif self.heads and len(rows) <= GATHER_TOKENS:  # a step: the compiled gather
             logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
+            kernel_threads.use(self.engine.threads)  # the heads' kernels on llama.cpp's threads, idle now
             self._step_mix(batch, len(rows), self.engine.states().__getitem__, reads)
         else:
             logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, stop)
@@ -245,6 +247,7 @@ class SequencePasses:
         def during(state):
             if state(self.layers[-1]) is None:  # the decode ended without it: decode raises why
                 return
+            kernel_threads.use(1)  # llama.cpp's threads are computing: the kernels on this one
             self._step_mix(batch, len(rows), state, reads)
             mixed.append(True)
             for names, idx in reads:

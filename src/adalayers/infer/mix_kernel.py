@@ -19,17 +19,35 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
+
 EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
 ROWS = 16   # LayerMix.add_layers mixes at most this many rows here, more with the BLAS product
+LAYERS = 2  # layers a run of mix_rows sums (runs split among threads: 19 layers, 10 runs, 5 a thread on 2)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
+def mix_rows(a, w_t, w, acc):
+    """a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k) float32, added to.
+    The layers are taken LAYERS at a time, each run summed on its own, the runs split among the calling thread's
+    numba threads (kernel_threads.use); their sums are added to acc in order, so that the result is the same
+    to the bit on any number of threads."""
+    L = a.shape[0]
+    runs = (L + LAYERS - 1) // LAYERS
+    part = np.zeros((runs, acc.shape[0], acc.shape[1], acc.shape[2]), np.float32)
+    for r in numba.prange(runs):
+        _mix_layers(a, w_t, w, part[r], r * LAYERS, min((r + 1) * LAYERS, L))
+    for r in range(runs):
+        acc += part[r]
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def mix_rows(a, w_t, w, acc):
-    """a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k) float32, added to."""
-    L, n, d = a.shape
+def _mix_layers(a, w_t, w, acc, lo, hi):
+    """acc += the mix of layers lo..hi-1 (mix_rows' formula)."""
+    n, d = a.shape[1], a.shape[2]
     H, k = acc.shape[1], acc.shape[2]
     y = np.empty((n, H * k), np.float32)
-    for li in range(L):
+    for li in range(lo, hi):
         y[:] = 0.0
         for i in range(d):
             for r in range(n):

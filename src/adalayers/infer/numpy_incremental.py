@@ -42,7 +42,7 @@ from typing import Hashable
 
 import numpy as np
 
-from adalayers.infer import online_softmax
+from adalayers.infer import online_softmax, read_kernel
 from adalayers.infer.numpy_heads import (ProbeHead, Scratch, SequenceHead, Task, ensemble_answer, gelu,
                                         linear_output, position_table, read_all)
 
@@ -90,60 +90,40 @@ class _Group:
         self.dh = self.k // self.nh
         self.w_in = np.stack([h.in_w.T for h in self.heads]).astype(np.float32)           # (H, k, 3k)
         self.b_in = np.stack([h.in_b for h in self.heads]).astype(np.float32)[:, None]     # (H, 1, 3k)
+        self.scale = np.float32(self.dh ** -0.5)                                             # q's
         self.w_o = np.stack([h.out_proj_w for h in self.heads]).astype(np.float32)            # (H, k out, k in)
-        self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)[:, :, None]  # (H, k, 1)
+        self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)           # (H, k)
+        self.pooling = np.array([read_kernel.POOLINGS[h.pooling] for h in self.heads], np.int64)
         self._scratch = Scratch(2)                                                            # read()'s arrays
 
     def empty(self) -> _Cache:
         return _Cache.empty(len(self.heads), self.nh, self.dh, self.k)
 
     def add(self, caches: list[tuple[_Cache, np.ndarray]], f: np.ndarray) -> None:
-        """New seen positions' features f (H, N, k) of several sequences: (cache, its columns of f) each. One
-        stacked product projects them all, then each sequence's cache is extended."""
-        q, kk, u = self.project(f)
+        """New seen positions' features f (H, N, k) of several sequences: (cache, its rows of f, int64) each. One
+        stacked product projects them all (q, k, v: (H, N, 3k)), then each sequence's cache takes its rows
+        (online_softmax.extend, compiled: one call a sequence)."""
+        qkv = np.matmul(f, self.w_in)
+        qkv += self.b_in
         for c, sel in caches:
-            self.extend(c, q[:, :, sel], kk[:, :, sel], u[:, :, sel])
-
-    def project(self, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """New positions' F (H, n, k) -> q (scaled), k, v, each (H, nh, n, dh): one stacked product."""
-        n = f.shape[1]
-        qkv = (np.matmul(f, self.w_in) + self.b_in).reshape(len(self.heads), n, 3, self.nh, self.dh)
-        q, kk, v = (np.moveaxis(qkv[:, :, j], 2, 1) for j in range(3))  # (H, nh, n, dh)
-        return q * np.float32(self.dh ** -0.5), kk, v
-
-    def extend(self, c: _Cache, q: np.ndarray, kk: np.ndarray, v: np.ndarray) -> None:
-        """Append n new positions: the old queries' states take the new keys, the new queries take every key
-        (online_softmax.extend, compiled)."""
-        t, n = c.n, q.shape[2]
-        c.reserve(t + n)
-        for cached, new in ((c.q, q), (c.kk, kk), (c.v, v)):  # (H, nh, n, dh) -> positions last
-            cached[..., t:t + n] = np.swapaxes(new, 2, 3)
-        online_softmax.extend(c.q, c.kk, c.v, c.m, c.l, c.a, t, n)
-        c.n = t + n
+            t = c.n
+            c.reserve(t + len(sel))
+            online_softmax.extend(qkv, sel, self.scale, c.q, c.kk, c.v, c.m, c.l, c.a, t)
+            c.n = t + len(sel)
 
     def read(self, caches: list[_Cache]) -> list[list[np.ndarray]]:
-        """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih in the
-        caches' layout, features by positions (every sequence's positions side by side in one array), the
-        out-projection (one stacked product for all of them), GELU, each sequence's pooling over its positions,
-        linear. -> per sequence, per head."""
-        H, nh, dh = len(self.heads), self.nh, self.dh
+        """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih of every
+        sequence side by side, features by positions (read_kernel.normalise, a call a sequence), the
+        out-projection (one stacked product for all of them), GELU and each head's pooling (read_kernel.pool,
+        one call), then per head one output layer for all the sequences. -> per sequence, per head."""
         ends = np.cumsum([0] + [c.n for c in caches])
-        att, y = (self._scratch.get(j, (H, self.k, ends[-1])) for j in range(2))
+        att, y = (self._scratch.get(j, (len(self.heads), self.k, int(ends[-1]))) for j in range(2))
         for c, at in zip(caches, ends):
-            inv = (1.0 / c.l[:, :, :c.n]).astype(np.float32)[:, :, None]              # (H, nh, 1, n)
-            np.multiply(c.a[..., :c.n], inv, out=att[:, :, at:at + c.n].reshape(H, nh, dh, c.n))
+            read_kernel.normalise(c.a, c.l, c.n, att, at)
         np.matmul(self.w_o, att, out=y)
-        y += self.b_o
-        x = gelu(y, out=att)  # (H, k, positions), over att: in place (out=y) the vectorised loop falls back to scalar
-        outs = []
-        for j, head in enumerate(self.heads):
-            if head.pooling == "max":
-                pooled = np.maximum.reduceat(x[j], ends[:-1], axis=1)
-            elif head.pooling in ("first", "last"):
-                pooled = x[j][:, ends[:-1] if head.pooling == "first" else ends[1:] - 1]
-            else:
-                pooled = np.add.reduceat(x[j], ends[:-1], axis=1) / np.diff(ends).astype(np.float32)
-            outs.append(head.output(np.ascontiguousarray(pooled.T)))                      # (sequences, C)
+        pooled = np.empty((len(caches), len(self.heads), self.k), np.float32)
+        read_kernel.pool(y, self.b_o, ends, self.pooling, pooled)
+        outs = [head.output(pooled[:, j]) for j, head in enumerate(self.heads)]             # (sequences, C) each
         return [[y[b] for y in outs] for b in range(len(caches))]
 
 
@@ -280,21 +260,21 @@ class IncrementalReads:
                       leaf_rows: list[np.ndarray]) -> None:
         """The group's new seen rows of every sequence, their features, then each sequence's cache (g.add)."""
         acc = np.stack([leaf_rows[j] for j in g.leaves])                          # (H, N, k)
-        keep = np.ones(acc.shape[1], bool)
-        if g.skip_bos:
-            for b, seq in enumerate(seqs):
-                if self._rows[seq] == 0 and counts[b]:
-                    keep[starts[b]] = False  # the sequence's first real token
-        pos = np.zeros(acc.shape[1], int)
+        rows = np.arange(acc.shape[1])
+        pos = np.zeros(acc.shape[1], np.int64)  # a seen row's position among its sequence's seen rows
+        caches = []
         for b, seq in enumerate(seqs):
-            sl = slice(starts[b], starts[b + 1])
-            pos[sl] = self._caches[seq][gi].n + np.cumsum(keep[sl]) - 1
+            lo, hi = int(starts[b]), int(starts[b + 1])
+            if g.skip_bos and self._rows[seq] == 0:
+                lo = min(lo + 1, hi)  # the sequence's first real token is not seen
+            if hi > lo:
+                c = self._caches[seq][gi]
+                pos[lo:hi] = np.arange(c.n, c.n + hi - lo) if hi - lo > 1 else c.n
+                caches.append((c, rows[lo:hi]))
         f = gelu(acc) if g.gelu_after_sum else acc
         if g.positional:
-            f = f + position_table(np.maximum(pos, 0), g.k)
-        caches = [(self._caches[seq][gi], np.flatnonzero(keep[starts[b]:starts[b + 1]]) + starts[b])
-                  for b, seq in enumerate(seqs)]
-        g.add([(c, sel) for c, sel in caches if len(sel)], f.astype(np.float32, copy=False))
+            f = f + position_table(pos, g.k)
+        g.add(caches, f.astype(np.float32, copy=False))
 
     def _full_read(self, seq: Hashable) -> list[np.ndarray]:
         """A sequence without a seen token: the full read of its own rows (numpy_heads.read_all, batch of one)."""

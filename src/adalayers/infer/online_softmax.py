@@ -22,53 +22,69 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
 from adalayers.infer.fast_exp import exp_neg
 
 
+@numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
+def extend(qkv, rows, scale, q, kk, v, m, l, a, t):
+    """Positions t..t+n-1 join the state. Their projections are rows `rows` (n of them, int64, in order) of qkv
+    (H, N, 3k: q, k, v side by side, each nh attention heads of dh), written into q (times scale, dh^-1/2), kk
+    and v (each (H, nh, dh, cap), float32: a feature's values over the positions side by side, so that the
+    loops over positions vectorise); then the first t queries take the n new keys, one key after the other, and
+    the n new queries take all t + n keys. m, l (H, nh, cap, float64) and a (H, nh, dh, cap, float32) updated in
+    place. Scores, maxima and sums are float64 (over the long texts of a generation the state is rescaled once a
+    step); the exponentials are float32 (fast_exp.exp_neg, inline). The (head, attention head) pairs are split
+    among the calling thread's numba threads (kernel_threads.use); each pair's arithmetic is the same whatever
+    the split."""
+    H, nh, dh = q.shape[0], q.shape[1], q.shape[2]
+    k, n = nh * dh, rows.size
+    for hg in numba.prange(H * nh):
+        h, g = hg // nh, hg % nh
+        for r in range(n):
+            for c in range(dh):
+                col = g * dh + c
+                q[h, g, c, t + r] = qkv[h, rows[r], col] * scale
+                kk[h, g, c, t + r] = qkv[h, rows[r], k + col]
+                v[h, g, c, t + r] = qkv[h, rows[r], 2 * k + col]
+        _extend_pair(q, kk, v, m, l, a, t, n, h, g, np.empty(t + n, np.float64), np.empty(t + n, np.float32),
+                     np.empty(t, np.float32))
+
+
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def extend(q, kk, v, m, l, a, t, n):
-    """Positions t..t+n-1, already written into q, kk, v (each (H, nh, dh, cap), float32: a feature's values
-    over the positions side by side, so that the loops over positions vectorise), join the state: the first t
-    queries take the n new keys, one key after the other, the n new queries take all t + n keys. m, l
-    (H, nh, cap, float64) and a (H, nh, dh, cap, float32) updated in place. Scores, maxima and sums are float64
-    (over the long texts of a generation the state is rescaled once a step); the exponentials are float32
-    (fast_exp.exp_neg, inline)."""
-    H, nh, dh, _ = q.shape
-    s = np.empty(t + n, np.float64)
-    e = np.empty(t + n, np.float32)
-    rescale = np.empty(t, np.float32)
-    for h in range(H):
-        for g in range(nh):
-            for j in range(t, t + n):  # a new key joins the old queries' states
-                s[:t] = 0.0
-                for c in range(dh):
-                    kc = np.float64(kk[h, g, c, j])
-                    for i in range(t):
-                        s[i] += q[h, g, c, i] * kc
-                for i in range(t):
-                    top = max(m[h, g, i], s[i])
-                    rescale[i] = exp_neg(np.float32(m[h, g, i] - top))
-                    e[i] = exp_neg(np.float32(s[i] - top))
-                    m[h, g, i] = top
-                    l[h, g, i] = l[h, g, i] * rescale[i] + e[i]
-                for c in range(dh):
-                    vc = v[h, g, c, j]
-                    for i in range(t):
-                        a[h, g, c, i] = a[h, g, c, i] * rescale[i] + e[i] * vc
-            for i in range(t, t + n):  # a new query over every key
-                s[:] = 0.0
-                for c in range(dh):
-                    qc = np.float64(q[h, g, c, i])
-                    for j in range(t + n):
-                        s[j] += qc * kk[h, g, c, j]
-                top = -np.inf
-                for j in range(t + n):
-                    top = max(top, s[j])
-                for j in range(t + n):
-                    e[j] = exp_neg(np.float32(s[j] - top))
-                for c in range(dh):
-                    a[h, g, c, i] = _dot(e, v[h, g, c], t + n)
-                m[h, g, i], l[h, g, i] = top, _sum(e, t + n)
+def _extend_pair(q, kk, v, m, l, a, t, n, h, g, s, e, rescale):
+    """extend for head h's attention head g, with scratch s (t + n, float64), e (t + n), rescale (t)."""
+    dh = q.shape[2]
+    for j in range(t, t + n):  # a new key joins the old queries' states
+        s[:t] = 0.0
+        for c in range(dh):
+            kc = np.float64(kk[h, g, c, j])
+            for i in range(t):
+                s[i] += q[h, g, c, i] * kc
+        for i in range(t):
+            top = max(m[h, g, i], s[i])
+            rescale[i] = exp_neg(np.float32(m[h, g, i] - top))
+            e[i] = exp_neg(np.float32(s[i] - top))
+            m[h, g, i] = top
+            l[h, g, i] = l[h, g, i] * rescale[i] + e[i]
+        for c in range(dh):
+            vc = v[h, g, c, j]
+            for i in range(t):
+                a[h, g, c, i] = a[h, g, c, i] * rescale[i] + e[i] * vc
+    for i in range(t, t + n):  # a new query over every key
+        s[:] = 0.0
+        for c in range(dh):
+            qc = np.float64(q[h, g, c, i])
+            for j in range(t + n):
+                s[j] += qc * kk[h, g, c, j]
+        top = -np.inf
+        for j in range(t + n):
+            top = max(top, s[j])
+        for j in range(t + n):
+            e[j] = exp_neg(np.float32(s[j] - top))
+        for c in range(dh):
+            a[h, g, c, i] = _dot(e, v[h, g, c], t + n)
+        m[h, g, i], l[h, g, i] = top, _sum(e, t + n)
 
 
 # the sums below are reassociated so that the compiler vectorises them (partial sums side by side); only they are

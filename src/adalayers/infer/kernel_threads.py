@@ -1,0 +1,36 @@
+"""The threads of the compiled per-step kernels (numba, parallel=True): llama.cpp's own OpenMP team, reused.
+
+llama.cpp's CPU backend runs a decode on an OpenMP team of its `threads`; once the decode returns, the team's
+other threads spin for a while waiting for the next parallel region. A decode step's head work (the layer mix,
+the per-step reads) runs after the decode on the thread that called it; on one thread it left those cores
+spinning idle, so on every core llama.cpp uses the heads' share of a step grew with the threads (docs/llm.md).
+numba's `omp` threading layer is the same libgomp (both link the system's libgomp.so.1), so a parallel kernel
+launched from the decode's thread is a parallel region of the same team: the spinning threads take their part
+at once, and no second pool of threads competes with llama.cpp's.
+
+    prefer_openmp()   at import: numba's threading layer tried in the order omp, tbb, workqueue, unless the
+                      environment chose one (NUMBA_THREADING_LAYER, NUMBA_THREADING_LAYER_PRIORITY)
+    use(threads)      the calling thread's kernels run on `threads` threads (numba's count is per thread):
+                      llama.cpp's threads where they run after its decode, 1 beside it (LlamaCpp.beside)
+"""
+from __future__ import annotations
+
+import os
+
+import numba
+
+
+def prefer_openmp() -> None:
+    """numba's threading layer: OpenMP first (the team llama.cpp uses), where the environment has not chosen."""
+    if not any(v in os.environ for v in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")):
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
+
+def use(threads: int) -> None:
+    """The calling thread's parallel kernels run on `threads` threads (at least 1, at most numba's NUM_THREADS)."""
+    n = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+
+
+prefer_openmp()
