@@ -294,6 +294,17 @@ def whole(engine, tok, heads, batch: int, new: int, repeats: int, full_reads: bo
             "whole_cpu_ratio_median": round(statistics.median([b / a for a, b in zip(cpus["alone"], cpus["heads"])]), 4)}
 
 
+def warm_up(engine, tok, heads, full_reads: bool) -> None:
+    """A short generation with the heads before anything is timed: numba's kernels loaded from its cache (or
+    compiled) and their threads started, as the server does at load (gguf_serving.warm_up)."""
+    engine_free(engine)
+    g = Gen(engine, tok, PROMPTS[:2], [0, 1], heads, 4, full_reads)
+    g.prefill()
+    for _ in range(4):
+        g.step()
+    g.finish()
+
+
 def engine_free(engine) -> None:
     """Every sequence's KV cache dropped (the next run starts at position 0)."""
     engine.release(engine.acquire(engine.free_sequences))
@@ -387,6 +398,7 @@ def main() -> None:
                           overlap={"auto": None, "on": True, "off": False}[args.overlap])
         tok = GgufTokenizer(engine)
         heads = four_heads(engine, tok.adds_bos)
+        warm_up(engine, tok, heads, args.full_reads)
         results["settings"]["head_weight_bytes_a_step"] = sum(w.nbytes for t in heads for w in t.proj.values())
         results["settings"]["gguf_bytes"] = gguf_path(args.base).stat().st_size
         for batch in [int(b) for b in args.batch.split(",")]:

@@ -11,9 +11,10 @@ The exponential is infer/fast_exp.py's, inline, so that the loop has no call in 
 formula took ~25 passes over the array); below y = -87 (|x| > ~13) Phi is flushed to 0, as float32's normal
 range ends.
 
-gelu_kernel(x, out) is numba's, gelu_one(x) its value inline in other kernels; gelu(x) the array function (any shape, float32 out). 8-17x numpy's
-formula on the decode steps' and prefills' arrays (19 layers x rows x 640, gemma3-270m), equal to it within
-2.4e-7 (tests/test_numpy_heads.py holds it to math.erfc in float64).
+gelu_kernel(x, out) is numba's, gelu_one(x) one value (inline in other kernels: read_kernel's), gelu(x) the
+array function (any shape, float32 out). 8-17x numpy's formula on the decode steps' and prefills' arrays
+(19 layers x rows x 640, gemma3-270m), equal to it within 2.4e-7 (tests/test_numpy_heads.py holds it to
+math.erfc in float64).
 """
 from __future__ import annotations
 

@@ -8,9 +8,11 @@ serving path (adalayers.infer.gguf_serving):
               generating may step between two of its llama_decodes (`between`: serve's scheduler)
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
-              once (LayerMix.add_layers: one compiled call per head group); or, where llama.cpp leaves a core
-              free (LlamaCpp.beside), mixed on a thread beside the decode once the deepest state read is
-              copied, while llama.cpp computes the rest, the step's sequence-head reads done there too
+              once (LayerMix.add_layers: one compiled call per head group), the step's compiled kernels on
+              llama.cpp's own threads, idle once its decode has returned (kernel_threads.use); or, where
+              llama.cpp leaves a core free (LlamaCpp.beside), mixed on a thread beside the decode once the
+              deepest state read is copied, while llama.cpp computes the rest, the step's sequence-head reads
+              done there too (the kernels on that one thread)
               heads not read at a step (a head asked for at the end, a token head) are mixed later, many steps'
               rows in one product (LATER_ROWS: their states kept on the batch until then, or until a read)
     read      sequence heads and sequence probes incrementally (numpy_incremental.IncrementalReads: a row's

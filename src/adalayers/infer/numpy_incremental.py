@@ -10,16 +10,19 @@ complete it never changes while decoding, so per sequence and per group of heads
 
 and a step costs, for its new positions: their q/k/v (one product for every sequence of the step), their keys
 against every cached query (the old queries' states updated), the new queries against every key (both one
-compiled loop nest a sequence, infer/online_softmax.py), then the attention output A_ih / l_ih of every
-sequence's positions side by side (features by positions, as the caches hold them: no transpose), their
-out-projection (one stacked product for all the step's sequences),
-GELU, each head's pooling and output layer: O(T k) elementwise and the O(T k^2) of one BLAS product a step,
+compiled call a sequence, infer/online_softmax.py), then the attention output A_ih / l_ih of every sequence's
+positions side by side (features by positions, as the caches hold them: no transpose; infer/read_kernel.py),
+their out-projection (one stacked product for all the step's sequences), GELU and each head's pooling (one
+compiled call), the output layers: O(T k) elementwise and the O(T k^2) of one BLAS product a step,
 instead of the full read's O(T^2 k + T k^2) (every position's q/k/v, every score, every out-projection).
 Folding W_o into the values (B_ih = sum_j exp(s_ijh - m_ih) W_o[:, h] v_jh, no out-projection a step) was
 measured slower here: its state is nh times larger (nh k a query, not k) and its per-step update, elementwise
 over all of it, cost more than the one product it saves (1.2 ms against 0.6 ms a step at batch 1, T 136, k 64,
 nh 8, three heads).
-The values are the full read's (SequenceHead, Task.read) up to float32 rounding (tests/test_numpy_incremental.py).
+The compiled calls split their work among the calling thread's numba threads (infer/kernel_threads.py: after a
+decode, llama.cpp's idle OpenMP team), each piece computed alike whatever thread takes it, so the values are the
+same on any number of threads, and the full read's (SequenceHead, Task.read) up to float32 rounding
+(tests/test_numpy_incremental.py).
 
 Probes (head.type probe: pool(F) -> linear) keep their pooled row per sequence instead: the running sum and count
 (mean, summed in float64), the running max, the first or the last seen row; a step costs O(k) a new position and
