@@ -152,7 +152,6 @@ class Gen:
             self.col += 1
 
     def step(self):
-        from adalayers.infer import kernel_threads
         from adalayers.infer.llamacpp import Row
 
         eng = self.engine
@@ -167,7 +166,6 @@ class Gen:
             return self._step_beside(rows)
         t0 = time.perf_counter()
         logits = eng.decode(rows, wanted=set(self.layers), outputs="last", read=True)
-        kernel_threads.use(eng.threads)  # as SequencePasses: the heads' kernels on llama.cpp's idle threads
         t1 = time.perf_counter()
         states = eng.states()
         z = np.stack([states[i] for i in self.now_layers])
@@ -223,12 +221,9 @@ class Gen:
     def _step_beside(self, rows) -> None:
         """The mix and the reads on the decode's `during` thread once the deepest state is copied; part_ms_decode is
         the whole decode with them, part_ms_after what is left once it returns."""
-        from adalayers.infer import kernel_threads
-
         def during(state):  # once the deepest state is copied (SequencePasses._step_beside)
             if state(self.layers[-1]) is None:
                 return
-            kernel_threads.use(1)
             self._after_mix(self._step_mix(np.stack([state(i) for i in self.now_layers]), state), len(rows))
 
         t0 = time.perf_counter()

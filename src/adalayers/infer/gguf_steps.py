@@ -9,7 +9,7 @@ serving path (adalayers.infer.gguf_serving):
     decode    one token per row appended to its sequence; a step of at most GATHER_TOKENS rows has its states
               copied by the compiled gather (no Python inside llama.cpp's graph) and mixed for every layer at
               once (LayerMix.add_layers: one compiled call per head group), the step's compiled kernels on
-              llama.cpp's own threads, idle once its decode has returned (kernel_threads.use); or, where
+              llama.cpp's own threads, idle once its decode has returned (LlamaCpp.decode sets it); or, where
               llama.cpp leaves a core free (LlamaCpp.beside), mixed on a thread beside the decode once the
               deepest state read is copied, while llama.cpp computes the rest, the step's sequence-head reads
               done there too (the kernels on that one thread)
@@ -33,7 +33,6 @@ from typing import Callable
 import numpy as np
 
 from adalayers.errors import ModelError
-from adalayers.infer import kernel_threads
 from adalayers.infer.heads import used_layers
 from adalayers.infer.llamacpp import GATHER_TOKENS, Row as SeqRow, Sequences
 from adalayers.infer.layer_mix import LayerMix
@@ -222,7 +221,6 @@ class SequencePasses:
             logits = self._step_beside(batch, rows, stop, reads)
         elif self.heads and len(rows) <= GATHER_TOKENS:  # a step: the compiled gather
             logits = self.engine.decode(rows, (), set(self.layers), outputs="last", stop_after=stop, read=True)
-            kernel_threads.use(self.engine.threads)  # the heads' kernels on llama.cpp's threads, idle now
             self._step_mix(batch, len(rows), self.engine.states().__getitem__, reads)
         else:
             logits, accs = decode_rows(self.engine, rows, self.mix, self.layers, stop)
@@ -249,7 +247,6 @@ class SequencePasses:
         def during(state):
             if state(self.layers[-1]) is None:  # the decode ended without it: decode raises why
                 return
-            kernel_threads.use(1)  # llama.cpp's threads are computing: the kernels on this one
             self._step_mix(batch, len(rows), state, reads)
             mixed.append(True)
             for names, idx in reads:

@@ -11,7 +11,8 @@ at once, and no second pool of threads competes with llama.cpp's.
     prefer_openmp()   at import: numba's threading layer tried in the order omp, tbb, workqueue, unless the
                       environment chose one (NUMBA_THREADING_LAYER, NUMBA_THREADING_LAYER_PRIORITY)
     use(threads)      the calling thread's kernels run on `threads` threads (numba's count is per thread):
-                      llama.cpp's threads where they run after its decode, 1 beside it (LlamaCpp.beside)
+                      llama.cpp's threads where they run after its decode, 1 beside it (LlamaCpp.beside);
+                      LlamaCpp.decode sets it on its caller's thread, its side thread starts with 1
 """
 from __future__ import annotations
 

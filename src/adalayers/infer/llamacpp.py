@@ -197,6 +197,7 @@ class LlamaCpp:
                 tap(i, z)
 
         with self._lock:  # one decode at a time: the batch, the reader and the context are shared
+            self._kernel_threads(self.threads)
             self._forget_returned()
             last = self._fill(rows, outputs)
             if self.reader is not None:
@@ -297,8 +298,16 @@ class LlamaCpp:
         """The one thread that work beside this context's decodes runs on (decode's `during`, the taps of
         gguf_steps.decode_rows), in the order it is given."""
         if self._side is None:
-            self._side = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside")
+            self._side = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-beside", initializer=self._kernel_threads,
+                                            initargs=(1,))
         return self._side
+
+    def _kernel_threads(self, n: int) -> None:
+        """The heads' compiled kernels that the calling thread runs next use n threads (kernel_threads.use): after a
+        decode llama.cpp's own, idle then; beside a decode (the side thread) one. Only where states are read."""
+        if self.read_states:
+            from adalayers.infer import kernel_threads
+            kernel_threads.use(n)
 
     def close(self) -> None:
         lib = _lib()
