@@ -191,6 +191,27 @@ def test_small_passes_are_gathered_without_python(tiny, monkeypatch):
     assert fast[5][1].shape == (1, 64)
 
 
+def test_the_heads_kernels_take_llamacpps_openmp_threads_after_a_decode(tiny, monkeypatch):
+    """After a decode the calling thread's numba kernels use llama.cpp's threads (its OpenMP team, idle then:
+    infer/kernel_threads.py), one where its threads are no OpenMP team; the side thread beside a decode uses one;
+    a context that reads no states leaves numba's count alone."""
+    import numba
+
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=2)
+    engine.decode([Row([1, 5, 7], 0)], wanted={1}, read=True)  # llama-cpp-python's Linux build: GGML_OPENMP on
+    assert numba.get_num_threads() == (min(2, numba.config.NUMBA_NUM_THREADS) if engine.openmp else 1)
+    assert engine.side_thread().submit(numba.get_num_threads).result() == 1
+    monkeypatch.setattr(engine, "openmp", False)
+    engine.decode([Row([2], 0, 3)], wanted={1}, read=True)
+    assert numba.get_num_threads() == 1
+    engine.close()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    alone = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1, read_states=False)
+    alone.decode([Row([1, 5], 0)])
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
+    alone.close()
+
+
 def test_a_graph_that_does_not_name_its_layers_is_refused(tiny, monkeypatch):
     monkeypatch.setattr(llamacpp.StateNames, "index", lambda self, name: None)  # a graph named otherwise
     engine = LlamaCpp(tiny, n_ctx=128, n_seq=1, threads=1)

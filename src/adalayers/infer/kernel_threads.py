@@ -12,7 +12,9 @@ at once, and no second pool of threads competes with llama.cpp's.
                       environment chose one (NUMBA_THREADING_LAYER, NUMBA_THREADING_LAYER_PRIORITY)
     use(threads)      the calling thread's kernels run on `threads` threads (numba's count is per thread):
                       llama.cpp's threads where they run after its decode, 1 beside it (LlamaCpp.beside);
-                      LlamaCpp.decode sets it on its caller's thread, its side thread starts with 1
+                      LlamaCpp.decode sets it on its caller's thread, its side thread starts with 1; a llama.cpp
+                      built without OpenMP (its system info without "OPENMP = 1") gets 1: its own thread pool is
+                      no team these kernels could join, and a second one would compete with it
 """
 from __future__ import annotations
 

@@ -123,6 +123,7 @@ class LlamaCpp:
         self._returned: list[int] = []   # given back, KV cache not yet removed (see release)
         self._lock = threading.Lock()
         self.threads = int(lib.llama_n_threads(self.ctx))
+        self.openmp = b"OPENMP = 1" in lib.llama_print_system_info()  # its threads an OpenMP team (kernel_threads)
         self.cores = usable_cpus()
         log.info("llama.cpp: %d thread(s), %d usable core(s)%s", self.threads, self.cores, "" if threads else
                  " (OMP_NUM_THREADS, else one per physical core, as llama-server; --threads N to set)")
@@ -197,7 +198,7 @@ class LlamaCpp:
                 tap(i, z)
 
         with self._lock:  # one decode at a time: the batch, the reader and the context are shared
-            self._kernel_threads(self.threads)
+            self._kernel_threads(self.threads if self.openmp else 1)
             self._forget_returned()
             last = self._fill(rows, outputs)
             if self.reader is not None:
@@ -304,7 +305,8 @@ class LlamaCpp:
 
     def _kernel_threads(self, n: int) -> None:
         """The heads' compiled kernels that the calling thread runs next use n threads (kernel_threads.use): after a
-        decode llama.cpp's own, idle then; beside a decode (the side thread) one. Only where states are read."""
+        decode llama.cpp's own, idle then (where they are an OpenMP team: else one, rather than a second pool
+        competing with its own); beside a decode (the side thread) one. Only where states are read."""
         if self.read_states:
             from adalayers.infer import kernel_threads
             kernel_threads.use(n)
