@@ -2,8 +2,8 @@
 
 llama.cpp's CPU backend runs a decode on an OpenMP team of its `threads`; once the decode returns, the team's
 other threads spin for a while waiting for the next parallel region. A decode step's head work (the layer mix,
-the per-step reads) runs after the decode on the thread that called it; on one thread it left those cores
-spinning idle, so on every core llama.cpp uses the heads' share of a step grew with the threads (docs/llm.md).
+the per-step reads) runs after the decode on the thread that called it; on that one thread it left the other
+cores spinning idle, so the more threads llama.cpp used, the larger the heads' share of a step (docs/llm.md).
 numba's `omp` threading layer is the same libgomp (both link the system's libgomp.so.1), so a parallel kernel
 launched from the decode's thread is a parallel region of the same team: the spinning threads take their part
 at once, and no second pool of threads competes with llama.cpp's.
@@ -15,6 +15,10 @@ at once, and no second pool of threads competes with llama.cpp's.
                       LlamaCpp.decode sets it on its caller's thread, its side thread starts with 1; a llama.cpp
                       built without OpenMP (its system info without "OPENMP = 1") gets 1: its own thread pool is
                       no team these kernels could join, and a second one would compete with it
+
+GNU OpenMP is not fork-safe: a child forked after these kernels ran is ended by numba's omp layer if it runs one
+(llama.cpp's decode in such a child is no safer). Serving never forks; start worker processes with spawn, as
+Ray and the lab's comparisons do.
 """
 from __future__ import annotations
 
