@@ -147,12 +147,12 @@ def warm_up(tasks: list, d: int) -> None:
     mix, layers = LayerMix(tasks), sorted(set().union(*(t.used_layers() for t in tasks)))
     mix.begin(1)
     mix.add_layers(layers, np.zeros((len(layers), 1, d), np.float32))
-    mix.take()
-    seq = [t for t in tasks if IncrementalReads.applies(t)]
+    accs = mix.take()
+    seq = [j for j, t in enumerate(tasks) if IncrementalReads.applies(t)]
     if seq:
-        reads = IncrementalReads(seq)
+        reads = IncrementalReads([tasks[j] for j in seq])
         for n in (2, 1):
-            reads.step(["warm-up"], [np.zeros((n, t.k * (len(t.members) or 1)), np.float32) for t in seq], [n])
+            reads.step(["warm-up"], [np.repeat(accs[j], n, 0) for j in seq], [n])
 
 
 class GgufPredictor(PredictorBase):

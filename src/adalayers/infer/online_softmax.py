@@ -84,7 +84,7 @@ def _extend_pair(q, kk, v, m, l, a, t, n, h, g, s, e, rescale):
             e[j] = exp_neg(np.float32(s[j] - top))
         for c in range(dh):
             a[h, g, c, i] = _dot(e, v[h, g, c], t + n)
-        m[h, g, i], l[h, g, i] = top, _sum(e, t + n)
+        m[h, g, i], l[h, g, i] = top, sum64(e, t + n)
 
 
 # the sums below are reassociated so that the compiler vectorises them (partial sums side by side); only they are
@@ -99,8 +99,8 @@ def _dot(x, y, n):
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _sum(x, n):
-    """sum_j x[j] over j < n, in float64."""
+def sum64(x, n):
+    """sum_j x[j] over j < n, in float64 (read_kernel's mean pooling too)."""
     total = 0.0
     for j in range(n):
         total += np.float64(x[j])

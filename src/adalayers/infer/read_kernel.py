@@ -23,6 +23,7 @@ import numpy as np
 
 from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
 from adalayers.infer.gelu_kernel import gelu_one
+from adalayers.infer.online_softmax import sum64
 
 BLOCK = 16  # output features a (sequence, head, block) item of pool() computes
 POOLINGS = {"mean": 0, "max": 1, "first": 2, "last": 3}  # a head's pooling as the kernel's code
@@ -70,13 +71,4 @@ def pool(y, b_o, ends, pooling, out):
                         top = yo[j]
                 out[s, h, o] = top
             else:
-                out[s, h, o] = np.float32(_sum64(yo) / (hi - lo))
-
-
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _sum64(x):
-    """sum_j x[j] in float64, reassociated so that it vectorises (partial sums side by side)."""
-    total = 0.0
-    for j in range(x.size):
-        total += np.float64(x[j])
-    return total
+                out[s, h, o] = np.float32(sum64(yo, hi - lo) / (hi - lo))
