@@ -144,9 +144,9 @@ def warm_up(tasks: list, d: int) -> None:
     mixed by all the heads, then read as a prompt of two rows and a step of one."""
     if not tasks:
         return
-    mix, layers = LayerMix(tasks), sorted(set().union(*(t.used_layers() for t in tasks)))
+    mix = LayerMix(tasks)
     mix.begin(1)
-    mix.add_layers(layers, np.zeros((len(layers), 1, d), np.float32))
+    mix.add_layers(mix.layers, np.zeros((len(mix.layers), 1, d), np.float32))
     accs = mix.take()
     seq = [j for j, t in enumerate(tasks) if IncrementalReads.applies(t)]
     if seq:

@@ -84,7 +84,8 @@ class LayerMix:
             if a.shape[1] <= ROWS:
                 mix_rows(a, w_t, w, acc)
             else:  # einsum with no optimize=: its path search costs more than the sum
-                acc += np.einsum("lh,lnhk->nhk", w, layer_norm(np.matmul(a, w_t).reshape(*a.shape[:2], *acc.shape[1:])))
+                y = np.matmul(a, w_t).reshape(*a.shape[:2], *acc.shape[1:])
+                acc += np.einsum("lh,lnhk->nhk", w, layer_norm(y))
 
     def _stack(self, group: tuple[int, bool], layers: tuple) -> tuple[np.ndarray | None, np.ndarray, list[int]]:
         """(W_i^T stacked (L, d, H k), or None for the probes' group; w (L, H); the layers' places in `layers`
