@@ -73,16 +73,18 @@ class LayerMix:
         """Layers `layers` at once, z (L, n, d): one GELU, per group one (L, n, d) x (L, d, H k) product, one
         LayerNorm and one weighted sum over the layers (a head that does not read layer i has W_i and w_i 0).
         The probes' group: LayerNorm(GELU(Z_i)) of the layers some probe reads, weighted per probe. A step's
-        few rows: one compiled call a group instead (infer/mix_kernel.py, imported at the first call as gelu's)."""
+        few rows: one compiled call a group instead, GELU included (infer/mix_kernel.py, imported at the first
+        call as gelu's)."""
         from adalayers.infer.mix_kernel import ROWS, mix_rows
-        a = gelu(z, out=self._scratch.get(0, z.shape))  # valid until the next add_layers
+        a = None  # GELU(z), taken once where a group needs it (mix_rows takes its own)
         for g, acc in self._acc.items():
             w_t, w, read = self._stack(g, tuple(layers))
+            if w_t is not None and z.shape[1] <= ROWS:
+                mix_rows(np.ascontiguousarray(z, dtype=np.float32), w_t, w, acc)
+                continue
+            a = gelu(z, out=self._scratch.get(0, z.shape)) if a is None else a  # valid until the next add_layers
             if w_t is None:  # w: (the layers some probe reads, probes)
                 acc += np.einsum("lh,lnk->nhk", w, layer_norm(a[read]))
-                continue
-            if a.shape[1] <= ROWS:
-                mix_rows(a, w_t, w, acc)
             else:  # einsum with no optimize=: its path search costs more than the sum
                 y = np.matmul(a, w_t).reshape(*a.shape[:2], *acc.shape[1:])
                 acc += np.einsum("lh,lnhk->nhk", w, layer_norm(y))

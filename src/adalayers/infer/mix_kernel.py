@@ -1,8 +1,8 @@
 """A decode step's layer mix of a few rows in one compiled call (numba): LayerMix.add_layers where n is small.
 
-For the heads of one group (H heads of width k) and the states of layers l = 1..L of n rows, already through
-GELU (a = GELU(Z)):
+For the heads of one group (H heads of width k) and the states Z of layers l = 1..L of n rows:
 
+    a_lr  = GELU(Z_lr)                                (gelu_kernel's, inline: each run of layers its own rows)
     f_lrh = LayerNorm_noaffine(a_lr W_lh^T)          (W_lh^T: columns h k .. (h+1) k of w_t[l], d x H k)
     acc_rh += sum_l w_lh f_lrh                        (w_lh: head h's weight of layer l, 0 where it does not read l)
 
@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
+from adalayers.infer.gelu_kernel import gelu_one
 
 EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
 ROWS = 16   # LayerMix.add_layers mixes at most this many rows here, more with the BLAS product
@@ -31,31 +32,36 @@ LAYERS = 2  # layers a run of mix_rows sums (runs split among threads: 19 layers
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
-def mix_rows(a, w_t, w, acc):
-    """a (L, n, d) float32 (GELU of the states), w_t (L, d, H k), w (L, H), acc (n, H, k) float32, added to.
+def mix_rows(z, w_t, w, acc):
+    """z (L, n, d) float32 (the states, GELU taken here), w_t (L, d, H k), w (L, H), acc (n, H, k) float32, added to.
     The layers are taken LAYERS at a time, each run summed on its own, the runs split among the calling thread's
     numba threads (kernel_threads.use); their sums are added to acc in order, so that the result is the same
     to the bit on any number of threads."""
-    L = a.shape[0]
+    L = z.shape[0]
     runs = (L + LAYERS - 1) // LAYERS
     part = np.zeros((runs, acc.shape[0], acc.shape[1], acc.shape[2]), np.float32)
     for r in numba.prange(runs):
-        _mix_layers(a, w_t, w, part[r], r * LAYERS, min((r + 1) * LAYERS, L))
+        _mix_layers(z, w_t, w, part[r], r * LAYERS, min((r + 1) * LAYERS, L))
     for r in range(runs):
         acc += part[r]
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _mix_layers(a, w_t, w, acc, lo, hi):
+def _mix_layers(z, w_t, w, acc, lo, hi):
     """acc += the mix of layers lo..hi-1 (mix_rows' formula)."""
-    n, d = a.shape[1], a.shape[2]
+    n, d = z.shape[1], z.shape[2]
     H, k = acc.shape[1], acc.shape[2]
     y = np.empty((n, H * k), np.float32)
+    a = np.empty((n, d), np.float32)
     for li in range(lo, hi):
+        for r in range(n):
+            zr, ar = z[li, r], a[r]
+            for i in range(d):
+                ar[i] = gelu_one(zr[i])
         y[:] = 0.0
         for i in range(d):
             for r in range(n):
-                x = a[li, r, i]
+                x = a[r, i]
                 for o in range(H * k):
                     y[r, o] += x * w_t[li, i, o]
         for r in range(n):
