@@ -278,3 +278,13 @@ def test_attention_in_chunks_of_rows_equals_all_rows_at_once(monkeypatch):
     chunked = nh.attention(qkv, keys, 2)
     assert calls == [4]
     assert np.array_equal(whole, chunked)
+
+
+def test_the_position_table_gives_position_tables_bits_as_it_grows():
+    """PositionTable (the incremental reads' positions, computed once) against position_table on the same positions:
+    the same bits, before and after it grows past its first 256 rows, for positions in any shape and order."""
+    table = nh.PositionTable(10)
+    for pos in (np.array([0]), np.arange(5, 40), np.array([255, 3, 256]), np.arange(700, 900).reshape(4, 50),
+                np.array([2047, 0])):
+        assert np.array_equal(table(pos), nh.position_table(pos, 10))
+    assert len(table(np.array([1]))) == 1 and table(np.zeros(0, np.int64)).shape == (0, 10)

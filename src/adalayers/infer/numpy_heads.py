@@ -92,6 +92,21 @@ def position_table(pos: np.ndarray, dim: int) -> np.ndarray:
     return np.stack([np.sin(angles), np.cos(angles)], -1).reshape(*pos.shape, -1)[..., :dim]
 
 
+class PositionTable:
+    """position_table's rows for positions 0..n-1, computed once and grown by doubling: table(pos) gives
+    position_table(pos, dim), the same bits (each row is its position's alone), without a decode step's sin and cos
+    (numpy_incremental: a new position a step)."""
+
+    def __init__(self, dim: int):
+        self.dim, self._rows = dim, np.zeros((0, dim), np.float32)
+
+    def __call__(self, pos: np.ndarray) -> np.ndarray:
+        top = int(pos.max()) + 1 if pos.size else 0
+        if top > len(self._rows):
+            self._rows = position_table(np.arange(max(top, 2 * len(self._rows), 256)), self.dim)
+        return self._rows[pos]
+
+
 # bytes of attention scores one product holds at most: the rows (B) go through in chunks below it (each row's
 # attention is its own, so the result is the same). Unchunked, H stacked heads of n attention heads over B rows of
 # T tokens hold H*B*n*T*T floats of scores, and copies of them (mask, softmax): 400 MB for 3 heads of 4 over a

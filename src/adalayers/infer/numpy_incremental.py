@@ -40,6 +40,7 @@ so it never enters a cache. Where this does not apply, read with the full read (
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from adalayers.infer import online_softmax, read_kernel
 from adalayers.infer.numpy_heads import (ProbeHead, Scratch, SequenceHead, Task, ensemble_answer, gelu,
-                                        linear_output, position_table, read_all)
+                                        linear_output, PositionTable, read_all)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class _Group:
         self.w_o = np.stack([h.out_proj_w for h in self.heads]).astype(np.float32)            # (H, k out, k in)
         self.b_o = np.stack([h.out_proj_b for h in self.heads]).astype(np.float32)           # (H, k)
         self.pooling = np.array([read_kernel.POOLINGS[h.pooling] for h in self.heads], np.int64)
+        self.positions = PositionTable(self.k)                                                # positional F's
         self._scratch = Scratch(2)                                                            # read()'s arrays
 
     def empty(self) -> _Cache:
@@ -114,11 +116,11 @@ class _Group:
             online_softmax.extend(qkv, sel, self.scale, c.q, c.kk, c.v, c.m, c.l, c.a, t)
             c.n = t + len(sel)
 
-    def read(self, caches: list[_Cache]) -> list[list[np.ndarray]]:
+    def read(self, caches: list[_Cache]) -> list[np.ndarray]:
         """Each head's output for each sequence on its positions so far: the attention heads' A_ih / l_ih of every
         sequence side by side, features by positions (read_kernel.normalise, a call a sequence), the
         out-projection (one stacked product for all of them), GELU and each head's pooling (read_kernel.pool,
-        one call), then per head one output layer for all the sequences. -> per sequence, per head."""
+        one call), then per head one output layer for all the sequences. -> per head, (sequences, ...)."""
         ends = np.cumsum([0] + [c.n for c in caches])
         att, y = (self._scratch.get(j, (len(self.heads), self.k, int(ends[-1]))) for j in range(2))
         for c, at in zip(caches, ends):
@@ -126,8 +128,7 @@ class _Group:
         np.matmul(self.w_o, att, out=y)
         pooled = np.empty((len(caches), len(self.heads), self.k), np.float32)
         read_kernel.pool(y, self.b_o, ends, self.pooling, pooled)
-        outs = [head.output(pooled[:, j]) for j, head in enumerate(self.heads)]             # (sequences, C) each
-        return [[y[b] for y in outs] for b in range(len(caches))]
+        return [head.output(pooled[:, j]) for j, head in enumerate(self.heads)]             # (sequences, C) each
 
 
 @dataclass
@@ -146,6 +147,7 @@ class _ProbeGroup:
         self.leaves, self.heads = leaves, heads
         self.skip_bos, self.positional, self.gelu_after_sum = skip_bos, positional, gelu_after_sum
         self.pooling, self.k = heads[0].pooling, heads[0].out_w.shape[1]
+        self.positions = PositionTable(self.k)
 
     def empty(self) -> _Pooled:
         return _Pooled(np.zeros((len(self.heads), self.k), np.float64 if self.pooling == "mean" else np.float32))
@@ -163,13 +165,10 @@ class _ProbeGroup:
                 c.value += new.sum(1, dtype=np.float64)
             c.n += new.shape[1]
 
-    def read(self, caches: list[_Pooled]) -> list[list[np.ndarray]]:
-        """Per sequence, each probe's output."""
-        out = []
-        for c in caches:
-            pooled = (c.value / c.n).astype(np.float32) if self.pooling == "mean" else c.value
-            out.append([linear_output(pooled[j], h.out_w, h.out_b, h.scale) for j, h in enumerate(self.heads)])
-        return out
+    def read(self, caches: list[_Pooled]) -> list[np.ndarray]:
+        """Per probe, its outputs for the sequences (sequences, ...)."""
+        pooled = np.stack([(c.value / c.n).astype(np.float32) if self.pooling == "mean" else c.value for c in caches])
+        return [linear_output(pooled[:, j], h.out_w, h.out_b, h.scale) for j, h in enumerate(self.heads)]
 
 
 class IncrementalReads:
@@ -231,35 +230,36 @@ class IncrementalReads:
         if len(seqs) != len(counts) or len(set(seqs)) != len(seqs):
             raise ValueError("incremental reads: one count per sequence, each sequence once per step")
         leaf_rows = self._leaf_rows(accs)
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        for seq, n in zip(seqs, counts):
+        starts = [0, *itertools.accumulate(counts)]
+        for seq in seqs:
             if seq not in self._caches:
                 self._caches[seq] = [g.empty() for g in self.groups]
                 self._rows[seq] = 0
         for gi, g in enumerate(self.groups):
-            self._extend_group(gi, g, seqs, counts, starts, leaf_rows)
+            self._extend_group(gi, g, seqs, starts, leaf_rows)
+        full = {}  # a sequence some group has seen no token of: the full read of its own rows
         for b, seq in enumerate(seqs):
             if any(c.n == 0 for c in self._caches[seq]):  # kept for the full read until every group sees a token
                 self._unseen.setdefault(seq, []).extend(
                     np.stack([r[starts[b]:starts[b + 1]] for r in leaf_rows], 1))
+                full[b] = None
             else:
                 self._unseen.pop(seq, None)
             self._rows[seq] += counts[b]
-        leaf_out: list[list] = [[None] * len(seqs) for _ in self.leaves]
+        full = {b: self._full_read(seqs[b]) for b in full}
+        leaf_out: list = [None] * len(self.leaves)
         for gi, g in enumerate(self.groups):
             seen = [b for b, seq in enumerate(seqs) if self._caches[seq][gi].n]
-            for b, ys in zip(seen, g.read([self._caches[seqs[b]][gi] for b in seen]) if seen else []):
-                for j, y in zip(g.leaves, ys):
-                    leaf_out[j][b] = y
-        for b, seq in enumerate(seqs):
-            if any(c.n == 0 for c in self._caches[seq]):
-                full = self._full_read(seq)
-                for g, c in zip(self.groups, self._caches[seq]):
-                    for j in g.leaves if c.n == 0 else []:
-                        leaf_out[j][b] = full[j]
-        return self._answers([np.stack(o) for o in leaf_out])
+            ys = g.read([self._caches[seqs[b]][gi] for b in seen]) if seen else [[]] * len(g.leaves)
+            for j, y in zip(g.leaves, ys):
+                if len(seen) == len(seqs):
+                    leaf_out[j] = y
+                else:  # the others from their full read
+                    rows = dict(zip(seen, y))
+                    leaf_out[j] = np.stack([rows[b] if b in rows else full[b][j] for b in range(len(seqs))])
+        return self._answers(leaf_out)
 
-    def _extend_group(self, gi: int, g: _Group | _ProbeGroup, seqs: list, counts: list[int], starts: np.ndarray,
+    def _extend_group(self, gi: int, g: _Group | _ProbeGroup, seqs: list, starts: list[int],
                       leaf_rows: list[np.ndarray]) -> None:
         """The group's new seen rows of every sequence, their features, then each sequence's cache (g.add)."""
         acc = np.stack([leaf_rows[j] for j in g.leaves])                          # (H, N, k)
@@ -267,7 +267,7 @@ class IncrementalReads:
         pos = np.zeros(acc.shape[1], np.int64)  # a seen row's position among its sequence's seen rows
         caches = []
         for b, seq in enumerate(seqs):
-            lo, hi = int(starts[b]), int(starts[b + 1])
+            lo, hi = starts[b], starts[b + 1]
             if g.skip_bos and self._rows[seq] == 0:
                 lo = min(lo + 1, hi)  # the sequence's first real token is not seen
             if hi > lo:
@@ -276,7 +276,7 @@ class IncrementalReads:
                 caches.append((c, rows[lo:hi]))
         f = gelu(acc) if g.gelu_after_sum else acc
         if g.positional:
-            f = f + position_table(pos, g.k)
+            f = f + g.positions(pos)
         g.add(caches, f.astype(np.float32, copy=False))
 
     def _full_read(self, seq: Hashable) -> list[np.ndarray]:
