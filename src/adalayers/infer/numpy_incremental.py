@@ -237,16 +237,16 @@ class IncrementalReads:
                 self._rows[seq] = 0
         for gi, g in enumerate(self.groups):
             self._extend_group(gi, g, seqs, starts, leaf_rows)
-        full = {}  # a sequence some group has seen no token of: the full read of its own rows
+        unseen = []  # sequences some group has seen no token of yet: read by the full read of their own rows
         for b, seq in enumerate(seqs):
             if any(c.n == 0 for c in self._caches[seq]):  # kept for the full read until every group sees a token
                 self._unseen.setdefault(seq, []).extend(
                     np.stack([r[starts[b]:starts[b + 1]] for r in leaf_rows], 1))
-                full[b] = None
+                unseen.append(b)
             else:
                 self._unseen.pop(seq, None)
             self._rows[seq] += counts[b]
-        full = {b: self._full_read(seqs[b]) for b in full}
+        full = {b: self._full_read(seqs[b]) for b in unseen}
         leaf_out: list = [None] * len(self.leaves)
         for gi, g in enumerate(self.groups):
             seen = [b for b, seq in enumerate(seqs) if self._caches[seq][gi].n]
