@@ -88,6 +88,7 @@ BLOCKED = """import runpy, sys
 class Blocked:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {names!r}:
+            print(f"blocked import: {{name}}", file=sys.stderr, flush=True)  # ServeProcess.blocked_imports
             raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
 sys.meta_path.insert(0, Blocked())
 sys.argv[0] = "adalayers"
@@ -126,6 +127,12 @@ class ServeProcess:
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def blocked_imports(self) -> list[str]:
+        """The imports of `without`'s packages the process tried so far (each refused, and maybe caught by an
+        `except ImportError` that would hide it): what it would have imported where they are installed."""
+        return [line.split(": ", 1)[1] for line in self.logfile.read_text().splitlines()
+                if line.startswith("blocked import: ")]
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
