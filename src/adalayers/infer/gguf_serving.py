@@ -139,12 +139,16 @@ def numpy_task(path: Path, base: GgufRuntime):
 
 
 def warm_up(tasks: list, d: int) -> None:
-    """The compiled kernels of the heads' work (GELU, the step's mix, the incremental reads: numba) loaded from
-    numba's cache, or compiled, now rather than in the first request: one zero row of the states they read
-    mixed by all the heads, then read as a prompt of two rows and a step of one."""
+    """The compiled kernels of the heads' work (a prefill's GELU, the step's mix, the incremental reads: numba)
+    loaded from numba's cache, or compiled, now rather than in the first request: one zero row of a state mixed
+    as a prefill does (LayerMix.add: gelu_kernel) and of every state as a step does (add_layers: mix_rows, its
+    GELU its own), then read as a prompt of two rows and a step of one."""
     if not tasks:
         return
     mix = LayerMix(tasks)
+    mix.begin(1)
+    mix.add(mix.layers[0], np.zeros((1, d), np.float32))
+    mix.take()
     mix.begin(1)
     mix.add_layers(mix.layers, np.zeros((len(mix.layers), 1, d), np.float32))
     accs = mix.take()
