@@ -36,7 +36,7 @@ class LayerMix:
         self._plans = {(g, i): self._plan(g, members, i) for g, members in self.groups.items() for i in layers}
         self._stacks: dict[tuple, tuple] = {}
         self._acc: dict[tuple[int, bool], np.ndarray] = {}
-        self._scratch = Scratch(1)  # add_layers' GELU of the states
+        self._scratch = Scratch(2)  # add_layers' GELU of the states (0), add's (1)
 
     def _plan(self, group: tuple[int, bool], members: list[int], i: int
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray] | None:
@@ -46,18 +46,30 @@ class LayerMix:
         w_t = None if group[1] else np.ascontiguousarray(
             np.concatenate([self.leaves[members[h]].proj[i] for h in live]).T)  # (d, H k)
         w = np.array([self.leaves[members[h]].weights[i] for h in live], np.float32)[:, None]
-        return np.array(live), w_t, w
+        return np.array(live, np.int64), w_t, w
 
     def begin(self, n: int) -> None:
         self._acc = {g: np.zeros((n, len(m), g[0]), np.float32) for g, m in self.groups.items()}
 
     def add(self, i: int, z: np.ndarray) -> None:
+        """Layer i's states z (n, d) into every group that reads it: with numpy's OpenBLAS, a projected group's
+        GELU, product and LayerNorm in row blocks on the calling thread's numba threads (infer/mix_blocks.py, one
+        call a group, the GELU written once a layer); otherwise numpy's GELU, matmul and LayerNorm."""
+        from adalayers.infer.blas import sgemm
         a, normed = None, None
+        blas = sgemm()
         for g, acc in self._acc.items():
             plan = self._plans.get((g, i))
             if plan is None:
                 continue
             live, w_t, w = plan
+            if w_t is not None and blas is not None:
+                from adalayers.infer.mix_blocks import mix_blocks
+                z = np.ascontiguousarray(z, dtype=np.float32)
+                have_a = a is not None
+                a = self._scratch.get(1, z.shape) if a is None else a  # valid until the next add
+                mix_blocks(z, a, have_a, w_t, w.reshape(-1), live, acc, blas)
+                continue
             a = gelu(z) if a is None else a
             if w_t is None:
                 normed = layer_norm(a) if normed is None else normed

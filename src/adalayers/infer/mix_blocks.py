@@ -1,0 +1,65 @@
+"""A prefill's layer mix of one layer, its rows in blocks on every thread of the team (numba around BLAS).
+
+LayerMix.add(i, Z_i) for the H heads of one group that read layer i (width k each, their W_i^T side by side in
+w_t, d x H k), over the n rows of a pass:
+
+    a_r   = GELU(Z_ir)                       (once a layer: the first group's call writes it, the others read it)
+    y_r   = a_r w_t                          (cblas_sgemm of numpy's OpenBLAS, infer/blas.py: one product a block)
+    acc_r,live_h += w_h LayerNorm_noaffine(y_r,h)   (y_r,h: columns h k .. (h+1) k; mean and variance in float64)
+
+numpy's way (layer_mix.LayerMix's fallback) is a GELU, one matmul and a LayerNorm of several passes, all on the
+calling thread: the server holds OpenBLAS to one thread, since its own threads would compete with llama.cpp's, so
+during a prefill the mix ran on one core while llama.cpp's other threads spun in the eval callback. Here the rows
+go BLOCK at a time, the blocks split among the calling thread's numba threads (llama.cpp's OpenMP team,
+infer/kernel_threads.py), each block's GELU, product and LayerNorm done by the thread that took it: 4.7 against
+2.4 ms a layer for four heads (k 64 x 3 and 128) over 512 rows of 640 on 2 threads (tests/test_mix_blocks.py
+holds it to numpy's way; docs/llm.md has the prefill it shortens). Blocks are the same whatever the number of
+threads, so the result is the same to the bit on any number of them.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
+from adalayers.infer.blas import NO_TRANS, ROW_MAJOR
+from adalayers.infer.gelu_kernel import gelu_one
+from adalayers.infer.online_softmax import sum64
+
+EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
+BLOCK = 64  # rows of a block: one product each (64 x 640 x 320 keeps OpenBLAS' kernel at its pace)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
+def mix_blocks(z, a, have_a, w_t, w, live, acc, sgemm):
+    """z (n, d) float32 (layer i's states), a (n, d) float32: GELU(z), written here unless have_a (an earlier
+    group's call of the same layer wrote it); w_t (d, H k) C-contiguous, w (H,) the heads' layer weights, live (H,)
+    int64 their places in acc (n, heads of the group, k) float32, added to; sgemm: blas.sgemm()."""
+    n, d = z.shape
+    m, k = w_t.shape[1], acc.shape[2]
+    for b in numba.prange((n + BLOCK - 1) // BLOCK):
+        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+        if not have_a:
+            for r in range(lo, hi):
+                zr, ar = z[r], a[r]
+                for i in range(d):
+                    ar[i] = gelu_one(zr[i])
+        y = np.empty((hi - lo, m), np.float32)
+        sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, hi - lo, m, d, np.float32(1.0), a[lo:].ctypes, d, w_t.ctypes, m,
+              np.float32(0.0), y.ctypes, m)
+        for r in range(hi - lo):
+            for h in range(live.size):
+                yh, out = y[r, h * k:(h + 1) * k], acc[lo + r, live[h]]
+                mean = sum64(yh, k) / k
+                scale = w[h] / np.sqrt(_squares64(yh, mean, k) / k + EPS)
+                for o in range(k):
+                    out[o] += np.float32((yh[o] - mean) * scale)
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _squares64(x, mean, n):
+    """sum_j (x[j] - mean)^2 over j < n, in float64 (reassociated, as online_softmax.sum64, so it vectorises)."""
+    total = 0.0
+    for j in range(n):
+        total += (np.float64(x[j]) - mean) ** 2
+    return total
