@@ -139,6 +139,37 @@ def test_threads_default_to_the_physical_cores_as_llama_server_does(tiny, monkey
     engine.close()
 
 
+def test_a_pass_reading_the_final_state_runs_again_only_the_last_tokens_whose_logits_are_wanted(tiny, monkeypatch):
+    """run() with a tap on the final state: a row whose logits are not wanted (a piece of a longer prompt) gets
+    zeros and no second decode of its last token; the wanted row's logits, the states and the cache after the
+    pass (the next token's logits) are the full run's."""
+    engine = LlamaCpp(tiny, n_ctx=128, n_seq=2, threads=1)
+    rows, taps = [Row([1, 5, 7], 0), Row([2, 9, 4, 3], 1)], {}
+    decodes = []
+    decode = engine.decode
+    monkeypatch.setattr(engine, "decode", lambda *a, **kw: decodes.append(a[0]) or decode(*a, **kw))
+
+    def pass_(logits_of):
+        engine.release(engine.acquire(engine.free_sequences))
+        engine.acquire(0)
+        got = {}
+        out = engine.run(rows, [lambda i, z: got.setdefault(i, z.copy())], logits_of=logits_of)
+        step = engine.run([Row([8], 0, 3), Row([6], 1, 4)])
+        return out, got, step
+
+    full, full_states, full_step = pass_(None)
+    decodes.clear()
+    some, states, step = pass_([1])
+    assert [[len(r.tokens) for r in d] for d in decodes] == [[3, 4], [1], [1, 1]]  # row 1's last token alone
+    np.testing.assert_allclose(some[1], full[1], atol=1e-5, rtol=0)  # a tail of one row, not two: rounding
+    assert not some[0].any()
+    np.testing.assert_allclose(step, full_step, atol=1e-5, rtol=0)
+    assert all(np.array_equal(states[i], full_states[i]) for i in full_states)
+    decodes.clear()
+    assert pass_([])[0] is None and [len(d) for d in decodes] == [2, 2]  # no tail decode at all
+    engine.close()
+
+
 def test_only_the_wanted_states_nodes_enter_python(tiny, monkeypatch):
     """A large pass (gather mode off here): llama.cpp asks about every node of the graph; the compiled filter
     answers, and Python's data path runs once per wanted state's node (in layer order), never without taps."""

@@ -34,7 +34,7 @@ def mixed(tasks, z, blocks: bool, monkeypatch) -> list[np.ndarray]:
         return mix.take()
 
 
-@pytest.mark.parametrize("n", [1, BLOCK, 2 * BLOCK + 7])
+@pytest.mark.parametrize("n", [1, 40, BLOCK, 2 * BLOCK + 7])
 def test_row_blocks_equal_numpys_mix_and_the_same_bits_on_any_threads(n, monkeypatch):
     """Two groups (k 16 and 8) with layers under some head's cutoff (a group's live heads a subset) and a probe
     group beside them (it reads the GELU the first group's call wrote): numpy's way within float32 rounding, and

@@ -53,7 +53,7 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
                 between: Callable[[int], None] | None = None) -> tuple[np.ndarray | None, list[np.ndarray]]:
     """The rows (each a llama.cpp sequence from its start) in as many llama_decodes as their tokens need: at most
     n_batch tokens each, OUTPUTS_AT_ONCE when the final state is read; a longer row is cut into pieces at its
-    successive positions. `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
+    successive positions (only the piece that ends a row asks for its logits: LlamaCpp.run's logits_of). `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
     decode (on the engine's side thread where llama.cpp leaves a core free, LlamaCpp.beside: the states mixed while
     llama.cpp computes the next layers). between(n): called after each decode but the last with its n tokens, the
     engine and `mix` free (serve's scheduler steps the rows already generating there). -> each row's next-token logits (None when the pass stops
@@ -85,7 +85,8 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
         taps = [] if mix is None else [mix.add] if side is None else [
             lambda i, z: added.append(side.submit(mix.add, i, z))]
         try:
-            out = engine.run([p for _, p, _ in pieces], taps, stop, wanted=set(layers))
+            out = engine.run([p for _, p, _ in pieces], taps, stop, wanted=set(layers),
+                             logits_of=[j for j, (_, _, ends) in enumerate(pieces) if ends])
         finally:
             wait(added)
         for f in added:

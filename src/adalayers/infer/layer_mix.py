@@ -1,10 +1,11 @@
 """Every head's accumulator F, fed layer by layer as the base computes (the mixer of numpy_heads' formulas).
 
 Per layer i, the W_i of all heads that read layer i stacked into one (d, H k) matrix, so a layer costs one GELU,
-one matrix product and one LayerNorm whatever the number of heads (add); a pass's positions may also go through
-every layer at once (add_layers: one batched product, or for a decode step's few rows one compiled call,
-infer/mix_kernel.py). tests/test_numpy_heads.py holds it to the torch mixer (AdaLayersMixer) and the two ways
-to each other.
+one matrix product and one LayerNorm whatever the number of heads (add: a prefill's layer, its rows in blocks on
+the calling thread's numba threads, infer/mix_blocks.py, or numpy's way where numpy's BLAS exports no sgemm); a
+pass's positions may also go through every layer at once (add_layers: one batched product, or for a decode step's
+few rows one compiled call, infer/mix_kernel.py). tests/test_numpy_heads.py holds it to the torch mixer
+(AdaLayersMixer) and the ways to each other (tests/test_mix_blocks.py too).
 """
 from __future__ import annotations
 

@@ -228,24 +228,32 @@ class LlamaCpp:
             return outs
 
     def run(self, rows: list[Row], taps: Sequence[Callable[[int, np.ndarray], None]] = (),
-            stop_after: int | None = None, wanted: set[int] | None = None) -> np.ndarray | None:
+            stop_after: int | None = None, wanted: set[int] | None = None,
+            logits_of: Sequence[int] | None = None) -> np.ndarray | None:
         """The rows' tokens as one pass, every position's states to the taps, -> each row's next-token logits
         (rows, vocab), or None when stopped early. Every position's output is asked for while a tap reads the
         last state (llama.cpp computes the last layer only for output rows): the graph then ends after the
         final norm (the LM head over every token costs more than the rest of Gemma 3 270M's pass), and each
         row's last token runs once more, alone, for its logits (its KV entry removed first, so the cache is as
-        after one pass)."""
+        after one pass). logits_of: the rows whose logits are wanted (default all; the others' are 0): a piece
+        of a longer prompt needs none, and its last token does not run again (None where no row's is wanted)."""
         last = self.num_states - 1
         reads_last = wanted is None or last in wanted
         if not taps or not reads_last or (stop_after is not None and stop_after < last) or all(
                 len(r.tokens) == 1 for r in rows):
             return self.decode(rows, taps, wanted, outputs="last", stop_after=stop_after)
         self.decode(rows, taps, wanted, outputs="all", stop_after=last)
-        if stop_after is not None:
+        want = range(len(rows)) if logits_of is None else sorted(set(logits_of))
+        if stop_after is not None or not want:
             return None
-        tail = [Row([r.tokens[-1]], r.seq, r.start + len(r.tokens) - 1) for r in rows]
+        tail = [Row([rows[j].tokens[-1]], rows[j].seq, rows[j].start + len(rows[j].tokens) - 1) for j in want]
         self.truncate({r.seq: r.start for r in tail})
-        return self.decode(tail, [], outputs="last")
+        out = self.decode(tail, [], outputs="last")
+        if len(tail) == len(rows):
+            return out
+        full = np.zeros((len(rows), self.n_vocab), np.float32)
+        full[list(want)] = out
+        return full
 
     def final_states(self, rows: list[Row]) -> np.ndarray:
         """Every position's final-norm output (tokens, d), the rows' tokens in order, read as llama.cpp's own

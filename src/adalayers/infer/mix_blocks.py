@@ -27,7 +27,7 @@ from adalayers.infer.gelu_kernel import gelu_one
 from adalayers.infer.online_softmax import sum64
 
 EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
-BLOCK = 64  # rows of a block: one product each (64 x 640 x 320 keeps OpenBLAS' kernel at its pace)
+BLOCK = 64  # rows of a block, one product each (each product packs w_t again: fewer rows cost more a row)
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
@@ -37,8 +37,9 @@ def mix_blocks(z, a, have_a, w_t, w, live, acc, sgemm):
     int64 their places in acc (n, heads of the group, k) float32, added to; sgemm: blas.sgemm()."""
     n, d = z.shape
     m, k = w_t.shape[1], acc.shape[2]
-    for b in numba.prange((n + BLOCK - 1) // BLOCK):
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
+    rows = block_rows(n)
+    for b in numba.prange((n + rows - 1) // rows):
+        lo, hi = b * rows, min(n, (b + 1) * rows)
         if not have_a:
             for r in range(lo, hi):
                 zr, ar = z[r], a[r]
@@ -54,6 +55,13 @@ def mix_blocks(z, a, have_a, w_t, w, live, acc, sgemm):
                 scale = w[h] / np.sqrt(_squares64(yh, mean, k) / k + EPS)
                 for o in range(k):
                     out[o] += np.float32((yh[o] - mean) * scale)
+
+
+@numba.njit(nogil=True, cache=True)
+def block_rows(n):
+    """Rows of a block for n rows: BLOCK, or half of n where n < 2 BLOCK (at least 16), so that a pass of 64
+    tokens (gguf_steps.OUTPUTS_AT_ONCE) still runs on two threads. It depends on n alone, never on threads."""
+    return max(16, min(BLOCK, (n + 1) // 2))
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
