@@ -53,11 +53,12 @@ def decode_rows(engine, rows: list[SeqRow], mix, layers: list[int], stop: int | 
                 between: Callable[[int], None] | None = None) -> tuple[np.ndarray | None, list[np.ndarray]]:
     """The rows (each a llama.cpp sequence from its start) in as many llama_decodes as their tokens need: at most
     n_batch tokens each, OUTPUTS_AT_ONCE when the final state is read; a longer row is cut into pieces at its
-    successive positions (only the piece that ends a row asks for its logits: LlamaCpp.run's logits_of). `mix` (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per
-    decode (on the engine's side thread where llama.cpp leaves a core free, LlamaCpp.beside: the states mixed while
-    llama.cpp computes the next layers). between(n): called after each decode but the last with its n tokens, the
-    engine and `mix` free (serve's scheduler steps the rows already generating there). -> each row's next-token logits (None when the pass stops
-    early), each head's F over the rows' tokens in order, as one pass would give them."""
+    successive positions (only the piece that ends a row asks for its logits: LlamaCpp.run's logits_of). `mix`
+    (LayerMix-like: begin(n), add(i, z), take(); None: no state read) is fed per decode (on the engine's side
+    thread where llama.cpp leaves a core free, LlamaCpp.beside: the states mixed while llama.cpp computes the next
+    layers). between(n): called after each decode but the last with its n tokens, the engine and `mix` free
+    (serve's scheduler steps the rows already generating there). -> each row's next-token logits (None when the
+    pass stops early), each head's F over the rows' tokens in order, as one pass would give them."""
     last = engine.num_states - 1
     reads_last = mix is not None and last in layers and (stop is None or stop >= last)
     budget = min(engine.n_batch, OUTPUTS_AT_ONCE) if reads_last else engine.n_batch

@@ -235,8 +235,9 @@ class LlamaCpp:
         last state (llama.cpp computes the last layer only for output rows): the graph then ends after the
         final norm (the LM head over every token costs more than the rest of Gemma 3 270M's pass), and each
         row's last token runs once more, alone, for its logits (its KV entry removed first, so the cache is as
-        after one pass). logits_of: the rows whose logits are wanted (default all; the others' are 0): a piece
-        of a longer prompt needs none, and its last token does not run again (None where no row's is wanted)."""
+        after one pass). logits_of: the rows whose logits are wanted (default all): a piece of a longer prompt
+        needs none, so where the final state is read the others' last tokens do not run again and their logits
+        are 0 (None where no row's is wanted); otherwise every row's come with the pass."""
         last = self.num_states - 1
         reads_last = wanted is None or last in wanted
         if not taps or not reads_last or (stop_after is not None and stop_after < last) or all(
