@@ -23,32 +23,37 @@ def test_numpys_openblas_gives_its_sgemm():
     np.testing.assert_array_equal(c, a @ b)
 
 
-def mixed(tasks, z, blocks: bool, monkeypatch) -> list[np.ndarray]:
+def mixed(tasks, z, blocks: bool, monkeypatch, all_at_once: bool) -> list[np.ndarray]:
     with monkeypatch.context() as m:
         if not blocks:
             m.setattr(blas, "sgemm", lambda: None)
         mix = LayerMix(tasks)
         mix.begin(z.shape[1])
-        for i in range(L):
-            mix.add(i, z[i])
+        if all_at_once:
+            mix.add_layers(list(range(L)), z)
+        else:
+            for i in range(L):
+                mix.add(i, z[i])
         return mix.take()
 
 
+@pytest.mark.parametrize("all_at_once", [False, True])
 @pytest.mark.parametrize("n", [1, 40, BLOCK, 2 * BLOCK + 7])
-def test_row_blocks_equal_numpys_mix_and_the_same_bits_on_any_threads(n, monkeypatch):
-    """Two groups (k 16 and 8) with layers under some head's cutoff (a group's live heads a subset) and a probe
-    group beside them (it reads the GELU the first group's call wrote): numpy's way within float32 rounding, and
-    the same bits on 1 and 2 threads (the blocks do not depend on them)."""
+def test_row_blocks_equal_numpys_mix_and_the_same_bits_on_any_threads(n, all_at_once, monkeypatch):
+    """Two groups (k 16 and 8) with layers under some head's cutoff (a group's live heads a subset; all at once,
+    add_layers: weight 0 in the stack) and a probe group beside them (it reads the GELU the first group's call
+    wrote): numpy's way within float32 rounding, and the same bits on 1 and 2 threads (the blocks do not depend on
+    them). All at once, up to mix_kernel.ROWS rows go to mix_rows instead (tests/test_numpy_heads.py)."""
     tasks = [to_numpy(make("sequence", seed=s)) for s in range(3)] + [to_numpy(make("sequence", k=8, seed=3))]
     assert any(len(t.proj) < L for t in tasks)
     tasks.append(to_numpy(probe("sequence", 2, "mean", 6)))
     z = (np.random.default_rng(n).standard_normal((L, n, tasks[0].proj[next(iter(tasks[0].proj))].shape[1])) * 2
          ).astype(np.float32)
-    want = mixed(tasks, z, False, monkeypatch)
+    want = mixed(tasks, z, False, monkeypatch, all_at_once)
     got = {}
     for threads in (1, 2):
         kernel_threads.use(threads)
-        got[threads] = mixed(tasks, z, True, monkeypatch)
+        got[threads] = mixed(tasks, z, True, monkeypatch, all_at_once)
     kernel_threads.use(numba.config.NUMBA_NUM_THREADS)
     for a, b, c in zip(want, got[1], got[2]):
         np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)

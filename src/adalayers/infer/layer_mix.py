@@ -87,13 +87,24 @@ class LayerMix:
         LayerNorm and one weighted sum over the layers (a head that does not read layer i has W_i and w_i 0).
         The probes' group: LayerNorm(GELU(Z_i)) of the layers some probe reads, weighted per probe. A step's
         few rows: one compiled call a group instead, GELU included (infer/mix_kernel.py, imported at the first
-        call as gelu's)."""
+        call as gelu's); many rows, with numpy's OpenBLAS: add()'s row blocks, a call a layer and group."""
+        from adalayers.infer.blas import sgemm
         from adalayers.infer.mix_kernel import ROWS, mix_rows
         a = None  # GELU(z), taken once where a group needs it (mix_rows takes its own)
+        blas = sgemm()
         for g, acc in self._acc.items():
             w_t, w, read = self._stack(g, tuple(layers))
             if w_t is not None and z.shape[1] <= ROWS:
                 mix_rows(np.ascontiguousarray(z, dtype=np.float32), w_t, w, acc)
+                continue
+            if w_t is not None and blas is not None:  # many rows (LATER_ROWS' kept steps): add()'s row blocks
+                from adalayers.infer.mix_blocks import mix_blocks
+                z = np.ascontiguousarray(z, dtype=np.float32)
+                have_a = a is not None
+                a = self._scratch.get(0, z.shape) if a is None else a  # valid until the next add_layers
+                every = np.arange(acc.shape[1])
+                for li in range(len(layers)):
+                    mix_blocks(z[li], a[li], have_a, w_t[li], w[li], every, acc, blas)
                 continue
             a = gelu(z, out=self._scratch.get(0, z.shape)) if a is None else a  # valid until the next add_layers
             if w_t is None:  # w: (the layers some probe reads, probes)

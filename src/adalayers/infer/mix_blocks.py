@@ -50,6 +50,8 @@ def mix_blocks(z, a, have_a, w_t, w, live, acc, sgemm):
               np.float32(0.0), y.ctypes, m)
         for r in range(hi - lo):
             for h in range(live.size):
+                if w[h] == 0.0:  # a head of the group that does not read this layer (add_layers' stack)
+                    continue
                 yh, out = y[r, h * k:(h + 1) * k], acc[lo + r, live[h]]
                 mean = sum64(yh, k) / k
                 scale = w[h] / np.sqrt(_squares64(yh, mean, k) / k + EPS)
