@@ -1,6 +1,8 @@
 """A prefill's layer mix in row blocks (infer/mix_blocks.py, the product by numpy's OpenBLAS through infer/blas.py)
 against numpy's GELU, matmul and LayerNorm (LayerMix.add without the BLAS function, its fallback; both are held
 to torch's mixer in tests/test_numpy_heads.py)."""
+import ctypes
+
 import numba
 import numpy as np
 import pytest
@@ -21,6 +23,25 @@ def test_numpys_openblas_gives_its_sgemm():
     f(blas.ROW_MAJOR, blas.NO_TRANS, blas.NO_TRANS, 2, 4, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 4, 0.0,
       c.ctypes.data, 4)
     np.testing.assert_array_equal(c, a @ b)
+
+
+def test_numpys_ilp64_openblas_is_chosen_even_where_scipys_is_listed_first(monkeypatch):
+    """scipy.linalg loads SciPy's own OpenBLAS (LP64), which threadpoolctl may list before numpy's: the function is
+    still numpy's ILP64 one (SciPy's, not held to one thread, ran a server at half speed under llama.cpp's team)."""
+    pytest.importorskip("scipy.linalg")
+    import threadpoolctl
+
+    libs = [lib for lib in threadpoolctl.threadpool_info() if lib.get("internal_api") == "openblas"]
+    numpys = [lib for lib in libs if getattr(ctypes.CDLL(lib["filepath"]), "scipy_cblas_sgemm64_", None) is not None]
+    others = [lib for lib in libs if lib not in numpys]
+    if not numpys or not others:
+        pytest.skip("not numpy's ILP64 scipy-openblas beside SciPy's own here")
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: others + numpys)  # SciPy's first
+    blas.sgemm.cache_clear()
+    try:
+        assert blas.sgemm().__name__ == "scipy_cblas_sgemm64_"
+    finally:
+        blas.sgemm.cache_clear()
 
 
 def mixed(tasks, z, blocks: bool, monkeypatch, all_at_once: bool) -> list[np.ndarray]:

@@ -28,28 +28,32 @@ SYMBOLS = [("scipy_cblas_sgemm64_", ctypes.c_int64), ("cblas_sgemm64_", ctypes.c
 
 @functools.cache
 def sgemm():
-    """cblas_sgemm of numpy's OpenBLAS as a ctypes function (numba kernels take it as an argument), or None."""
+    """cblas_sgemm of numpy's OpenBLAS as a ctypes function (numba kernels take it as an argument), or None.
+    The ILP64 names first, in every OpenBLAS loaded: SciPy's (scipy.linalg loads its own, LP64, and threadpoolctl
+    may list it first) is not the one the server held to one thread at load, and called from llama.cpp's OpenMP
+    threads with its own threads on it ran a server at half its speed."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return None
     import numpy  # noqa: F401  (its BLAS loaded, for threadpoolctl to see)
 
+    libs = []
     for lib in threadpool_info():
-        if lib.get("internal_api") != "openblas":
-            continue
-        try:
-            handle = ctypes.CDLL(lib["filepath"])
-        except OSError:
-            continue
-        for name, size in SYMBOLS:
+        if lib.get("internal_api") == "openblas":
+            try:
+                libs.append((lib["filepath"], ctypes.CDLL(lib["filepath"])))
+            except OSError:
+                continue
+    for name, size in SYMBOLS:
+        for path, handle in libs:
             fn = getattr(handle, name, None)
             if fn is None:
                 continue
             fn.restype = None
             fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, size, size, size, ctypes.c_float,
                            ctypes.c_void_p, size, ctypes.c_void_p, size, ctypes.c_float, ctypes.c_void_p, size]
-            log.debug("blas: %s of %s", name, lib["filepath"])
+            log.debug("blas: %s of %s", name, path)
             return fn
     log.info("blas: numpy's BLAS exports no cblas_sgemm this code knows; a prefill's layer mix stays on numpy's "
              "matmul (one thread)")
