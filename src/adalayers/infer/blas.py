@@ -31,7 +31,8 @@ def sgemm():
     """cblas_sgemm of numpy's OpenBLAS as a ctypes function (numba kernels take it as an argument), or None.
     The ILP64 names first, in every OpenBLAS loaded: SciPy's (scipy.linalg loads its own, LP64, and threadpoolctl
     may list it first) is not the one the server held to one thread at load, and called from llama.cpp's OpenMP
-    threads with its own threads on it ran a server at half its speed."""
+    threads with its own threads on it ran a server at half its speed. An LP64 one is taken only where it runs
+    one thread."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
@@ -42,13 +43,13 @@ def sgemm():
     for lib in threadpool_info():
         if lib.get("internal_api") == "openblas":
             try:
-                libs.append((lib["filepath"], ctypes.CDLL(lib["filepath"])))
+                libs.append((lib["filepath"], lib.get("num_threads"), ctypes.CDLL(lib["filepath"])))
             except OSError:
                 continue
     for name, size in SYMBOLS:
-        for path, handle in libs:
+        for path, threads, handle in libs:
             fn = getattr(handle, name, None)
-            if fn is None:
+            if fn is None or (size is ctypes.c_int32 and threads != 1):  # an LP64 one only where held to one
                 continue
             fn.restype = None
             fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, size, size, size, ctypes.c_float,
