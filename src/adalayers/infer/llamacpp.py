@@ -232,29 +232,23 @@ class LlamaCpp:
             logits_of: Sequence[int] | None = None) -> np.ndarray | None:
         """The rows' tokens as one pass, every position's states to the taps, -> each row's next-token logits
         (rows, vocab), or None when stopped early. Every position's output is asked for while a tap reads the
-        last state (llama.cpp computes the last layer only for output rows): the graph then ends after the
-        final norm (the LM head over every token costs more than the rest of Gemma 3 270M's pass), and each
-        row's last token runs once more, alone, for its logits (its KV entry removed first, so the cache is as
-        after one pass). logits_of: the rows whose logits are wanted (default all): a piece of a longer prompt
-        needs none, so where the final state is read the others' last tokens do not run again and their logits
-        are 0 (None where no row's is wanted); otherwise every row's come with the pass."""
+        last state (llama.cpp computes the last layer only for output rows): the graph then ends after the final
+        norm (the LM head over every token costs more than the rest of Gemma 3 270M's pass), and the last token of
+        each row in logits_of (default all; the others' logits are 0, None if it is empty: a piece of a longer
+        prompt needs none) runs once more, alone, for its logits (its KV entry removed first, as after one pass)."""
         last = self.num_states - 1
-        reads_last = wanted is None or last in wanted
-        if not taps or not reads_last or (stop_after is not None and stop_after < last) or all(
-                len(r.tokens) == 1 for r in rows):
+        reads_last = taps and (wanted is None or last in wanted) and (stop_after is None or stop_after >= last)
+        if not reads_last or all(len(r.tokens) == 1 for r in rows):
             return self.decode(rows, taps, wanted, outputs="last", stop_after=stop_after)
         self.decode(rows, taps, wanted, outputs="all", stop_after=last)
-        want = range(len(rows)) if logits_of is None else sorted(set(logits_of))
+        want = list(range(len(rows))) if logits_of is None else sorted(set(logits_of))
         if stop_after is not None or not want:
             return None
         tail = [Row([rows[j].tokens[-1]], rows[j].seq, rows[j].start + len(rows[j].tokens) - 1) for j in want]
         self.truncate({r.seq: r.start for r in tail})
-        out = self.decode(tail, [], outputs="last")
-        if len(tail) == len(rows):
-            return out
-        full = np.zeros((len(rows), self.n_vocab), np.float32)
-        full[list(want)] = out
-        return full
+        logits = np.zeros((len(rows), self.n_vocab), np.float32)
+        logits[want] = self.decode(tail, [], outputs="last")
+        return logits
 
     def final_states(self, rows: list[Row]) -> np.ndarray:
         """Every position's final-norm output (tokens, d), the rows' tokens in order, read as llama.cpp's own
@@ -300,9 +294,7 @@ class LlamaCpp:
         four served heads (a guard read each step), a one-row generation 1.16-1.17x the time without heads beside
         against 1.11-1.13x after the decode; at 8 rows 1.12 against 1.09 a step (benchmarks/heads_overlap.py,
         docs/llm.md)."""
-        if not self.read_states:
-            return False
-        return self.overlap if self.overlap is not None else self.cores > self.threads
+        return self.read_states and (self.overlap if self.overlap is not None else self.cores > self.threads)
 
     def side_thread(self) -> ThreadPoolExecutor:
         """The one thread that work beside this context's decodes runs on (decode's `during`, the taps of
