@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from adalayers.infer import blas
 from adalayers.infer.numpy_heads import Scratch, Task, gelu, layer_norm
 
 
@@ -56,20 +57,19 @@ class LayerMix:
         """Layer i's states z (n, d) into every group that reads it: with numpy's OpenBLAS, a projected group's
         GELU, product and LayerNorm in row blocks on the calling thread's numba threads (infer/mix_blocks.py, one
         call a group, the GELU written once a layer); otherwise numpy's GELU, matmul and LayerNorm."""
-        from adalayers.infer.blas import sgemm
         a, normed = None, None
-        blas = sgemm()
+        gemm = blas.sgemm()  # through the module: tests and benchmarks/prefill_mix.py swap it for None
         for g, acc in self._acc.items():
             plan = self._plans.get((g, i))
             if plan is None:
                 continue
             live, w_t, w = plan
-            if w_t is not None and blas is not None:
+            if w_t is not None and gemm is not None:
                 from adalayers.infer.mix_blocks import mix_blocks
                 z = np.ascontiguousarray(z, dtype=np.float32)
                 have_a = a is not None
                 a = self._scratch.get(1, z.shape) if a is None else a  # valid until the next add
-                mix_blocks(z, a, have_a, w_t, w.reshape(-1), live, acc, blas)
+                mix_blocks(z, a, have_a, w_t, w.reshape(-1), live, acc, gemm)
                 continue
             a = gelu(z) if a is None else a
             if w_t is None:
@@ -88,23 +88,22 @@ class LayerMix:
         The probes' group: LayerNorm(GELU(Z_i)) of the layers some probe reads, weighted per probe. A step's
         few rows: one compiled call a group instead, GELU included (infer/mix_kernel.py, imported at the first
         call as gelu's); many rows, with numpy's OpenBLAS: add()'s row blocks, a call a layer and group."""
-        from adalayers.infer.blas import sgemm
         from adalayers.infer.mix_kernel import ROWS, mix_rows
         a = None  # GELU(z), taken once where a group needs it (mix_rows takes its own)
-        blas = sgemm()
+        gemm = blas.sgemm()  # through the module: tests and benchmarks/prefill_mix.py swap it for None
         for g, acc in self._acc.items():
             w_t, w, read = self._stack(g, tuple(layers))
             if w_t is not None and z.shape[1] <= ROWS:
                 mix_rows(np.ascontiguousarray(z, dtype=np.float32), w_t, w, acc)
                 continue
-            if w_t is not None and blas is not None:  # many rows (LATER_ROWS' kept steps): add()'s row blocks
+            if w_t is not None and gemm is not None:  # many rows (LATER_ROWS' kept steps): add()'s row blocks
                 from adalayers.infer.mix_blocks import mix_blocks
                 z = np.ascontiguousarray(z, dtype=np.float32)
                 have_a = a is not None
                 a = self._scratch.get(0, z.shape) if a is None else a  # valid until the next add_layers
                 every = np.arange(acc.shape[1])
                 for li in range(len(layers)):
-                    mix_blocks(z[li], a[li], have_a, w_t[li], w[li], every, acc, blas)
+                    mix_blocks(z[li], a[li], have_a, w_t[li], w[li], every, acc, gemm)
                 continue
             a = gelu(z, out=self._scratch.get(0, z.shape)) if a is None else a  # valid until the next add_layers
             if w_t is None:  # w: (the layers some probe reads, probes)
