@@ -23,7 +23,7 @@ import numpy as np
 
 from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
 from adalayers.infer.blas import NO_TRANS, ROW_MAJOR
-from adalayers.infer.gelu_kernel import gelu_one
+from adalayers.infer.gelu_kernel import gelu_kernel
 from adalayers.infer.online_softmax import sum64
 
 EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
@@ -42,9 +42,7 @@ def mix_blocks(z, a, have_a, w_t, w, live, acc, sgemm):
         lo, hi = b * rows, min(n, (b + 1) * rows)
         if not have_a:
             for r in range(lo, hi):
-                zr, ar = z[r], a[r]
-                for i in range(d):
-                    ar[i] = gelu_one(zr[i])
+                gelu_kernel(z[r], a[r])
         y = np.empty((hi - lo, m), np.float32)
         sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, hi - lo, m, d, np.float32(1.0), a[lo:].ctypes, d, w_t.ctypes, m,
               np.float32(0.0), y.ctypes, m)

@@ -2,7 +2,7 @@
 
 For the heads of one group (H heads of width k) and the states Z of layers l = 1..L of n rows:
 
-    a_lr  = GELU(Z_lr)                                (gelu_kernel's, inline: each run of layers its own rows)
+    a_lr  = GELU(Z_lr)                                (gelu_kernel, a row a call: each run of layers its own rows)
     f_lrh = LayerNorm_noaffine(a_lr W_lh^T)          (W_lh^T: columns h k .. (h+1) k of w_t[l], d x H k)
     acc_rh += sum_l w_lh f_lrh                        (w_lh: head h's weight of layer l, 0 where it does not read l)
 
@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from adalayers.infer import kernel_threads  # noqa: F401  (numba's threading layer: llama.cpp's OpenMP team)
-from adalayers.infer.gelu_kernel import gelu_one
+from adalayers.infer.gelu_kernel import gelu_kernel
 
 EPS = 1e-5  # numpy_heads.EPS, torch's LayerNorm default
 ROWS = 16   # LayerMix.add_layers mixes at most this many rows here, more with the BLAS product
@@ -55,9 +55,7 @@ def _mix_layers(z, w_t, w, acc, lo, hi):
     a = np.empty((n, d), np.float32)
     for li in range(lo, hi):
         for r in range(n):
-            zr, ar = z[li, r], a[r]
-            for i in range(d):
-                ar[i] = gelu_one(zr[i])
+            gelu_kernel(z[li, r], a[r])
         y[:] = 0.0
         for i in range(d):
             for r in range(n):
